@@ -1,0 +1,72 @@
+"""fp_recipes: FP8 and NVFP4 training recipes for PyTorch.
+
+Public API only. Names are resolved lazily so that ``import fp_recipes`` stays cheap and never reads
+environment variables (recipes read them when they are constructed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # recipes
+    "Recipe": "fp_recipes.recipes",
+    "Format": "fp_recipes.recipes",
+    "DelayedScaling": "fp_recipes.recipes",
+    "Float8CurrentScaling": "fp_recipes.recipes",
+    "NVFP4BlockScaling": "fp_recipes.recipes",
+    "recipe_from_env": "fp_recipes.recipes",
+    # roles and specs
+    "QuantizerRole": "fp_recipes.quantizers.roles",
+    "QuantizerSpec": "fp_recipes.quantizers.roles",
+    "ModuleKind": "fp_recipes.quantizers.roles",
+    "TensorKind": "fp_recipes.quantizers.roles",
+    # autocast
+    "autocast": "fp_recipes.autocast",
+    "fp8_autocast": "fp_recipes.autocast",
+    "get_autocast_state": "fp_recipes.autocast",
+    # quantized tensors and quantizers
+    "QuantizedTensor": "fp_recipes.quantizers",
+    "Quantizer": "fp_recipes.quantizers",
+    "Float8Tensor": "fp_recipes.quantizers",
+    "NVFP4Tensor": "fp_recipes.quantizers",
+    "PerTokenTensor": "fp_recipes.quantizers",
+    "GroupedTensor": "fp_recipes.quantizers",
+    "Float8Quantizer": "fp_recipes.quantizers",
+    "Float8CurrentScalingQuantizer": "fp_recipes.quantizers",
+    "NVFP4Quantizer": "fp_recipes.quantizers",
+    "PerTokenQuantizer": "fp_recipes.quantizers",
+    "GroupedQuantizer": "fp_recipes.quantizers",
+    "make_quantizer": "fp_recipes.quantizers",
+    # functional API
+    "quantize": "fp_recipes.functional",
+    "dequantize": "fp_recipes.functional",
+    "per_token_cast": "fp_recipes.functional",
+    "cast_back": "fp_recipes.functional",
+    # modules
+    "Linear": "fp_recipes.modules",
+    "LayerNormLinear": "fp_recipes.modules",
+    "GroupedLinear": "fp_recipes.modules",
+    "convert_model": "fp_recipes.modules",
+    # backend
+    "backend_info": "fp_recipes.ops.backend",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fp_recipes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

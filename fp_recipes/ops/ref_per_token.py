@@ -1,0 +1,3 @@
+"""Reference twins (placeholder: being written)."""
+
+__all__: list[str] = []

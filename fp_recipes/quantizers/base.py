@@ -1,0 +1,72 @@
+"""Base classes for quantized tensors and quantizers.
+
+A :class:`QuantizedTensor` carries *everything* a consumer needs (format, scales, amax, flags such as
+``row_scaled``, the E4M3 bound, rowwise/columnwise copies): dequantize and GEMM never look at a recipe.
+They are plain Python objects holding torch tensors, so ``torch.save``/``torch.load`` work, and
+``state_dict()``/``from_state_dict()`` give a flat dict of tensors and plain values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Dict, Optional
+
+import torch
+
+from .roles import QuantizerSpec
+
+
+class QuantizedTensor:
+    """A quantized tensor. Subclasses define their fields and ``dequantize``."""
+
+    kind: ClassVar[str] = "quantized"
+
+    @property
+    def shape(self) -> torch.Size:  # logical (unquantized) shape
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        raise NotImplementedError
+
+    def to(self, device: torch.device | str) -> "QuantizedTensor":
+        raise NotImplementedError
+
+    def state_dict(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, Any]) -> "QuantizedTensor":
+        raise NotImplementedError
+
+
+class Quantizer:
+    """Quantizes tensors for one role, as its :class:`QuantizerSpec` says."""
+
+    def __init__(self, spec: QuantizerSpec) -> None:
+        self.spec = spec
+
+    def quantize(self, x: torch.Tensor) -> QuantizedTensor:
+        raise NotImplementedError
+
+    def __call__(self, x: torch.Tensor) -> QuantizedTensor:
+        return self.quantize(x)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec.describe()})"
+
+
+def check_input(x: torch.Tensor, what: str, *, min_dim: int = 1,
+                dtypes: Optional[tuple] = (torch.float32, torch.float16, torch.bfloat16)) -> None:
+    """Clear errors for bad inputs, shared by every quantizer and reference op."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
+    if dtypes is not None and x.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{what}: input dtype {str(x.dtype).replace('torch.', '')} is not supported; "
+                        f"allowed: {allowed}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{what}: expected a tensor with at least {min_dim} dims, got shape "
+                         f"{tuple(x.shape)}")
