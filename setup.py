@@ -41,6 +41,17 @@ def _find_nvcc() -> str | None:
     return None
 
 
+def _cuda_home(nvcc: str) -> Path:
+    """The toolkit root: CUDA_HOME, else the nvcc's parent (nvcc may be a wrapper script)."""
+    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if candidate and (Path(candidate) / "include" / "cuda_runtime.h").is_file():
+            return Path(candidate)
+    root = Path(nvcc).resolve().parent.parent
+    if (root / "include" / "cuda_runtime.h").is_file():
+        return root
+    return Path("/usr/local/cuda")
+
+
 def _gencode_flags(archs: str) -> list[str]:
     flags = []
     for arch in filter(None, (a.strip() for a in archs.split(";"))):
@@ -60,7 +71,7 @@ class NvccBuildExt(build_ext):
     def build_extension(self, ext: Extension) -> None:
         nvcc = ext._nvcc  # type: ignore[attr-defined]
         archs = os.environ.get("FP_RECIPES_CUDA_ARCHS", DEFAULT_ARCHS)
-        cuda_home = Path(nvcc).resolve().parent.parent
+        cuda_home = _cuda_home(nvcc)
         obj_dir = Path(self.build_temp) / "cuda_objs"
         obj_dir.mkdir(parents=True, exist_ok=True)
         cu_files = sorted(CSRC.glob("*.cu"))
