@@ -302,7 +302,7 @@ def pack_e5m6(codes: torch.Tensor) -> torch.Tensor:
     if codes.shape[-1] % 8:
         raise ValueError(f"pack_e5m6: last dim must be a multiple of 8, got shape {tuple(codes.shape)}")
     lead = codes.shape[:-1]
-    h = (codes.to(torch.int64) & 0xFFF).reshape(*lead, -1, 8)
+    h = (codes.to(torch.int64) & 0xFFF).reshape(*lead, codes.shape[-1] // 8, 8)
     h0, h1, h2, h3, h4, h5, h6, h7 = h.unbind(-1)
     w0 = (h0 << 20) | (h1 << 8) | (h2 >> 4)
     w1 = ((h2 & 0xF) << 28) | (h3 << 16) | (h4 << 4) | (h5 >> 8)
@@ -319,7 +319,7 @@ def unpack_e5m6(packed: torch.Tensor) -> torch.Tensor:
     if packed.shape[-1] % 12:
         raise ValueError(f"unpack_e5m6: last dim must be a multiple of 12, got {tuple(packed.shape)}")
     lead = packed.shape[:-1]
-    by = packed.to(torch.int64).reshape(*lead, -1, 3, 4)
+    by = packed.to(torch.int64).reshape(*lead, packed.shape[-1] // 12, 3, 4)
     words = by[..., 0] | (by[..., 1] << 8) | (by[..., 2] << 16) | (by[..., 3] << 24)
     w0, w1, w2 = words.unbind(-1)
     h = torch.stack((

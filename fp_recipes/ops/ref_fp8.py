@@ -1,3 +1,275 @@
-"""Reference twins (placeholder: being written)."""
+"""Reference twins of the FP8 per-tensor kernels (single tensor and grouped). The numeric contract.
 
-__all__: list[str] = []
+Operation order (each step FP32, round to nearest even, no fused multiply-add):
+
+* ``amax = max |x|`` over the tensor, taken on the FP32 values (exact whatever the input dtype); a NaN
+  anywhere makes the amax NaN; an empty tensor has amax 0.
+* ``data = saturate_RN(RN(fp32(x) * scale))`` with :func:`fp_recipes.formats.fp8_encode` (finite
+  overflow and +-Inf -> +-max, NaN -> 0x7F).
+* ``scale_inv = RN(1 / scale)`` (a zero scale gives +Inf, as IEEE division does).
+* dequantize: ``out_dtype(RN(fp32(data) * scale_inv))``.
+
+The columnwise copy ``data_t`` is the byte transpose of ``data``: with one scale for the whole tensor,
+quantizing ``x.T`` gives exactly the transposed bytes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .. import formats
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class FP8Quantized(NamedTuple):
+    """Result of :func:`fp8_quantize` / :func:`fp8_current_scaling_quantize`.
+
+    data: (M, N) fp8 or None; data_t: (N, M) fp8 contiguous or None; scale_inv, amax, scale: FP32 0-dim.
+    ``scale`` is the scale that was applied (the given one, or the computed one for current scaling).
+    """
+
+    data: Optional[torch.Tensor]
+    data_t: Optional[torch.Tensor]
+    scale_inv: torch.Tensor
+    amax: torch.Tensor
+    scale: torch.Tensor
+
+
+class FP8GroupedQuantized(NamedTuple):
+    """Result of :func:`fp8_grouped_quantize`: data (x's shape, fp8), scale_inv (G,), amax (G,) FP32."""
+
+    data: torch.Tensor
+    scale_inv: torch.Tensor
+    amax: torch.Tensor
+
+
+# ---- validation (shared with ref_per_token) -------------------------------------------------------
+
+def _dtype_name(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+def check_fmt(fmt: str, allowed: tuple, what: str) -> str:
+    if not isinstance(fmt, str) or fmt.lower() not in allowed:
+        raise ValueError(f"{what}: fmt must be one of {', '.join(repr(a) for a in allowed)}; got {fmt!r}")
+    return fmt.lower()
+
+
+def check_float_input(x: torch.Tensor, what: str, *, dims: tuple = (2,)) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{what}: x has dtype {_dtype_name(x.dtype)}; allowed: float32, float16, bfloat16")
+    if x.dim() not in dims:
+        want = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{what}: x must be {want} (flatten leading dims first), got shape {tuple(x.shape)}")
+
+
+def check_out_dtype(out_dtype: torch.dtype, what: str) -> None:
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"{what}: out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
+
+
+def _check_fp32(t: torch.Tensor, name: str, what: str, ref: torch.Tensor, shape: tuple) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: {name} must be an FP32 tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{what}: {name} must be float32, got {_dtype_name(t.dtype)}")
+    if t.device != ref.device:
+        raise ValueError(f"{what}: {name} is on {t.device} but the data is on {ref.device}; "
+                         "they must be on the same device")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what}: {name} must have shape {shape}, got {tuple(t.shape)}")
+    return t
+
+
+def _check_fp8_data(data: torch.Tensor, what: str) -> None:
+    if not isinstance(data, torch.Tensor) or data.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got = _dtype_name(data.dtype) if isinstance(data, torch.Tensor) else type(data).__name__
+        raise TypeError(f"{what}: data must be float8_e4m3fn or float8_e5m2, got {got}")
+
+
+# ---- single tensor -------------------------------------------------------------------------------
+
+def fp8_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as an FP32 0-dim tensor, taken on FP32 values; NaN propagates; empty -> 0."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"fp8_amax: x must be a float32/float16/bfloat16 tensor, got "
+                        f"{_dtype_name(x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    a = x.to(torch.float32).abs()
+    m = a.amax()
+    if bool(torch.isnan(a).any()):  # amax does propagate NaN, but make the contract explicit
+        m = torch.full((), float("nan"), dtype=torch.float32, device=x.device)
+    return m
+
+
+def _quantize_with_scale(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
+                         columnwise: bool) -> FP8Quantized:
+    data = formats.fp8_encode(x.to(torch.float32) * scale, fmt)
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    scale_inv = one / scale
+    return FP8Quantized(
+        data=data if rowwise else None,
+        data_t=data.t().contiguous() if columnwise else None,
+        scale_inv=scale_inv,
+        amax=fp8_amax(x),
+        scale=scale,
+    )
+
+
+def _check_copies(rowwise: bool, columnwise: bool, what: str) -> None:
+    if not (rowwise or columnwise):
+        raise ValueError(f"{what}: nothing to produce: rowwise and columnwise are both False")
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
+                 columnwise: bool = False) -> FP8Quantized:
+    """Quantize 2-D ``x`` with a given per-tensor ``scale`` (FP32 0-dim): see the module docstring."""
+    what = "fp8_quantize"
+    check_float_input(x, what)
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    scale = _check_fp32(scale, "scale", what, x, ())
+    _check_copies(rowwise, columnwise, what)
+    return _quantize_with_scale(x, scale, fmt, rowwise, columnwise)
+
+
+def current_scale(amax: torch.Tensor, fmt_max: float, *, use_power_2_scales: bool = False,
+                  amax_epsilon: float = 0.0) -> torch.Tensor:
+    """The current-scaling scale for an FP32 amax (0-dim or any shape), in this order:
+
+    1. ``a = max(amax, amax_epsilon)`` (NaN stays NaN);
+    2. ``a == 0`` or ``a`` not finite (Inf/NaN) -> scale 1 (the data then saturates / stays NaN);
+    3. else ``scale = RN(fmt_max / a)``; if that overflows to +Inf (a tiny ``a``), scale = FLT_MAX;
+    4. power of two: ``scale = 2^floor(log2 scale)``, i.e. the mantissa bits of the FP32 scale cleared
+       (exact; scale is always a positive normal number here).
+    """
+    eps = torch.tensor(float(amax_epsilon), dtype=torch.float32, device=amax.device)
+    a = torch.where(torch.isnan(amax), amax, torch.maximum(amax, eps))
+    fmax = torch.tensor(fmt_max, dtype=torch.float32, device=amax.device)
+    s = fmax / a
+    s = torch.where(torch.isinf(s), torch.full_like(s, formats.FP32_MAX), s)
+    s = torch.where((a == 0) | ~torch.isfinite(a), torch.ones_like(s), s)
+    if use_power_2_scales:
+        s = formats.fp32_from_bits(formats.fp32_bits(s) & 0x7F800000)
+    return s
+
+
+def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scales: bool = False,
+                                 amax_epsilon: float = 0.0, rowwise: bool = True,
+                                 columnwise: bool = False) -> FP8Quantized:
+    """Current scaling: the scale comes from this tensor's own amax (:func:`current_scale`). The returned
+    ``amax`` is the raw amax of ``x`` (before the epsilon floor); ``scale`` is the scale used."""
+    what = "fp8_current_scaling_quantize"
+    check_float_input(x, what)
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    _check_copies(rowwise, columnwise, what)
+    if not (amax_epsilon >= 0.0):
+        raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+    amax = fp8_amax(x)
+    scale = current_scale(amax, formats.FP8_MAX[fmt], use_power_2_scales=use_power_2_scales,
+                          amax_epsilon=amax_epsilon)
+    return _quantize_with_scale(x, scale, fmt, rowwise, columnwise)
+
+
+def fp8_dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
+                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``out_dtype(RN(fp32(data) * scale_inv))`` for fp8 ``data`` of any shape; scale_inv FP32 0-dim."""
+    what = "fp8_dequantize"
+    _check_fp8_data(data, what)
+    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, ())
+    check_out_dtype(out_dtype, what)
+    return (formats.fp8_decode(data) * scale_inv).to(out_dtype)
+
+
+# ---- grouped -------------------------------------------------------------------------------------
+
+def _check_offsets(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: str) -> int:
+    """Validate (G+1,) int64 element offsets; returns G."""
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int64:
+        got = _dtype_name(offsets.dtype) if isinstance(offsets, torch.Tensor) else type(offsets).__name__
+        raise TypeError(f"{what}: offsets must be an int64 tensor, got {got}")
+    if offsets.device != ref.device:
+        raise ValueError(f"{what}: offsets are on {offsets.device} but the data is on {ref.device}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{what}: offsets must be 1-D with G+1 >= 1 entries, got shape {tuple(offsets.shape)}")
+    o = offsets.cpu()
+    if int(o[0]) != 0:
+        raise ValueError(f"{what}: offsets[0] must be 0, got {int(o[0])}")
+    if o.numel() > 1 and bool((o[1:] < o[:-1]).any()):
+        i = int(torch.nonzero(o[1:] < o[:-1])[0])
+        raise ValueError(f"{what}: offsets must be non-decreasing; offsets[{i + 1}]={int(o[i + 1])} < "
+                         f"offsets[{i}]={int(o[i])}")
+    if int(o[-1]) != numel:
+        raise ValueError(f"{what}: offsets[-1] must equal the number of elements {numel}, got {int(o[-1])}")
+    return offsets.numel() - 1
+
+
+def _member_ids(offsets: torch.Tensor, numel: int) -> torch.Tensor:
+    """Member index of every element of the flat buffer (int64, length numel)."""
+    counts = (offsets[1:] - offsets[:-1])
+    g = torch.arange(counts.numel(), device=offsets.device)
+    return torch.repeat_interleave(g, counts, output_size=numel)
+
+
+def _check_grouped_buffer(x: torch.Tensor, what: str) -> None:
+    if not x.is_contiguous():
+        raise ValueError(f"{what}: the buffer must be contiguous (it is read as one flat array)")
+
+
+def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
+                         fmt: str) -> FP8GroupedQuantized:
+    """Quantize G tensors stored back to back in one buffer, member i = flat elements
+    [offsets[i], offsets[i+1]), each with its own scale. Per member, the bytes, amax and scale_inv are
+    exactly those of :func:`fp8_quantize` on that member alone. Any G >= 0; empty members get amax 0."""
+    what = "fp8_grouped_quantize"
+    check_float_input(x, what, dims=(1, 2))
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    _check_grouped_buffer(x, what)
+    g = _check_offsets(offsets, x.numel(), x, what)
+    scales = _check_fp32(scales, "scales", what, x, (g,))
+    flat = x.reshape(-1).to(torch.float32)
+    ids = _member_ids(offsets, flat.numel())
+    data = formats.fp8_encode(flat * scales[ids], fmt).reshape(x.shape)
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    scale_inv = one / scales
+    a = flat.abs()
+    amax = torch.zeros(g, dtype=torch.float32, device=x.device)
+    amax.scatter_reduce_(0, ids, torch.nan_to_num(a, nan=0.0), reduce="amax", include_self=True)
+    nan_count = torch.zeros(g, dtype=torch.float32, device=x.device)
+    nan_count.index_add_(0, ids, torch.isnan(a).to(torch.float32))
+    has_nan = nan_count > 0
+    amax = torch.where(has_nan, torch.full_like(amax, float("nan")), amax)
+    return FP8GroupedQuantized(data=data, scale_inv=scale_inv, amax=amax)
+
+
+def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
+                           out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`fp8_grouped_quantize`: member i is ``out_dtype(RN(fp32(data) * scale_inv[i]))``."""
+    what = "fp8_grouped_dequantize"
+    _check_fp8_data(data, what)
+    if data.dim() not in (1, 2):
+        raise ValueError(f"{what}: data must be 1-D or 2-D, got shape {tuple(data.shape)}")
+    _check_grouped_buffer(data, what)
+    g = _check_offsets(offsets, data.numel(), data, what)
+    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, (g,))
+    check_out_dtype(out_dtype, what)
+    ids = _member_ids(offsets, data.numel())
+    flat = formats.fp8_decode(data.reshape(-1))
+    return (flat * scale_inv[ids]).to(out_dtype).reshape(data.shape)
+
+
+# Ops only (the dispatcher wraps every name here); the result types are imported from this module.
+__all__ = [
+    "fp8_amax",
+    "fp8_current_scaling_quantize",
+    "fp8_dequantize",
+    "fp8_grouped_dequantize",
+    "fp8_grouped_quantize",
+    "fp8_quantize",
+]
