@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "DelayedScaling": "fp_recipes.recipes",
     "Float8CurrentScaling": "fp_recipes.recipes",
     "NVFP4BlockScaling": "fp_recipes.recipes",
+    "PerTokenScaling": "fp_recipes.recipes",
     "recipe_from_env": "fp_recipes.recipes",
     # roles and specs
     "QuantizerRole": "fp_recipes.quantizers.roles",

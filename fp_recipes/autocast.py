@@ -1,0 +1,234 @@
+"""``fp_recipes.autocast``: the context in which modules quantize their GEMM operands.
+
+One process-wide stack of states (like TransformerEngine's global state): the innermost context
+wins, and leaving a context (normally or by an exception) restores the one around it. Modules read
+:func:`get_autocast_state` in their forward and keep the recipe they used for their backward, so
+the backward (which autograd may run in another thread) never depends on the stack.
+
+Outermost-exit hooks: modules register a callback with :func:`register_outermost_exit_hook`; it is
+called as ``fn(state)`` once each time the outermost *enabled* autocast exits normally (not on an
+exception), after the enclosing state has been restored. This is where the delayed-scaling forward
+amaxes of all modules are reduced in one collective. Unregister with the returned handle's
+``remove()`` or :func:`unregister_outermost_exit_hook`; ``weak=True`` holds the callback weakly
+(bound methods via ``WeakMethod``), so a module that is garbage-collected drops out by itself.
+
+The module object itself is callable, so ``fp_recipes.autocast(...)`` works whether
+``fp_recipes.autocast`` resolves to this module or to the :class:`autocast` class.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fp_recipes.recipes import Recipe
+
+__all__ = [
+    "AutocastState",
+    "HookHandle",
+    "autocast",
+    "fp8_autocast",
+    "get_autocast_state",
+    "register_outermost_exit_hook",
+    "unregister_outermost_exit_hook",
+]
+
+
+@dataclass(frozen=True)
+class AutocastState:
+    """What the innermost active autocast says.
+
+    ``depth`` counts the autocast contexts currently entered (enabled or not); 0 means none.
+    ``recipe`` is None when quantization is off (``enabled=False``).
+    """
+
+    enabled: bool = False
+    recipe: Optional["Recipe"] = None
+    amax_reduction_group: Any = None
+    depth: int = 0
+
+
+_DEFAULT_STATE = AutocastState()
+_stack: List[AutocastState] = []
+
+
+def get_autocast_state() -> AutocastState:
+    """The state of the innermost active autocast (a disabled default outside any)."""
+    return _stack[-1] if _stack else _DEFAULT_STATE
+
+
+# ----------------------------------------------------------------------------------------------
+# outermost-exit hooks
+
+
+class HookHandle:
+    """Returned by :func:`register_outermost_exit_hook`; ``remove()`` unregisters (idempotent)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, ref: Callable[[], Optional[Callable]], label: str) -> None:
+        self.id = next(HookHandle._ids)
+        self._ref = ref
+        self._label = label
+
+    def callback(self) -> Optional[Callable]:
+        return self._ref()
+
+    def remove(self) -> None:
+        _hooks.pop(self.id, None)
+
+    def __enter__(self) -> "HookHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        alive = "" if self._ref() is not None else ", dead"
+        return f"HookHandle({self._label}{alive})"
+
+
+_hooks: "dict[int, HookHandle]" = {}
+
+
+def register_outermost_exit_hook(fn: Callable[[AutocastState], None], *,
+                                 weak: bool = False) -> HookHandle:
+    """Call ``fn(state)`` whenever the outermost enabled autocast exits normally.
+
+    Hooks run in registration order. ``weak=True`` keeps only a weak reference to ``fn`` (a
+    ``WeakMethod`` for bound methods): the hook disappears when its owner is collected.
+    """
+    if not callable(fn):
+        raise TypeError(f"register_outermost_exit_hook needs a callable, got {type(fn).__name__}")
+    if weak:
+        ref = weakref.WeakMethod(fn) if isinstance(fn, types.MethodType) else weakref.ref(fn)
+    else:
+        ref = lambda fn=fn: fn  # noqa: E731 (a strong "reference" with the same interface)
+    handle = HookHandle(ref, getattr(fn, "__qualname__", repr(fn)))
+    _hooks[handle.id] = handle
+    return handle
+
+
+def unregister_outermost_exit_hook(fn_or_handle: Any) -> bool:
+    """Remove a hook by its handle or by the callable itself; True if something was removed."""
+    if isinstance(fn_or_handle, HookHandle):
+        return _hooks.pop(fn_or_handle.id, None) is not None
+    removed = False
+    for hid, handle in list(_hooks.items()):
+        cb = handle.callback()
+        if cb is not None and cb == fn_or_handle:
+            del _hooks[hid]
+            removed = True
+    return removed
+
+
+def _run_outermost_exit_hooks(state: AutocastState) -> None:
+    for hid, handle in list(_hooks.items()):
+        cb = handle.callback()
+        if cb is None:  # a weak hook whose owner is gone
+            _hooks.pop(hid, None)
+            continue
+        cb(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# the context manager
+
+
+def _resolve_recipe(recipe: Optional["Recipe"]) -> Optional["Recipe"]:
+    from fp_recipes.recipes import Recipe, recipe_from_env
+
+    if recipe is None:
+        return recipe_from_env(default="delayed")  # None when FP_RECIPES_RECIPE=none
+    if not isinstance(recipe, Recipe):
+        raise TypeError(
+            "autocast(recipe=...) needs an fp_recipes recipe (DelayedScaling, Float8CurrentScaling, "
+            f"NVFP4BlockScaling, PerTokenScaling), got {type(recipe).__module__}."
+            f"{type(recipe).__qualname__}"
+        )
+    return recipe
+
+
+class autocast:  # noqa: N801 (a context manager used like a function, as in torch/TE)
+    """Quantize the GEMMs of fp_recipes modules inside this context with ``recipe``.
+
+    ``recipe=None`` takes ``FP_RECIPES_RECIPE`` (``none`` turns quantization off), else
+    ``DelayedScaling()``; it is resolved when the context is entered. Nestable: the inner context
+    wins, the outer one is restored on exit, also when an exception escapes. Usable as a decorator.
+    """
+
+    register_outermost_exit_hook = staticmethod(register_outermost_exit_hook)
+    unregister_outermost_exit_hook = staticmethod(unregister_outermost_exit_hook)
+    get_autocast_state = staticmethod(get_autocast_state)
+
+    def __init__(self, enabled: bool = True, recipe: Optional["Recipe"] = None,
+                 amax_reduction_group: Any = None) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"autocast(enabled=...) must be a bool, got {enabled!r}")
+        self.enabled = enabled
+        self.recipe = recipe
+        self.amax_reduction_group = amax_reduction_group
+        self._depths: List[int] = []  # stack heights at entry (re-entrant use as a decorator)
+
+    def __enter__(self) -> AutocastState:
+        recipe = _resolve_recipe(self.recipe) if self.enabled else self.recipe
+        if recipe is not None and not self.enabled:
+            _resolve_recipe(recipe)  # still type-check what the caller passed
+        enabled = self.enabled and recipe is not None
+        state = AutocastState(
+            enabled=enabled,
+            recipe=recipe if enabled else None,
+            amax_reduction_group=self.amax_reduction_group if enabled else None,
+            depth=len(_stack) + 1,
+        )
+        self._depths.append(len(_stack))
+        _stack.append(state)
+        return state
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        height = self._depths.pop()
+        exiting = _stack[height]
+        del _stack[height:]  # restore the enclosing state (drops anything left above us too)
+        outermost_enabled = exiting.enabled and not any(s.enabled for s in _stack)
+        if exc_type is None and outermost_enabled:
+            _run_outermost_exit_hooks(exiting)
+
+    def __call__(self, fn: Callable) -> Callable:
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __repr__(self) -> str:
+        return (f"autocast(enabled={self.enabled}, recipe={self.recipe!r}, "
+                f"amax_reduction_group={self.amax_reduction_group!r})")
+
+
+def fp8_autocast(enabled: bool = True, calibrating: bool = False,
+                 fp8_recipe: Optional["Recipe"] = None, fp8_group: Any = None) -> autocast:
+    """TransformerEngine's older spelling of :class:`autocast` (same argument order)."""
+    if calibrating:
+        raise ValueError(
+            "fp8_autocast(calibrating=True) is not supported by fp_recipes: run the calibration "
+            "steps inside fp_recipes.autocast(enabled=False) instead"
+        )
+    return autocast(enabled=enabled, recipe=fp8_recipe, amax_reduction_group=fp8_group)
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``fp_recipes.autocast(...)`` work when the name resolves to this module."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> autocast:
+        return autocast(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

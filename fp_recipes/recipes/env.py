@@ -1,0 +1,419 @@
+"""THE table of environment variables: every variable fp_recipes reads, in one place.
+
+Recipes consult it when they are constructed (never at import), the CLI (``python -m fp_recipes
+env``) prints it, and ``docs/envvars.md`` is generated from it (:func:`render_markdown`). Rules:
+
+* precedence: explicit argument > environment variable > field default;
+* booleans accept 1/0, true/false, yes/no, on/off in any case; an empty value counts as unset;
+* a bad value raises :class:`EnvVarError` naming the variable, the value and what is allowed;
+* ``NVTE_NVFP4_PER_TOKEN_ACTIVATION`` is the deprecated name of ``NVTE_NVFP4_ROW_SCALED_ACTIVATION``;
+* a set variable with one of our prefixes that is not in the table draws a warning that names the
+  closest known variable (a typo in a launch script should never go unnoticed).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+
+PREFIXES: Tuple[str, ...] = ("NVTE_NVFP4_", "NVTE_FP8_", "FP_RECIPES_")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+NVFP4 = ("NVFP4BlockScaling",)
+DELAYED = ("DelayedScaling",)
+CURRENT = ("Float8CurrentScaling",)
+FP8 = ("DelayedScaling", "Float8CurrentScaling")
+PER_TOKEN = ("PerTokenScaling",)
+ALL_RECIPES = FP8 + NVFP4 + PER_TOKEN
+
+
+class EnvVarError(ValueError):
+    """An environment variable holds a value fp_recipes cannot use."""
+
+
+class EnvVarDeprecationWarning(FutureWarning):
+    """A deprecated variable name is set (FutureWarning: shown to end users by default)."""
+
+
+class UnknownEnvVarWarning(UserWarning):
+    """A variable with an fp_recipes/TransformerEngine prefix is set but means nothing to us."""
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One row of the table.
+
+    ``kind``: bool | choice | int | float | text. ``use``: recipe (sets ``field`` of ``recipes``),
+    select (picks the recipe ``autocast()`` uses) or build (read by setup.py when compiling).
+    ``alias_of``: this name is a deprecated spelling of that variable.
+    """
+
+    name: str
+    kind: str
+    doc: str
+    field: Optional[str] = None
+    recipes: Tuple[str, ...] = ()
+    choices: Tuple[str, ...] = ()
+    minimum: Optional[float] = None
+    use: str = "recipe"
+    alias_of: Optional[str] = None
+    te_name: bool = False  # same name and meaning as in TransformerEngine
+
+    @property
+    def allowed(self) -> str:
+        if self.kind == "bool":
+            return "1/0, true/false, yes/no, on/off (any case)"
+        if self.kind == "choice":
+            return " | ".join(self.choices) + " (any case)"
+        if self.kind == "int":
+            return f"integer >= {int(self.minimum)}" if self.minimum is not None else "integer"
+        if self.kind == "float":
+            return f"number >= {self.minimum:g}" if self.minimum is not None else "number"
+        return "text"
+
+    @property
+    def sets(self) -> str:
+        if self.use == "build":
+            return "build (setup.py)"
+        if self.use == "select":
+            return "autocast() default recipe"
+        if self.alias_of:
+            return f"deprecated alias of {self.alias_of}"
+        return ", ".join(f"{r}.{self.field}" for r in self.recipes)
+
+    def parse(self, raw: str) -> Any:
+        """The typed value of ``raw``; :class:`EnvVarError` when it is not allowed."""
+        text = raw.strip()
+        folded = text.lower()
+        if self.kind == "bool":
+            if folded in _TRUE:
+                return True
+            if folded in _FALSE:
+                return False
+        elif self.kind == "choice":
+            for choice in self.choices:
+                if folded == choice.lower():
+                    return None if choice == "none" and self.field == "backward_override" else choice
+        elif self.kind == "int":
+            try:
+                value = int(text, 10)
+            except ValueError:
+                value = None
+            if value is not None and (self.minimum is None or value >= self.minimum):
+                return value
+        elif self.kind == "float":
+            try:
+                fvalue = float(text)
+            except ValueError:
+                fvalue = None
+            if fvalue is not None and math.isfinite(fvalue) and (
+                    self.minimum is None or fvalue >= self.minimum):
+                return fvalue
+        elif self.kind == "text":
+            return text
+        raise EnvVarError(f"environment variable {self.name}={raw!r} is not allowed; "
+                          f"allowed: {self.allowed}")
+
+
+_SCOPES = ("none", "weights", "activations", "all")
+
+TABLE: Tuple[EnvVar, ...] = (
+    # --- NVFP4 (TransformerEngine names) -----------------------------------------------------
+    EnvVar("NVTE_NVFP4_DISABLE_RHT", "bool", "Turn off the random Hadamard transform on the "
+           "columnwise (wgrad) copies of activations and output gradients.",
+           field="disable_rht", recipes=NVFP4, te_name=True),
+    EnvVar("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "bool", "Round output gradients to nearest "
+           "instead of stochastically.", field="disable_stochastic_rounding", recipes=NVFP4,
+           te_name=True),
+    EnvVar("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "bool", "Quantize weights in 1x16 blocks instead "
+           "of 16x16 tiles.", field="disable_2d_quantization", recipes=NVFP4, te_name=True),
+    EnvVar("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "bool", "Give the activation's rowwise (fprop) copy "
+           "one global amax per row (token) instead of one per tensor.",
+           field="row_scaled_activation", recipes=NVFP4, te_name=True),
+    EnvVar("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "bool", "Older name of "
+           "NVTE_NVFP4_ROW_SCALED_ACTIVATION: accepted with a deprecation warning; setting both to "
+           "different values is an error.", field="row_scaled_activation", recipes=NVFP4,
+           alias_of="NVTE_NVFP4_ROW_SCALED_ACTIVATION", te_name=True),
+    EnvVar("NVTE_NVFP4_4OVER6", "choice", "Tensors that choose per block between scaling the "
+           "block max to 6 or to 4 (never gradients).", field="nvfp4_4over6", recipes=NVFP4,
+           choices=_SCOPES, te_name=True),
+    EnvVar("NVTE_NVFP4_4OVER6_E4M3_USE_256", "choice", "4over6 tensors that use 256 instead of 448 "
+           "as the E4M3 bound of their global scale.", field="nvfp4_4over6_e4m3_use_256",
+           recipes=NVFP4, choices=_SCOPES, te_name=True),
+    EnvVar("NVTE_NVFP4_4OVER6_ERR_MODE", "choice", "Error metric that picks the 4over6 candidate.",
+           field="nvfp4_4over6_err_mode", recipes=NVFP4, choices=("MAE", "MSE"), te_name=True),
+    EnvVar("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", "bool", "Compute the 4over6 error in the FP16 "
+           "product domain (a different, documented numeric contract).",
+           field="nvfp4_4over6_err_use_fast_math", recipes=NVFP4, te_name=True),
+    # --- all recipes ---------------------------------------------------------------------------
+    EnvVar("NVTE_BACKWARD_OVERRIDE", "choice", "Run dgrad/wgrad in high precision: on the original "
+           "operands (high_precision) or on the dequantized forward operands (dequantized).",
+           field="backward_override", recipes=ALL_RECIPES,
+           choices=("none", "high_precision", "dequantized"), te_name=True),
+    # --- FP8 ---------------------------------------------------------------------------------
+    EnvVar("NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES", "bool", "Round current-scaling FP8 scales "
+           "down to a power of two.", field="use_power_2_scales", recipes=CURRENT, te_name=True),
+    EnvVar("FP_RECIPES_FP8_FORMAT", "choice", "FP8 formats: E4M3 everywhere, E5M2 everywhere, or "
+           "HYBRID (E4M3 forward, E5M2 gradients).", field="fp8_format", recipes=FP8,
+           choices=("E4M3", "E5M2", "HYBRID")),
+    EnvVar("FP_RECIPES_DELAYED_MARGIN", "int", "Delayed scaling: scale = fp8_max / amax / 2**margin.",
+           field="margin", recipes=DELAYED, minimum=0),
+    EnvVar("FP_RECIPES_DELAYED_AMAX_HISTORY_LEN", "int", "Delayed scaling: steps of amax history.",
+           field="amax_history_len", recipes=DELAYED, minimum=1),
+    EnvVar("FP_RECIPES_DELAYED_AMAX_COMPUTE_ALGO", "choice", "Delayed scaling: the amax a scale is "
+           "computed from (max of the history, or the most recent entry).",
+           field="amax_compute_algo", recipes=DELAYED, choices=("max", "most_recent")),
+    EnvVar("FP_RECIPES_DELAYED_REDUCE_AMAX", "bool", "Delayed scaling: MAX-reduce amaxes over the "
+           "autocast's amax_reduction_group.", field="reduce_amax", recipes=DELAYED),
+    EnvVar("FP_RECIPES_CURRENT_AMAX_EPSILON", "float", "Current scaling: floor of the amax a scale "
+           "is computed from.", field="amax_epsilon", recipes=CURRENT, minimum=0.0),
+    # --- per-token -----------------------------------------------------------------------------
+    EnvVar("FP_RECIPES_PER_TOKEN_FORMAT", "choice", "Per-token cast format.", field="fmt",
+           recipes=PER_TOKEN, choices=("e5m6", "e4m3")),
+    EnvVar("FP_RECIPES_PER_TOKEN_ROUND_SF", "bool", "Per-token: round each scale up to a power of "
+           "two.", field="round_sf", recipes=PER_TOKEN),
+    EnvVar("FP_RECIPES_PER_TOKEN_SCALE_FORMAT", "choice", "Per-token: store scales as FP32 or as "
+           "UE8M0 exponent bytes (needs round_sf).", field="scale_format", recipes=PER_TOKEN,
+           choices=("fp32", "ue8m0")),
+    # --- selection and build -------------------------------------------------------------------
+    EnvVar("FP_RECIPES_RECIPE", "choice", "The recipe autocast() uses when given none "
+           "(recipe_from_env); none turns quantization off.", use="select",
+           choices=("none", "delayed", "current", "nvfp4", "per_token")),
+    EnvVar("FP_RECIPES_CUDA_ARCHS", "text", "Build: ';'-separated CUDA archs for fp_recipes._C "
+           "(default 90a;100a).", use="build"),
+    EnvVar("FP_RECIPES_NO_CUDA", "bool", "Build: skip the CUDA extension on purpose.", use="build"),
+    EnvVar("FP_RECIPES_NVCC_THREADS", "int", "Build: parallel nvcc jobs (default: CPU count).",
+           use="build", minimum=1),
+)
+
+BY_NAME: Dict[str, EnvVar] = {v.name: v for v in TABLE}
+
+
+def user_stacklevel() -> int:
+    """``stacklevel`` for a ``warnings.warn`` made by the CALLER of this function that points at
+    the first frame outside fp_recipes and pydantic (the user's line that built the recipe)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../fp_recipes
+    level, frame = 1, sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not (filename.startswith(package) or f"{os.sep}pydantic" in filename):
+            return level
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def lookup(name: str) -> EnvVar:
+    return BY_NAME[name]
+
+
+def _raw(name: str, environ: Mapping[str, str]) -> Optional[str]:
+    """The variable's value, or None when unset or empty."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw
+
+
+def resolve_env(recipe: str, given: Set[str] = frozenset(),
+                environ: Optional[Mapping[str, str]] = None) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Values and sources of the fields of ``recipe`` (a class name) that the environment sets.
+
+    Fields in ``given`` (explicit arguments) are skipped: arguments beat the environment.
+    Returns (field -> typed value, field -> ``"env NAME=value"``).
+    """
+    environ = os.environ if environ is None else environ
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    for var in TABLE:
+        if var.use != "recipe" or recipe not in var.recipes or var.field in given:
+            continue
+        if var.alias_of is not None:
+            continue  # handled together with the variable it aliases
+        raw = _raw(var.name, environ)
+        value = var.parse(raw) if raw is not None else None
+        aliases = [a for a in TABLE if a.alias_of == var.name]
+        for alias in aliases:
+            alias_raw = _raw(alias.name, environ)
+            if alias_raw is None:
+                continue
+            alias_value = alias.parse(alias_raw)
+            warnings.warn(
+                f"{alias.name} is deprecated; set {var.name}={alias_raw.strip()} instead",
+                EnvVarDeprecationWarning, stacklevel=user_stacklevel())
+            if raw is None:
+                raw, value, var_used = alias_raw, alias_value, alias
+                values[var.field] = value
+                sources[var.field] = f"env {var_used.name}={raw}"
+            elif alias_value != value:
+                raise EnvVarError(
+                    f"{var.name}={raw!r} and its deprecated alias {alias.name}={alias_raw!r} "
+                    f"disagree; unset {alias.name} (or set both to the same value)")
+        if raw is not None and var.field not in sources:
+            values[var.field] = value
+            sources[var.field] = f"env {var.name}={raw}"
+    return values, sources
+
+
+def unknown_env(environ: Optional[Mapping[str, str]] = None) -> List[Tuple[str, Optional[str]]]:
+    """Set variables with our prefixes that are not in the table, with the closest known name."""
+    environ = os.environ if environ is None else environ
+    known = list(BY_NAME)
+    out = []
+    for name in sorted(environ):
+        if name.startswith(PREFIXES) and name not in BY_NAME:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            out.append((name, close[0] if close else None))
+    return out
+
+
+def warn_unknown_env(environ: Optional[Mapping[str, str]] = None) -> None:
+    for name, suggestion in unknown_env(environ):
+        hint = (f"did you mean {suggestion}?" if suggestion
+                else "`python -m fp_recipes env` lists the known variables")
+        warnings.warn(f"unknown environment variable {name} is set and ignored by fp_recipes; {hint}",
+                      UnknownEnvVarWarning, stacklevel=user_stacklevel())
+
+
+# ----------------------------------------------------------------------------------------------
+# reports: the CLI table and the generated docs
+
+
+def _defaults() -> Dict[Tuple[str, str], Any]:
+    from . import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, PerTokenScaling
+
+    out = {}
+    for cls in (DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, PerTokenScaling):
+        for name, info in cls.model_fields.items():
+            out[(cls.__name__, name)] = info.default
+    return out
+
+
+def _fmt_default(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(getattr(value, "value", value))
+
+
+def default_of(var: EnvVar) -> str:
+    """The value a recipe field takes when the variable is unset ("" when not a recipe field)."""
+    if var.use == "select":
+        return "delayed"
+    if var.use == "build":
+        return {"FP_RECIPES_CUDA_ARCHS": "90a;100a", "FP_RECIPES_NO_CUDA": "0",
+                "FP_RECIPES_NVCC_THREADS": "CPU count"}.get(var.name, "")
+    defaults = _defaults()
+    found = {_fmt_default(defaults[(r, var.field)]) for r in var.recipes if (r, var.field) in defaults}
+    return " / ".join(sorted(found))
+
+
+def report(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """Every variable with its current value and status, plus the unknown ones (for the CLI)."""
+    environ = os.environ if environ is None else environ
+    rows = []
+    for var in TABLE:
+        raw = environ.get(var.name)
+        status = "unset"
+        if raw is not None and raw.strip() == "":
+            status = "empty (unset)"
+        elif raw is not None:
+            try:
+                var.parse(raw)
+                status = "deprecated" if var.alias_of else "ok"
+            except EnvVarError as exc:
+                status = f"error: {exc}"
+        rows.append({"name": var.name, "value": raw, "sets": var.sets, "allowed": var.allowed,
+                     "default": default_of(var), "use": var.use, "status": status,
+                     "doc": var.doc})
+    unknown = [{"name": n, "value": environ[n], "suggestion": s} for n, s in unknown_env(environ)]
+    return {"variables": rows, "unknown": unknown}
+
+
+def render_text(environ: Optional[Mapping[str, str]] = None) -> str:
+    rep = report(environ)
+    cols = ("name", "value", "sets", "allowed", "status")
+    table = [[r["name"], "-" if r["value"] is None else r["value"], r["sets"], r["allowed"],
+              r["status"]] for r in rep["variables"]]
+    widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    for u in rep["unknown"]:
+        hint = f"did you mean {u['suggestion']}?" if u["suggestion"] else "no close match"
+        lines.append(f"UNKNOWN {u['name']}={u['value']}: ignored; {hint}")
+    return "\n".join(lines)
+
+
+def render_json(environ: Optional[Mapping[str, str]] = None) -> str:
+    return json.dumps(report(environ), indent=2)
+
+
+def render_markdown() -> str:
+    """docs/envvars.md (generated: edit the table in fp_recipes/recipes/env.py, not the doc)."""
+    out = [
+        "# Environment variables",
+        "",
+        "<!-- GENERATED from fp_recipes/recipes/env.py by `python -m fp_recipes env --markdown`; "
+        "do not edit by hand (tests/test_foundation_docs.py fails when this file is stale). -->",
+        "",
+        "Every variable fp_recipes reads. Recipes read them **when they are constructed**, never at "
+        "import, so a variable set after `import fp_recipes` applies to every recipe built "
+        "afterwards. Precedence: explicit argument > environment variable > default; "
+        "`recipe.provenance()` tells which one each field came from.",
+        "",
+        "- Booleans accept `1/0`, `true/false`, `yes/no`, `on/off` in any case; choices are "
+        "case-insensitive. An empty value counts as unset.",
+        "- A value that is not allowed raises an error naming the variable, the value and the "
+        "allowed values.",
+        "- A set variable with a prefix " + ", ".join(f"`{p}*`" for p in PREFIXES) + " that is not "
+        "listed here draws a warning naming the closest known variable; "
+        "`python -m fp_recipes env --strict` exits 1 in that case (for launch scripts).",
+        "- Variables marked TE have the same name and meaning as in TransformerEngine.",
+        "",
+        "| Variable | Sets | Allowed values | Default | TE | Description |",
+        "|---|---|---|---|---|---|",
+    ]
+    for var in TABLE:
+        out.append(f"| `{var.name}` | {var.sets} | {var.allowed} | {default_of(var)} | "
+                   f"{'yes' if var.te_name else ''} | {var.doc} |")
+    out += [
+        "",
+        "`FP_RECIPES_RECIPE` picks the recipe that `fp_recipes.autocast()` uses when called without "
+        "one (`recipe_from_env()`): `delayed` (the default), `current`, `nvfp4`, `per_token`, or "
+        "`none` (quantization off, e.g. for a BF16 baseline of the same script).",
+        "",
+        "`NVTE_NVFP4_PER_TOKEN_ACTIVATION` is the older name of "
+        "`NVTE_NVFP4_ROW_SCALED_ACTIVATION`: it still works, with a deprecation warning; if both are "
+        "set to different values, constructing an NVFP4 recipe fails.",
+        "",
+        "Build variables are read by `setup.py` when `pip install` compiles the CUDA extension; "
+        "they are listed so that the unknown-variable check knows them.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+__all__ = [
+    "BY_NAME",
+    "EnvVar",
+    "EnvVarDeprecationWarning",
+    "EnvVarError",
+    "PREFIXES",
+    "TABLE",
+    "UnknownEnvVarWarning",
+    "render_json",
+    "render_markdown",
+    "render_text",
+    "report",
+    "resolve_env",
+    "unknown_env",
+    "warn_unknown_env",
+]

@@ -1,0 +1,115 @@
+"""FP8 per-tensor recipes: delayed scaling (scale from the amax history) and current scaling."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+from pydantic import Field, field_validator
+
+from fp_recipes.quantizers.roles import (
+    BackwardOverride,
+    QuantizerRole,
+    QuantizerSpec,
+    ScalingKind,
+    TensorKind,
+    high_precision_spec,
+)
+
+from .base import CaseInsensitiveEnum, Format, Recipe
+
+
+class AmaxComputeAlgo(CaseInsensitiveEnum):
+    MAX = "max"
+    MOST_RECENT = "most_recent"
+
+
+class _Float8Recipe(Recipe):
+    """Shared by the FP8 per-tensor recipes: the format and the backward override."""
+
+    fp8_format: Format = Field(Format.HYBRID, description="E4M3 | E5M2 | HYBRID (E4M3 forward, "
+                               "E5M2 gradients)")
+    backward_override: Optional[BackwardOverride] = Field(
+        None, description="None | high_precision | dequantized: run dgrad/wgrad in high precision")
+
+    _scaling: ClassVar[ScalingKind]
+
+    @field_validator("backward_override", mode="before")
+    @classmethod
+    def _none_string(cls, value):
+        return None if isinstance(value, str) and value.strip().lower() == "none" else value
+
+    def _extra_spec_fields(self) -> dict:
+        return {}
+
+    def _plan_operand(self, role: QuantizerRole) -> QuantizerSpec:
+        override = self.backward_override
+        if override is not None and role.tensor is TensorKind.GRAD_OUTPUT:
+            return high_precision_spec(role).replace(backward_override=override)
+        return QuantizerSpec(
+            role=role,
+            fmt=self.fp8_format.for_tensor(role.tensor),
+            scaling=self._scaling,
+            rowwise=True,
+            # The columnwise copy feeds dgrad (weight) and wgrad (activation, grad_output); a
+            # high-precision backward needs none.
+            columnwise=override is None,
+            backward_override=override,
+            **self._extra_spec_fields(),
+        )
+
+
+class DelayedScaling(_Float8Recipe):
+    """FP8 with per-tensor scales computed from the amax history of earlier steps.
+
+    scale = fp8_max / amax_ref / 2**margin, with amax_ref the max of the last
+    ``amax_history_len`` amaxes ("max") or the latest one ("most_recent"). With ``reduce_amax``
+    the amaxes are MAX-reduced over the autocast's ``amax_reduction_group`` first.
+    """
+
+    recipe_name: ClassVar[str] = "delayed"
+    _scaling: ClassVar[ScalingKind] = ScalingKind.DELAYED
+
+    margin: int = Field(0, ge=0, description="scale = fp8_max / amax / 2**margin")
+    amax_history_len: int = Field(1024, ge=1, description="steps of amax history kept")
+    amax_compute_algo: AmaxComputeAlgo = Field(AmaxComputeAlgo.MAX,
+                                               description="max | most_recent")
+    reduce_amax: bool = Field(True, description="MAX-reduce amaxes across the reduction group")
+
+    @field_validator("amax_compute_algo", mode="before")
+    @classmethod
+    def _no_callables(cls, value):
+        if callable(value) and not isinstance(value, str):
+            raise ValueError("amax_compute_algo must be 'max' or 'most_recent'; custom callables "
+                             "(allowed by TransformerEngine) are not supported")
+        return value
+
+    def _extra_spec_fields(self) -> dict:
+        return {
+            "margin": self.margin,
+            "amax_history_len": self.amax_history_len,
+            "amax_compute_algo": self.amax_compute_algo.value,
+            "reduce_amax": self.reduce_amax,
+        }
+
+    def delayed(self) -> bool:
+        return True
+
+
+class Float8CurrentScaling(_Float8Recipe):
+    """FP8 with a per-tensor scale computed from the tensor's own amax at each cast."""
+
+    recipe_name: ClassVar[str] = "current"
+    _scaling: ClassVar[ScalingKind] = ScalingKind.CURRENT
+
+    use_power_2_scales: bool = Field(False, description="round scales down to a power of two")
+    amax_epsilon: float = Field(0.0, ge=0.0, allow_inf_nan=False,
+                                description="floor of the amax a scale is computed from")
+
+    def _extra_spec_fields(self) -> dict:
+        return {"use_power_2_scales": self.use_power_2_scales, "amax_epsilon": self.amax_epsilon}
+
+    def float8_current_scaling(self) -> bool:
+        return True
+
+
+__all__ = ["AmaxComputeAlgo", "DelayedScaling", "Float8CurrentScaling"]
