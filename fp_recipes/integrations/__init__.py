@@ -1,0 +1,1 @@
+"""Integrations with other frameworks (model conversion, Megatron-core)."""

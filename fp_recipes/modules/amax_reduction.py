@@ -1,0 +1,131 @@
+"""Delayed scaling across modules: one amax all-reduce after the forward and one after the backward.
+
+A delayed-scaling quantizer (``Float8Quantizer``) quantizes with the scale it already has and records
+the amax of what it quantized into ``amax_history[0]`` (max-accumulated, so a module called twice in
+one step records the max of both calls and both calls use the same scale). Nothing is synchronised
+per call. Instead:
+
+* **forward**: every quantizer used inside an autocast region is remembered; when the OUTERMOST
+  autocast exits, the amaxes of all of them are stacked into one FP32 vector, reduced with ONE
+  ``all_reduce(MAX)`` over the autocast's ``amax_reduction_group`` (skipped when there is no group or
+  torch.distributed is not initialised), written back, and each quantizer's ``update_scale()`` runs
+  (scale from the history by ``amax_compute_algo`` and ``margin``, then the history rolls).
+* **backward**: the grad_output quantizers record their amaxes as the backward runs; the first one
+  queues a callback with the autograd engine that runs once the whole backward pass has finished and
+  does the same single reduction + update for the backward quantizers.
+
+Quantizers whose spec says ``reduce_amax=False`` are updated without taking part in the reduction.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional
+
+import torch
+
+__all__ = ["AmaxReducer", "reducer", "reduce_and_update"]
+
+_COUNTERS: Dict[str, int] = {"all_reduce": 0}
+
+
+def _group_usable(group: Any) -> bool:
+    if group is None:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def reduce_and_update(quantizers: List[Any], group: Any) -> None:
+    """Reduce ``amax_history[0]`` of ``quantizers`` with one all_reduce(MAX), then update their scales."""
+    if not quantizers:
+        return
+    reduced = [q for q in quantizers if getattr(q.spec, "reduce_amax", True)]
+    if reduced and _group_usable(group):
+        import torch.distributed as dist
+
+        amaxes = torch.stack([q.amax_history[0] for q in reduced]).float()
+        dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=group)
+        _COUNTERS["all_reduce"] += 1
+        for q, v in zip(reduced, amaxes.unbind(0)):
+            q.amax_history[0].copy_(v)
+    for q in quantizers:
+        q.update_scale()
+
+
+class AmaxReducer:
+    """Collects the delayed-scaling quantizers used in one forward / one backward pass."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forward: Dict[int, Any] = {}
+        self._forward_group: Any = None
+        self._backward: Dict[int, Any] = {}
+        self._backward_group: Any = None
+        self._backward_callback_queued = False
+        self._hook_handle: Any = None
+
+    # ------------------------------------------------------------------ forward
+    def _ensure_exit_hook(self) -> None:
+        if self._hook_handle is not None:
+            return
+        from .. import autocast as autocast_mod
+
+        register = getattr(autocast_mod, "register_outermost_exit_hook", None)
+        if register is None:
+            register = getattr(getattr(autocast_mod, "autocast"), "register_outermost_exit_hook")
+        self._hook_handle = register(self.on_outermost_exit)
+
+    def record_forward(self, quantizer: Any, group: Any) -> None:
+        """Remember a forward quantizer until the outermost autocast exits."""
+        self._ensure_exit_hook()
+        with self._lock:
+            self._forward[id(quantizer)] = quantizer
+            self._forward_group = group
+
+    def on_outermost_exit(self, state: Any = None) -> None:
+        with self._lock:
+            quantizers = list(self._forward.values())
+            group = getattr(state, "amax_reduction_group", None) if state is not None else None
+            if group is None:
+                group = self._forward_group
+            self._forward.clear()
+            self._forward_group = None
+        reduce_and_update(quantizers, group)
+
+    def pending_forward(self) -> int:
+        return len(self._forward)
+
+    # ------------------------------------------------------------------ backward
+    def record_backward(self, quantizer: Any, group: Any) -> None:
+        """Remember a backward quantizer; the first one in a pass queues the end-of-backward update."""
+        with self._lock:
+            self._backward[id(quantizer)] = quantizer
+            self._backward_group = group
+            queue = not self._backward_callback_queued
+            self._backward_callback_queued = True
+        if queue:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self.on_backward_end)
+            except RuntimeError:
+                # Not inside an autograd backward (a direct call of the Function's backward, e.g. in
+                # a test): update now, as the end of this "backward" is the end of this call.
+                self.on_backward_end()
+
+    def on_backward_end(self) -> None:
+        with self._lock:
+            quantizers = list(self._backward.values())
+            group = self._backward_group
+            self._backward.clear()
+            self._backward_group = None
+            self._backward_callback_queued = False
+        reduce_and_update(quantizers, group)
+
+
+reducer = AmaxReducer()
+
+
+def all_reduce_count() -> int:
+    """How many amax all-reduces this process issued (for tests and diagnostics)."""
+    return _COUNTERS["all_reduce"]

@@ -1,0 +1,158 @@
+"""``fp_recipes.GroupedLinear``: ``num_gemms`` independent linears over row-splits of one input (MoE).
+
+``forward(x, m_splits)``: rows ``[sum(m_splits[:g]), sum(m_splits[:g+1]))`` of ``x`` go through expert
+``g``. Each expert has its own quantizers (role ``grouped_linear[g].*``), so FP8 scales and NVFP4
+global amaxes are per expert, and the GEMMs apply them per expert (never one shared scale). Any
+number of experts, and experts with zero rows, are fine."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..gemm import gemm, grouped_gemm
+from ..quantizers.roles import ModuleKind
+from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands,
+                   quantize_operand)
+from .linear import _factory, reset_linear_parameters
+
+__all__ = ["GroupedLinear"]
+
+
+class _GroupedLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, m_splits: tuple, sets: List[GemmQuantizers], *params):
+        num = len(m_splits)
+        weights, biases = params[:num], params[num:]
+        k = x.shape[1]
+        n = weights[0].shape[0]
+        xs = torch.split(x, list(m_splits), dim=0)
+        qxs, qws, x_ops, w_ops = [], [], [], []
+        for g in range(num):
+            qs = sets[g]
+            _check_nvfp4_shapes(qs, m_splits[g], k, n)
+            qx = quantize_operand(qs.activation, xs[g], qs.amax_reduction_group) if m_splits[g] else xs[g]
+            qw = quantize_operand(qs.weight, weights[g], qs.amax_reduction_group)
+            qxs.append(qx)
+            qws.append(qw)
+            x_op, w_op = backward_operands(qs, xs[g], weights[g], qx, qw)
+            x_ops.append(x_op)
+            w_ops.append(w_op)
+        live = [g for g in range(num) if m_splits[g] > 0]
+        if live:
+            y = grouped_gemm([qxs[g] for g in live], [qws[g] for g in live], out_dtype=x.dtype,
+                             biases=[biases[g] for g in live], use_fast_accum=True)
+        else:
+            y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
+        ctx.sets = sets
+        ctx.m_splits = m_splits
+        ctx.operands = (x_ops, w_ops)
+        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        sets, m_splits = ctx.sets, ctx.m_splits
+        x_ops, w_ops = ctx.operands
+        k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
+        num = len(m_splits)
+        need = ctx.needs_input_grad
+        need_dx = need[0]
+        dy = dy.contiguous()
+        dys = torch.split(dy, list(m_splits), dim=0)
+        live = [g for g in range(num) if m_splits[g] > 0]
+        qdys = {g: quantize_operand(sets[g].grad_output, dys[g], sets[g].amax_reduction_group,
+                                    backward=True) for g in live}
+        dx = None
+        if need_dx:
+            if live:
+                dx = grouped_gemm([qdys[g] for g in live], [w_ops[g] for g in live], transpose_b=True,
+                                  out_dtype=x_dtype)
+            else:
+                dx = torch.zeros(0, k, dtype=x_dtype, device=dy.device)
+        dws: List[Optional[torch.Tensor]] = []
+        dbs: List[Optional[torch.Tensor]] = []
+        for g in range(num):
+            dw = db = None
+            if need[3 + g]:
+                if m_splits[g]:
+                    dw = gemm(qdys[g], x_ops[g], transpose_a=True, transpose_b=True, out_dtype=w_dtypes[g])
+                else:
+                    dw = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
+            if b_dtypes[g] is not None and need[3 + num + g]:
+                db = dys[g].float().sum(0).to(b_dtypes[g])
+            dws.append(dw)
+            dbs.append(db)
+        ctx.operands = None
+        return (dx, None, None, *dws, *dbs)
+
+
+class GroupedLinear(QuantizedModule):
+    """``num_gemms`` linears of the same shape, applied to consecutive row-splits of the input.
+
+    Parameters are ``weight0..weight{G-1}`` and ``bias0..bias{G-1}`` (TransformerEngine's names).
+    Outside autocast the result equals a loop of ``torch.nn.functional.linear`` exactly."""
+
+    module_kind = ModuleKind.GROUPED_LINEAR
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
+                 params_dtype: Optional[torch.dtype] = None, device=None) -> None:
+        super().__init__()
+        if num_gemms <= 0:
+            raise ValueError(f"GroupedLinear: num_gemms must be positive, got {num_gemms}")
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"GroupedLinear: in_features and out_features must be positive, got "
+                             f"{in_features}, {out_features}")
+        self._num_gemms = num_gemms
+        self.in_features = in_features
+        self.out_features = out_features
+        self.use_bias = bias
+        kw = _factory(params_dtype, device)
+        for g in range(num_gemms):
+            w = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
+            b = torch.nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+            with torch.no_grad():
+                reset_linear_parameters(w, b)
+            self.register_parameter(f"weight{g}", w)
+            self.register_parameter(f"bias{g}", b)
+
+    @property
+    def num_gemms(self) -> int:
+        return self._num_gemms
+
+    def weights(self) -> List[torch.Tensor]:
+        return [getattr(self, f"weight{g}") for g in range(self._num_gemms)]
+
+    def biases(self) -> List[Optional[torch.Tensor]]:
+        return [getattr(self, f"bias{g}") for g in range(self._num_gemms)]
+
+    def _check_splits(self, x: torch.Tensor, m_splits: Sequence[int]) -> tuple:
+        splits = tuple(int(m) for m in (m_splits.tolist() if isinstance(m_splits, torch.Tensor) else m_splits))
+        if len(splits) != self._num_gemms:
+            raise ValueError(f"GroupedLinear: got {len(splits)} m_splits for {self._num_gemms} GEMMs")
+        if any(m < 0 for m in splits):
+            raise ValueError(f"GroupedLinear: m_splits must be >= 0, got {list(splits)}")
+        if sum(splits) != x.shape[0]:
+            raise ValueError(f"GroupedLinear: m_splits sum to {sum(splits)} but the input has "
+                             f"{x.shape[0]} rows (shape {tuple(x.shape)})")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"GroupedLinear: input has {x.shape[-1]} features, expected {self.in_features}")
+        return splits
+
+    def forward(self, x: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
+        if x.dim() != 2:
+            raise ValueError(f"GroupedLinear: expected a 2-D input (tokens, in_features), got shape "
+                             f"{tuple(x.shape)}")
+        splits = self._check_splits(x, m_splits)
+        sets = self.gemm_quantizers()
+        weights, biases = self.weights(), self.biases()
+        if sets is None:
+            outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
+            return torch.cat(outs, dim=0)
+        return _GroupedLinearFunction.apply(x, splits, sets, *weights, *biases)
+
+    def extra_repr(self) -> str:
+        return (f"num_gemms={self._num_gemms}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.use_bias}")

@@ -1,0 +1,57 @@
+"""``fp_recipes.Linear``: ``torch.nn.Linear`` whose GEMMs are quantized under ``fp_recipes.autocast``."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..quantizers.roles import ModuleKind
+from .base import QuantizedModule, quantized_linear
+
+__all__ = ["Linear"]
+
+
+def _factory(params_dtype: Optional[torch.dtype], device) -> dict:
+    return {"dtype": params_dtype if params_dtype is not None else torch.get_default_dtype(),
+            "device": device}
+
+
+def reset_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    """The same initialisation as ``torch.nn.Linear`` (so swapping modules changes no statistics)."""
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in = weight.shape[1]
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        torch.nn.init.uniform_(bias, -bound, bound)
+
+
+class Linear(QuantizedModule):
+    """``y = x W^T + b``. Outside autocast: exactly ``torch.nn.functional.linear``. Inside: fprop,
+    dgrad and wgrad operands quantized by role as the autocast recipe plans them."""
+
+    module_kind = ModuleKind.LINEAR
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 params_dtype: Optional[torch.dtype] = None, device=None) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"Linear: in_features and out_features must be positive, got "
+                             f"{in_features}, {out_features}")
+        self.in_features = in_features
+        self.out_features = out_features
+        kw = _factory(params_dtype, device)
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
+        self.bias = torch.nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+        if self.bias is None:
+            self.register_parameter("bias", None)
+        with torch.no_grad():
+            reset_linear_parameters(self.weight, self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sets = self.gemm_quantizers()
+        return quantized_linear(x, self.weight, self.bias, None if sets is None else sets[0])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
