@@ -222,6 +222,27 @@ def _check_grouped_buffer(x: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: the buffer must be contiguous (it is read as one flat array)")
 
 
+def _segment_amax(flat: torch.Tensor, ids: torch.Tensor, g: int) -> torch.Tensor:
+    """Per-member max |x| of a flat FP32 buffer (NaN propagates per member; empty member -> 0)."""
+    a = flat.abs()
+    amax = torch.zeros(g, dtype=torch.float32, device=flat.device)
+    amax.scatter_reduce_(0, ids, torch.nan_to_num(a, nan=0.0), reduce="amax", include_self=True)
+    nan_count = torch.zeros(g, dtype=torch.float32, device=flat.device)
+    nan_count.index_add_(0, ids, torch.isnan(a).to(torch.float32))
+    return torch.where(nan_count > 0, torch.full_like(amax, float("nan")), amax)
+
+
+def fp8_grouped_amax(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Per-member amax (G,) FP32 of a grouped buffer (the first pass of grouped current scaling);
+    member i's entry equals :func:`fp8_amax` of that member alone."""
+    what = "fp8_grouped_amax"
+    check_float_input(x, what, dims=(1, 2))
+    _check_grouped_buffer(x, what)
+    g = _check_offsets(offsets, x.numel(), x, what)
+    flat = x.reshape(-1).to(torch.float32)
+    return _segment_amax(flat, _member_ids(offsets, flat.numel()), g)
+
+
 def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
                          fmt: str) -> FP8GroupedQuantized:
     """Quantize G tensors stored back to back in one buffer, member i = flat elements
@@ -238,13 +259,7 @@ def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.T
     data = formats.fp8_encode(flat * scales[ids], fmt).reshape(x.shape)
     one = torch.ones((), dtype=torch.float32, device=x.device)
     scale_inv = one / scales
-    a = flat.abs()
-    amax = torch.zeros(g, dtype=torch.float32, device=x.device)
-    amax.scatter_reduce_(0, ids, torch.nan_to_num(a, nan=0.0), reduce="amax", include_self=True)
-    nan_count = torch.zeros(g, dtype=torch.float32, device=x.device)
-    nan_count.index_add_(0, ids, torch.isnan(a).to(torch.float32))
-    has_nan = nan_count > 0
-    amax = torch.where(has_nan, torch.full_like(amax, float("nan")), amax)
+    amax = _segment_amax(flat, ids, g)
     return FP8GroupedQuantized(data=data, scale_inv=scale_inv, amax=amax)
 
 
@@ -269,6 +284,7 @@ __all__ = [
     "fp8_amax",
     "fp8_current_scaling_quantize",
     "fp8_dequantize",
+    "fp8_grouped_amax",
     "fp8_grouped_dequantize",
     "fp8_grouped_quantize",
     "fp8_quantize",

@@ -1,0 +1,272 @@
+"""FP8 per-tensor quantized tensors and their quantizers (delayed and current scaling).
+
+Numerics live in the ops (``fp_recipes.ops.fp8_*``, reference in ``ops/ref_fp8.py``); this module holds
+state and shapes. Quantizers always go through the op dispatcher, so a CUDA tensor runs the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+import torch
+
+from .. import formats, ops
+from ..ops.ref_fp8 import current_scale
+from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
+                         dtype_from_name, dtype_name, move, resolve_out_dtype)
+from .base import QuantizedTensor, Quantizer, check_input
+from .roles import QFormat, QuantizerSpec, ScalingKind
+
+_FMT_OF_DTYPE = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+
+
+def flatten_2d(x: torch.Tensor, what: str) -> torch.Tensor:
+    """(..., K) -> (prod(leading), K); a 1-D tensor becomes one row."""
+    if x.dim() == 0:
+        raise ValueError(f"{what}: cannot quantize a 0-dim tensor; give it at least one dim")
+    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+
+
+def fp8_fmt_of_spec(spec: QuantizerSpec, what: str) -> str:
+    if spec.fmt not in (QFormat.E4M3, QFormat.E5M2):
+        raise ValueError(f"{what}: spec fmt must be e4m3 or e5m2, got {spec.fmt.value} "
+                         f"(role {spec.role})")
+    return spec.fmt.value
+
+
+class Float8Tensor(StatePickle, QuantizedTensor):
+    """An FP8 tensor with one FP32 scale: value = fp32(data) * scale_inv.
+
+    ``data`` is the rowwise copy, 2-D (prod(leading dims), last dim); ``data_t`` the optional columnwise
+    copy, (last dim, prod(leading)). ``shape`` is the original (logical) shape. At least one copy is set.
+    """
+
+    kind = "float8"
+
+    def __init__(self, data: Optional[torch.Tensor], scale_inv: torch.Tensor, amax: torch.Tensor, fmt: str,
+                 orig_dtype: torch.dtype, shape, data_t: Optional[torch.Tensor] = None) -> None:
+        if data is None and data_t is None:
+            raise ValueError("Float8Tensor needs a rowwise copy (data), a columnwise copy (data_t), or both")
+        if fmt not in ("e4m3", "e5m2"):
+            raise ValueError(f"Float8Tensor: fmt must be 'e4m3' or 'e5m2', got {fmt!r}")
+        shape = torch.Size(shape)
+        rows = math.prod(shape[:-1]) if len(shape) else 1
+        cols = shape[-1] if len(shape) else 1
+        for name, t, want in (("data", data, (rows, cols)), ("data_t", data_t, (cols, rows))):
+            if t is None:
+                continue
+            if _FMT_OF_DTYPE.get(t.dtype) != fmt:
+                raise TypeError(f"Float8Tensor: {name} has dtype {t.dtype}, which does not hold fmt {fmt!r}")
+            if tuple(t.shape) != want:
+                raise ValueError(f"Float8Tensor: {name} must have shape {want} for logical shape "
+                                 f"{tuple(shape)}, got {tuple(t.shape)}")
+        for name, t in (("scale_inv", scale_inv), ("amax", amax)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.dim() != 0:
+                raise TypeError(f"Float8Tensor: {name} must be an FP32 0-dim tensor")
+        self.data = data
+        self.data_t = data_t
+        self.scale_inv = scale_inv
+        self.amax = amax
+        self.fmt = fmt
+        self.orig_dtype = orig_dtype
+        self._shape = shape
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._shape
+
+    @property
+    def device(self) -> torch.device:
+        return (self.data if self.data is not None else self.data_t).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The fp8 storage dtype."""
+        return formats.FP8_DTYPE[self.fmt]
+
+    def rowwise_data(self) -> torch.Tensor:
+        """The rowwise copy; from the columnwise one by a byte transpose if absent (exact)."""
+        return self.data if self.data is not None else self.data_t.t().contiguous()
+
+    def t_data(self) -> torch.Tensor:
+        """The columnwise copy (N, M); from the rowwise one by a byte transpose if absent (exact)."""
+        return self.data_t if self.data_t is not None else self.data.t().contiguous()
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """``dtype(fp32(data) * scale_inv)`` in the original shape; dtype defaults to the original dtype."""
+        out = ops.fp8_dequantize(self.rowwise_data(), self.scale_inv, resolve_out_dtype(dtype, self.orig_dtype))
+        return out.reshape(self._shape)
+
+    def to(self, device) -> "Float8Tensor":
+        return Float8Tensor(move(self.data, device), self.scale_inv.to(device), self.amax.to(device),
+                            self.fmt, self.orig_dtype, self._shape, data_t=move(self.data_t, device))
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "version": STATE_VERSION, "fmt": self.fmt, "data": self.data,
+                "data_t": self.data_t, "scale_inv": self.scale_inv, "amax": self.amax,
+                "orig_dtype": dtype_name(self.orig_dtype), "shape": list(self._shape)}
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, Any]) -> "Float8Tensor":
+        check_state(state, cls.kind, ("fmt", "data", "data_t", "scale_inv", "amax", "orig_dtype", "shape"))
+        return cls(state["data"], state["scale_inv"], state["amax"], state["fmt"],
+                   dtype_from_name(state["orig_dtype"]), state["shape"], data_t=state["data_t"])
+
+    def __repr__(self) -> str:
+        copies = "+".join(n for n, t in (("row", self.data), ("col", self.data_t)) if t is not None)
+        return (f"Float8Tensor(shape={tuple(self._shape)}, fmt={self.fmt}, copies={copies}, "
+                f"scale_inv={self.scale_inv.item():.6g}, amax={self.amax.item():.6g}, "
+                f"orig_dtype={dtype_name(self.orig_dtype)}, device={self.device})")
+
+
+def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
+    return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
+
+
+class Float8Quantizer(Quantizer):
+    """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
+
+    State (FP32, mutated in place, never rebound, so modules can register them as buffers):
+    ``scale`` (0-dim) and ``amax_history`` (amax_history_len,).
+
+    History convention (TransformerEngine's): slot 0 collects the current step's amax;
+    ``quantize`` does ``amax_history[0] = max(amax_history[0], amax(x))`` (NaN propagates). After the
+    step (and after any cross-rank MAX reduction of slot 0), :meth:`update_scale`:
+
+    1. ``amax_ref = max(amax_history)`` ("max") or ``amax_history[0]`` ("most_recent");
+    2. if ``amax_ref > 0`` and finite: ``scale = RN(RN(fmt_max / amax_ref) / 2^margin)``, an overflow
+       to +Inf (subnormal amax_ref) becoming FLT_MAX; otherwise the scale is kept;
+    3. the history rolls by -1 (``torch.roll(h, -1)``: the current slot moves to the last position,
+       older entries move one slot toward 0) and slot 0 is zeroed for the next step. With length 1 only
+       the zeroing happens.
+    """
+
+    def __init__(self, spec: QuantizerSpec) -> None:
+        super().__init__(spec)
+        if spec.scaling is not ScalingKind.DELAYED:
+            raise ValueError(f"Float8Quantizer is for delayed scaling, got a {spec.scaling.value} spec")
+        self.fmt = fp8_fmt_of_spec(spec, "Float8Quantizer")
+        if spec.amax_history_len < 1:
+            raise ValueError(f"Float8Quantizer: amax_history_len must be >= 1, got {spec.amax_history_len}")
+        self.fmt_max = formats.FP8_MAX[self.fmt]
+        self.scale = torch.ones((), dtype=torch.float32)
+        self.amax_history = torch.zeros(spec.amax_history_len, dtype=torch.float32)
+
+    # -- state ------------------------------------------------------------------------------------
+    def bind_state(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
+        """Adopt externally owned tensors (e.g. a module's buffers after ``module.to(device)``)."""
+        if scale.dtype != torch.float32 or scale.dim() != 0:
+            raise ValueError("Float8Quantizer.bind_state: scale must be an FP32 0-dim tensor")
+        if amax_history.dtype != torch.float32 or tuple(amax_history.shape) != tuple(self.amax_history.shape):
+            raise ValueError(f"Float8Quantizer.bind_state: amax_history must be FP32 of shape "
+                             f"{tuple(self.amax_history.shape)}")
+        if scale.device != amax_history.device:
+            raise ValueError("Float8Quantizer.bind_state: scale and amax_history must share a device")
+        self.scale = scale
+        self.amax_history = amax_history
+
+    def to(self, device) -> "Float8Quantizer":
+        """Move the state to ``device`` (this rebinds; re-register buffers afterwards)."""
+        self.scale = self.scale.to(device)
+        self.amax_history = self.amax_history.to(device)
+        return self
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"scale": self.scale, "amax_history": self.amax_history}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for key in ("scale", "amax_history"):
+            if key not in state:
+                raise ValueError(f"Float8Quantizer.load_state_dict: missing {key!r}")
+        if tuple(state["amax_history"].shape) != tuple(self.amax_history.shape):
+            raise ValueError(f"Float8Quantizer.load_state_dict: amax_history has shape "
+                             f"{tuple(state['amax_history'].shape)}, expected {tuple(self.amax_history.shape)}")
+        self.scale.copy_(state["scale"].reshape(()))
+        self.amax_history.copy_(state["amax_history"])
+
+    # -- work -------------------------------------------------------------------------------------
+    def _check_device(self, x: torch.Tensor) -> None:
+        if x.device != self.scale.device:
+            raise ValueError(f"Float8Quantizer: input is on {x.device} but the scaling state is on "
+                             f"{self.scale.device}; move the state with .to(device) or bind_state()")
+
+    def record_amax(self, amax: torch.Tensor) -> None:
+        """amax_history[0] = max(amax_history[0], amax), in place (NaN propagates)."""
+        self.amax_history[0] = torch.maximum(self.amax_history[0], amax.to(self.amax_history.device))
+
+    def quantize(self, x: torch.Tensor) -> Float8Tensor:
+        check_input(x, "Float8Quantizer.quantize")
+        self._check_device(x)
+        x2 = flatten_2d(x, "Float8Quantizer.quantize")
+        res = ops.fp8_quantize(x2, self.scale.clone(), self.fmt, rowwise=self.spec.rowwise,
+                               columnwise=self.spec.columnwise)
+        self.record_amax(res.amax)
+        return _wrap(res, x, self.fmt)
+
+    def compute_scale(self) -> torch.Tensor:
+        """The scale :meth:`update_scale` would set (steps 1-2), without touching the state."""
+        h = self.amax_history
+        amax_ref = h.max() if self.spec.amax_compute_algo == "max" else h[0]
+        fmax = torch.tensor(self.fmt_max, dtype=torch.float32, device=h.device)
+        div = torch.tensor(2.0 ** self.spec.margin, dtype=torch.float32, device=h.device)
+        new = (fmax / amax_ref) / div
+        new = torch.where(torch.isinf(new), torch.full_like(new, formats.FP32_MAX), new)
+        ok = (amax_ref > 0) & torch.isfinite(amax_ref)
+        return torch.where(ok, new, self.scale)
+
+    def update_scale(self) -> None:
+        self.scale.copy_(self.compute_scale())
+        if self.amax_history.numel() > 1:
+            self.amax_history.copy_(torch.roll(self.amax_history, -1, 0))
+        self.amax_history[0] = 0.0
+
+
+class Float8CurrentScalingQuantizer(Quantizer):
+    """FP8 current scaling: the scale comes from this tensor's own amax (``ops.fp8_current_scaling_quantize``).
+
+    ``quantize(x, amax=...)`` takes an amax computed elsewhere (e.g. MAX-reduced across ranks); the
+    scale is then derived from it with the same rule and the tensor records that amax.
+    """
+
+    def __init__(self, spec: QuantizerSpec) -> None:
+        super().__init__(spec)
+        if spec.scaling is not ScalingKind.CURRENT:
+            raise ValueError(f"Float8CurrentScalingQuantizer is for current scaling, got a "
+                             f"{spec.scaling.value} spec")
+        self.fmt = fp8_fmt_of_spec(spec, "Float8CurrentScalingQuantizer")
+
+    def scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        return current_scale(amax, formats.FP8_MAX[self.fmt], use_power_2_scales=self.spec.use_power_2_scales,
+                             amax_epsilon=self.spec.amax_epsilon)
+
+    def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
+        check_input(x, "Float8CurrentScalingQuantizer.quantize")
+        x2 = flatten_2d(x, "Float8CurrentScalingQuantizer.quantize")
+        s = self.spec
+        if amax is None:
+            res = ops.fp8_current_scaling_quantize(
+                x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
+                rowwise=s.rowwise, columnwise=s.columnwise)
+            return _wrap(res, x, self.fmt)
+        if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32 or amax.numel() != 1:
+            raise TypeError("Float8CurrentScalingQuantizer.quantize: amax must be an FP32 tensor with one element")
+        amax = amax.reshape(()).to(x.device)
+        res = ops.fp8_quantize(x2, self.scale_from_amax(amax), self.fmt, rowwise=s.rowwise,
+                               columnwise=s.columnwise)
+        return Float8Tensor(res.data, res.scale_inv, amax.clone(), self.fmt, x.dtype, x.shape, data_t=res.data_t)
+
+    def __call__(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
+        return self.quantize(x, amax=amax)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"Float8CurrentScalingQuantizer has no state; got keys {sorted(state)}")
+
+
+allow_in_weights_only_load(Float8Tensor)
+
+__all__ = ["Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8Tensor", "flatten_2d"]

@@ -1,0 +1,272 @@
+"""Grouped FP8 per-tensor quantization: many tensors (MoE experts) in one buffer, one op call.
+
+A :class:`GroupedTensor` is one fp8 buffer plus element offsets; member i is the flat slice
+``[offsets[i], offsets[i+1])`` with its own shape, ``scale_inv[i]`` and ``amax[i]``. Each member is
+bit-identical to quantizing that tensor alone with its own scale (the grouped op's contract), so
+``member(i)`` returns an ordinary :class:`~fp_recipes.quantizers.float8.Float8Tensor` view (no copy).
+Members may be empty (0 rows). Only the rowwise buffer is stored: a member's columnwise copy is its
+byte transpose (``member(i).t_data()``), which is exact for per-tensor scaling.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+
+from .. import formats, ops
+from ..ops.ref_fp8 import current_scale
+from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
+                         dtype_from_name, dtype_name, resolve_out_dtype)
+from .base import QuantizedTensor, Quantizer, check_input
+from .float8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, fp8_fmt_of_spec
+from .roles import QuantizerSpec, ScalingKind
+
+_FMT_OF_DTYPE = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+
+
+def offsets_from_numels(numels: Sequence[int], device=None) -> torch.Tensor:
+    """(G+1,) int64 element offsets [0, n0, n0+n1, ...]."""
+    out = [0]
+    for n in numels:
+        out.append(out[-1] + int(n))
+    return torch.tensor(out, dtype=torch.int64, device=device)
+
+
+def offsets_from_m_splits(m_splits: Sequence[int], n: int, device=None) -> torch.Tensor:
+    """Offsets of a row-split (sum(m), n) tensor: cumsum(m) * n with a leading 0."""
+    return offsets_from_numels([int(m) * n for m in m_splits], device)
+
+
+class GroupedTensor(StatePickle, QuantizedTensor):
+    """G FP8 per-tensor members in one buffer (see the module docstring).
+
+    ``data``: fp8 buffer (1-D, or the 2-D (sum(m), N) row-split input); ``offsets``: int64 (G+1,);
+    ``scale_inv``/``amax``: FP32 (G,); ``member_shapes``: the logical shape of each member.
+    ``shape`` is the buffer's shape.
+    """
+
+    kind = "grouped_float8"
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor, amax: torch.Tensor,
+                 member_shapes: Sequence, fmt: str, orig_dtype: torch.dtype) -> None:
+        if _FMT_OF_DTYPE.get(data.dtype) != fmt:
+            raise TypeError(f"GroupedTensor: data dtype {data.dtype} does not hold fmt {fmt!r}")
+        shapes = [torch.Size(s) for s in member_shapes]
+        if any(len(s) == 0 for s in shapes):
+            raise ValueError("GroupedTensor: members must have at least one dim")
+        g = len(shapes)
+        numels = [s.numel() for s in shapes]
+        if sum(numels) != data.numel():
+            raise ValueError(f"GroupedTensor: member shapes hold {sum(numels)} elements but the buffer has "
+                             f"{data.numel()}")
+        if tuple(offsets.shape) != (g + 1,) or offsets.dtype != torch.int64:
+            raise ValueError(f"GroupedTensor: offsets must be int64 of shape {(g + 1,)}")
+        if offsets.cpu().tolist() != offsets_from_numels(numels).tolist():
+            raise ValueError("GroupedTensor: offsets do not match the member shapes")
+        for name, t in (("scale_inv", scale_inv), ("amax", amax)):
+            if t.dtype != torch.float32 or tuple(t.shape) != (g,):
+                raise ValueError(f"GroupedTensor: {name} must be FP32 of shape {(g,)}")
+        self.data = data
+        self.offsets = offsets
+        self.scale_inv = scale_inv
+        self.amax = amax
+        self.member_shapes = shapes
+        self.fmt = fmt
+        self.orig_dtype = orig_dtype
+        self._starts = offsets_from_numels(numels).tolist()  # host copy: slicing never syncs
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def num_members(self) -> int:
+        return len(self.member_shapes)
+
+    def __len__(self) -> int:
+        return self.num_members
+
+    def member(self, i: int) -> Float8Tensor:
+        """Member i as a Float8Tensor sharing this buffer's storage."""
+        if not -self.num_members <= i < self.num_members:
+            raise IndexError(f"GroupedTensor has {self.num_members} members, no member {i}")
+        i %= self.num_members
+        shape = self.member_shapes[i]
+        flat = self.data.reshape(-1)[self._starts[i]:self._starts[i + 1]]
+        rows = math.prod(shape[:-1])
+        return Float8Tensor(flat.view(rows, shape[-1]), self.scale_inv[i], self.amax[i], self.fmt,
+                            self.orig_dtype, shape)
+
+    def members(self) -> List[Float8Tensor]:
+        return [self.member(i) for i in range(self.num_members)]
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The whole buffer dequantized (one grouped op), in the buffer's shape."""
+        return ops.fp8_grouped_dequantize(self.data, self.offsets, self.scale_inv,
+                                          resolve_out_dtype(dtype, self.orig_dtype))
+
+    def dequantize_members(self, dtype: Optional[torch.dtype] = None) -> List[torch.Tensor]:
+        flat = self.dequantize(dtype).reshape(-1)
+        return [flat[self._starts[i]:self._starts[i + 1]].view(s) for i, s in enumerate(self.member_shapes)]
+
+    def to(self, device) -> "GroupedTensor":
+        return GroupedTensor(self.data.to(device), self.offsets.to(device), self.scale_inv.to(device),
+                             self.amax.to(device), self.member_shapes, self.fmt, self.orig_dtype)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "version": STATE_VERSION, "data": self.data, "offsets": self.offsets,
+                "scale_inv": self.scale_inv, "amax": self.amax,
+                "member_shapes": [list(s) for s in self.member_shapes], "fmt": self.fmt,
+                "orig_dtype": dtype_name(self.orig_dtype)}
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, Any]) -> "GroupedTensor":
+        check_state(state, cls.kind, ("data", "offsets", "scale_inv", "amax", "member_shapes", "fmt",
+                                      "orig_dtype"))
+        return cls(state["data"], state["offsets"], state["scale_inv"], state["amax"], state["member_shapes"],
+                   state["fmt"], dtype_from_name(state["orig_dtype"]))
+
+    def __repr__(self) -> str:
+        empty = sum(1 for s in self.member_shapes if s.numel() == 0)
+        return (f"GroupedTensor(members={self.num_members} ({empty} empty), buffer={tuple(self.shape)}, "
+                f"fmt={self.fmt}, orig_dtype={dtype_name(self.orig_dtype)}, device={self.device})")
+
+
+FP8MemberQuantizer = Union[Float8Quantizer, Float8CurrentScalingQuantizer]
+
+
+class GroupedQuantizer(Quantizer):
+    """One FP8 quantizer per member (delayed or current scaling, all from one spec), applied in one
+    grouped op call.
+
+    ``GroupedQuantizer(spec, num_members)`` builds the members; ``GroupedQuantizer.from_quantizers``
+    wraps existing ones (e.g. a module's per-expert quantizers). Delayed: member i uses its own
+    ``scale`` and records ``amax[i]`` into its own history slot 0; :meth:`update_scale` updates each.
+    Current: the per-member amaxes come from one ``fp8_grouped_amax`` pass, the scales from the same rule
+    as :class:`Float8CurrentScalingQuantizer`, then one ``fp8_grouped_quantize``.
+    """
+
+    def __init__(self, spec: QuantizerSpec, num_members: int, *,
+                 quantizers: Optional[Sequence[FP8MemberQuantizer]] = None) -> None:
+        super().__init__(spec)
+        if spec.scaling not in (ScalingKind.DELAYED, ScalingKind.CURRENT):
+            raise ValueError(f"GroupedQuantizer supports FP8 delayed or current scaling, got {spec.scaling.value}")
+        self.fmt = fp8_fmt_of_spec(spec, "GroupedQuantizer")
+        if not isinstance(num_members, int) or num_members < 1:
+            raise ValueError(f"GroupedQuantizer: num_members must be an int >= 1, got {num_members!r}")
+        cls = Float8Quantizer if spec.scaling is ScalingKind.DELAYED else Float8CurrentScalingQuantizer
+        if quantizers is None:
+            quantizers = [cls(spec) for _ in range(num_members)]
+        quantizers = list(quantizers)
+        if len(quantizers) != num_members:
+            raise ValueError(f"GroupedQuantizer: got {len(quantizers)} quantizers for {num_members} members")
+        for q in quantizers:
+            if type(q) is not cls or q.fmt != self.fmt:
+                raise ValueError(f"GroupedQuantizer: every member must be a {cls.__name__} for fmt {self.fmt}")
+            if cls is Float8CurrentScalingQuantizer and (
+                    q.spec.use_power_2_scales != spec.use_power_2_scales or q.spec.amax_epsilon != spec.amax_epsilon):
+                raise ValueError("GroupedQuantizer: current-scaling members must share use_power_2_scales and "
+                                 "amax_epsilon")
+        self.quantizers: List[FP8MemberQuantizer] = quantizers
+        self.delayed = cls is Float8Quantizer
+
+    @classmethod
+    def from_quantizers(cls, quantizers: Sequence[FP8MemberQuantizer]) -> "GroupedQuantizer":
+        if not quantizers:
+            raise ValueError("GroupedQuantizer.from_quantizers: need at least one quantizer")
+        return cls(quantizers[0].spec, len(quantizers), quantizers=quantizers)
+
+    @property
+    def num_members(self) -> int:
+        return len(self.quantizers)
+
+    # -- work -------------------------------------------------------------------------------------
+    def _buffer(self, x, m_splits):
+        what = "GroupedQuantizer.quantize"
+        if isinstance(x, (list, tuple)):
+            if m_splits is not None:
+                raise ValueError(f"{what}: m_splits is only for a single row-split 2-D tensor, not a list")
+            if len(x) != self.num_members:
+                raise ValueError(f"{what}: got {len(x)} tensors for {self.num_members} members")
+            for i, t in enumerate(x):
+                check_input(t, f"{what} member {i}")
+                if t.dtype != x[0].dtype or t.device != x[0].device:
+                    raise ValueError(f"{what}: all members must share dtype and device; member {i} is "
+                                     f"{t.dtype} on {t.device}, member 0 {x[0].dtype} on {x[0].device}")
+            shapes = [t.shape for t in x]
+            buf = torch.cat([t.reshape(-1) for t in x])
+            return buf, shapes, x[0].dtype
+        check_input(x, what, min_dim=2)
+        if x.dim() != 2:
+            raise ValueError(f"{what}: a single tensor must be 2-D (sum(m_splits), N), got {tuple(x.shape)}")
+        if m_splits is None:
+            raise ValueError(f"{what}: a single 2-D tensor needs m_splits (rows per member)")
+        m = [int(v) for v in (m_splits.tolist() if isinstance(m_splits, torch.Tensor) else m_splits)]
+        if len(m) != self.num_members:
+            raise ValueError(f"{what}: m_splits has {len(m)} entries for {self.num_members} members")
+        if any(v < 0 for v in m) or sum(m) != x.shape[0]:
+            raise ValueError(f"{what}: m_splits must be >= 0 and sum to the row count {x.shape[0]}, got {m}")
+        return x.contiguous(), [torch.Size((v, x.shape[1])) for v in m], x.dtype
+
+    def quantize(self, x: Union[torch.Tensor, Sequence[torch.Tensor]],
+                 m_splits: Optional[Sequence[int]] = None) -> GroupedTensor:
+        """Quantize a list of tensors (any shapes, one per member) or a (sum(m), N) tensor split by rows."""
+        buf, shapes, orig_dtype = self._buffer(x, m_splits)
+        offsets = offsets_from_numels([s.numel() for s in shapes], buf.device)
+        if self.delayed:
+            for i, q in enumerate(self.quantizers):
+                if q.scale.device != buf.device:
+                    raise ValueError(f"GroupedQuantizer: member {i} scaling state is on {q.scale.device} but "
+                                     f"the input is on {buf.device}")
+            scales = torch.stack([q.scale for q in self.quantizers])
+        else:
+            amax = ops.fp8_grouped_amax(buf, offsets)
+            scales = current_scale(amax, formats.FP8_MAX[self.fmt], use_power_2_scales=self.spec.use_power_2_scales,
+                                   amax_epsilon=self.spec.amax_epsilon)
+        res = ops.fp8_grouped_quantize(buf, offsets, scales, self.fmt)
+        if self.delayed:
+            for i, q in enumerate(self.quantizers):
+                q.record_amax(res.amax[i])
+        return GroupedTensor(res.data, offsets, res.scale_inv, res.amax, shapes, self.fmt, orig_dtype)
+
+    def __call__(self, x, m_splits=None) -> GroupedTensor:
+        return self.quantize(x, m_splits=m_splits)
+
+    def update_scale(self) -> None:
+        """Delayed scaling: each member's :meth:`Float8Quantizer.update_scale`; no-op for current."""
+        if self.delayed:
+            for q in self.quantizers:
+                q.update_scale()
+
+    def to(self, device) -> "GroupedQuantizer":
+        if self.delayed:
+            for q in self.quantizers:
+                q.to(device)
+        return self
+
+    def state_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for i, q in enumerate(self.quantizers):
+            for k, v in q.state_dict().items():
+                out[f"{i}.{k}"] = v
+        return out
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            raise ValueError(f"GroupedQuantizer.load_state_dict: keys differ; missing "
+                             f"{sorted(expected - set(state))}, unexpected {sorted(set(state) - expected)}")
+        for i, q in enumerate(self.quantizers):
+            prefix = f"{i}."
+            q.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+allow_in_weights_only_load(GroupedTensor)
+
+__all__ = ["GroupedQuantizer", "GroupedTensor", "offsets_from_m_splits", "offsets_from_numels"]
