@@ -87,7 +87,11 @@ class EnvVar:
             return "autocast() default recipe"
         if self.alias_of:
             return f"deprecated alias of {self.alias_of}"
-        return ", ".join(f"{r}.{self.field}" for r in self.recipes)
+        if self.recipes == ALL_RECIPES:
+            return f"{self.field} of every recipe"
+        if len(self.recipes) > 1:
+            return f"{self.field} of {', '.join(self.recipes)}"
+        return f"{self.recipes[0]}.{self.field}"
 
     def parse(self, raw: str) -> Any:
         """The typed value of ``raw``; :class:`EnvVarError` when it is not allowed."""
@@ -265,13 +269,34 @@ def resolve_env(recipe: str, given: Set[str] = frozenset(),
 def unknown_env(environ: Optional[Mapping[str, str]] = None) -> List[Tuple[str, Optional[str]]]:
     """Set variables with our prefixes that are not in the table, with the closest known name."""
     environ = os.environ if environ is None else environ
-    known = list(BY_NAME)
     out = []
     for name in sorted(environ):
         if name.startswith(PREFIXES) and name not in BY_NAME:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-            out.append((name, close[0] if close else None))
+            out.append((name, closest_name(name)))
     return out
+
+
+def _strip_prefix(name: str) -> Tuple[str, str]:
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            return prefix, name[len(prefix):]
+    return "", name
+
+
+def closest_name(name: str, cutoff: float = 0.7) -> Optional[str]:
+    """The known variable most like ``name``; a shared prefix alone does not count as likeness."""
+    prefix, rest = _strip_prefix(name)
+    best, best_score = None, cutoff
+    for known in BY_NAME:
+        known_prefix, known_rest = _strip_prefix(known)
+        score = difflib.SequenceMatcher(None, rest, known_rest).ratio()
+        if len(rest) >= 6 and known_rest.startswith(rest[:-2]):  # a truncated name
+            score = max(score, 0.75)
+        if known_prefix != prefix:  # the right name under another prefix
+            score = max(score, difflib.SequenceMatcher(None, name, known).ratio()) * 0.9
+        if score >= best_score:
+            best, best_score = known, score
+    return best
 
 
 def warn_unknown_env(environ: Optional[Mapping[str, str]] = None) -> None:
@@ -409,6 +434,7 @@ __all__ = [
     "PREFIXES",
     "TABLE",
     "UnknownEnvVarWarning",
+    "closest_name",
     "render_json",
     "render_markdown",
     "render_text",

@@ -1,0 +1,337 @@
+"""Environment variables: every variable, good and bad values, precedence, set-after-import,
+the deprecated alias, unknown names, recipe_from_env."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+from pydantic import ValidationError
+
+from fp_recipes import (
+    DelayedScaling,
+    Float8CurrentScaling,
+    Format,
+    NVFP4BlockScaling,
+    PerTokenScaling,
+    recipe_from_env,
+)
+from fp_recipes.quantizers.roles import BackwardOverride
+from fp_recipes.recipes import RECIPES
+from fp_recipes.recipes.env import (
+    BY_NAME,
+    TABLE,
+    EnvVarDeprecationWarning,
+    EnvVarError,
+    UnknownEnvVarWarning,
+    resolve_env,
+    unknown_env,
+)
+
+CLASSES = {c.__name__: c for c in RECIPES.values()}
+
+# name -> [(raw value, expected field value)] covering every allowed spelling class.
+GOOD = {
+    "NVTE_NVFP4_DISABLE_RHT": [("1", True), ("0", False), ("TRUE", True), ("off", False)],
+    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": [("yes", True), ("No", False)],
+    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": [("On", True), ("false", False)],
+    "NVTE_NVFP4_4OVER6": [("weights", "weights"), ("NONE", "none"), ("Weights", "weights")],
+    "NVTE_NVFP4_4OVER6_E4M3_USE_256": [("none", "none"), ("weights", "weights"),
+                                       ("activations", "activations"), ("ALL", "all")],
+    "NVTE_NVFP4_4OVER6_ERR_MODE": [("mse", "MSE"), ("MAE", "MAE"), ("Mse", "MSE")],
+    "NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH": [("1", True), ("0", False)],
+    "NVTE_BACKWARD_OVERRIDE": [("high_precision", "high_precision"),
+                               ("DEQUANTIZED", "dequantized")],
+    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": [("1", True), ("no", False)],
+    "FP_RECIPES_FP8_FORMAT": [("e4m3", "E4M3"), ("E5M2", "E5M2"), ("hybrid", "HYBRID")],
+    "FP_RECIPES_DELAYED_MARGIN": [("0", 0), ("4", 4)],
+    "FP_RECIPES_DELAYED_AMAX_HISTORY_LEN": [("1", 1), ("16", 16)],
+    "FP_RECIPES_DELAYED_AMAX_COMPUTE_ALGO": [("most_recent", "most_recent"), ("MAX", "max")],
+    "FP_RECIPES_DELAYED_REDUCE_AMAX": [("0", False), ("true", True)],
+    "FP_RECIPES_CURRENT_AMAX_EPSILON": [("1e-6", 1e-6), ("0", 0.0)],
+    "FP_RECIPES_PER_TOKEN_FORMAT": [("E4M3", "e4m3"), ("e5m6", "e5m6")],
+    "FP_RECIPES_PER_TOKEN_ROUND_SF": [("1", True), ("off", False)],
+    "FP_RECIPES_PER_TOKEN_SCALE_FORMAT": [("fp32", "fp32")],
+}
+BAD = {
+    "NVTE_NVFP4_DISABLE_RHT": ["2", "maybe", "enabled"],
+    "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING": ["y"],
+    "NVTE_NVFP4_DISABLE_2D_QUANTIZATION": ["10"],
+    "NVTE_NVFP4_ROW_SCALED_ACTIVATION": ["sure"],
+    "NVTE_NVFP4_PER_TOKEN_ACTIVATION": ["two"],
+    "NVTE_NVFP4_4OVER6": ["gradients", "1"],
+    "NVTE_NVFP4_4OVER6_E4M3_USE_256": ["yes"],
+    "NVTE_NVFP4_4OVER6_ERR_MODE": ["L1"],
+    "NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH": ["fast"],
+    "NVTE_BACKWARD_OVERRIDE": ["fp32", "1"],
+    "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": ["pow2"],
+    "FP_RECIPES_FP8_FORMAT": ["E3M4"],
+    "FP_RECIPES_DELAYED_MARGIN": ["-1", "1.5", "x"],
+    "FP_RECIPES_DELAYED_AMAX_HISTORY_LEN": ["0"],
+    "FP_RECIPES_DELAYED_AMAX_COMPUTE_ALGO": ["mean"],
+    "FP_RECIPES_DELAYED_REDUCE_AMAX": ["always"],
+    "FP_RECIPES_CURRENT_AMAX_EPSILON": ["-1", "nan", "inf", "tiny"],
+    "FP_RECIPES_PER_TOKEN_FORMAT": ["e2m1"],
+    "FP_RECIPES_PER_TOKEN_ROUND_SF": ["maybe"],
+    "FP_RECIPES_PER_TOKEN_SCALE_FORMAT": ["e8m0"],
+}
+RECIPE_VARS = [v for v in TABLE if v.use == "recipe"]
+
+
+def _value(x):
+    return getattr(x, "value", x)
+
+
+def test_every_recipe_variable_is_covered():
+    names = {v.name for v in RECIPE_VARS}
+    assert set(BAD) == names
+    assert set(GOOD) | {"NVTE_NVFP4_ROW_SCALED_ACTIVATION", "NVTE_NVFP4_PER_TOKEN_ACTIVATION"} == names
+
+
+def test_table_fields_exist():
+    for var in RECIPE_VARS:
+        for r in var.recipes:
+            assert var.field in CLASSES[r].model_fields, (var.name, r)
+    # every recipe field except the per-token fmt/backward is reachable from the environment
+    reachable = {(r, v.field) for v in RECIPE_VARS for r in v.recipes}
+    for cls in CLASSES.values():
+        for field in cls.model_fields:
+            assert (cls.__name__, field) in reachable, (cls.__name__, field)
+
+
+def _needs(name):
+    """Extra variables that make a value valid on its own (4over6 on activations needs RHT off)."""
+    return {"NVTE_NVFP4_DISABLE_RHT": "1"} if name.startswith("NVTE_NVFP4_4OVER6") else {}
+
+
+@pytest.mark.parametrize("name,raw,expected",
+                         [(n, raw, exp) for n, cases in GOOD.items() for raw, exp in cases])
+def test_good_values(monkeypatch, name, raw, expected):
+    var = BY_NAME[name]
+    for k, v in _needs(name).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv(name, raw)
+    for recipe in var.recipes:
+        r = CLASSES[recipe]()
+        assert _value(getattr(r, var.field)) == expected
+        assert r.provenance()[var.field] == f"env {name}={raw}"
+
+
+@pytest.mark.parametrize("name,raw", [(n, raw) for n, vals in BAD.items() for raw in vals])
+def test_bad_values_name_variable_value_and_allowed(monkeypatch, name, raw):
+    var = BY_NAME[name]
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(EnvVarError) as direct:
+        var.parse(raw)
+    for text in (name, repr(raw), "allowed:"):
+        assert text in str(direct.value)
+    for recipe in var.recipes:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EnvVarDeprecationWarning)
+            with pytest.raises(ValueError) as info:
+                CLASSES[recipe]()
+        assert name in str(info.value) and repr(raw) in str(info.value)
+        assert var.allowed in str(info.value)
+
+
+def test_backward_override_none_value(monkeypatch):
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "None")
+    assert NVFP4BlockScaling().backward_override is None
+    with pytest.raises(ValidationError, match="backward_override"):
+        PerTokenScaling()  # has no quantized backward
+
+
+def test_per_token_scale_format_ue8m0_from_env(monkeypatch):
+    monkeypatch.setenv("FP_RECIPES_PER_TOKEN_SCALE_FORMAT", "UE8M0")
+    with pytest.raises(ValueError, match="round_sf"):
+        PerTokenScaling()
+    monkeypatch.setenv("FP_RECIPES_PER_TOKEN_ROUND_SF", "1")
+    r = PerTokenScaling()
+    assert r.scale_format.value == "ue8m0" and r.round_sf
+
+
+def test_row_scaled_from_env(monkeypatch):
+    monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    r = NVFP4BlockScaling()
+    assert r.row_scaled_activation
+    assert r.provenance()["row_scaled_activation"] == "env NVTE_NVFP4_ROW_SCALED_ACTIVATION=1"
+
+
+def test_empty_value_counts_as_unset(monkeypatch):
+    monkeypatch.setenv("FP_RECIPES_DELAYED_MARGIN", "")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "  ")
+    assert DelayedScaling().provenance()["margin"] == "default"
+    assert NVFP4BlockScaling().provenance()["disable_rht"] == "default"
+
+
+def test_precedence_argument_env_default(monkeypatch):
+    assert DelayedScaling().margin == 0
+    monkeypatch.setenv("FP_RECIPES_DELAYED_MARGIN", "2")
+    assert DelayedScaling().margin == 2
+    r = DelayedScaling(margin=5)
+    assert r.margin == 5 and r.provenance()["margin"] == "argument"
+    # An explicit argument equal to the default still beats the environment.
+    assert DelayedScaling(margin=0).margin == 0
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "dequantized")
+    assert NVFP4BlockScaling(backward_override=None).backward_override is None
+    assert NVFP4BlockScaling().backward_override is BackwardOverride.DEQUANTIZED
+
+
+def test_explicit_argument_skips_bad_env(monkeypatch):
+    monkeypatch.setenv("FP_RECIPES_DELAYED_MARGIN", "oops")
+    assert DelayedScaling(margin=1).margin == 1
+    with pytest.raises(ValueError, match="FP_RECIPES_DELAYED_MARGIN"):
+        DelayedScaling()
+
+
+def test_env_applies_to_each_recipe_that_has_the_field(monkeypatch):
+    monkeypatch.setenv("FP_RECIPES_FP8_FORMAT", "E4M3")
+    monkeypatch.setenv("NVTE_BACKWARD_OVERRIDE", "high_precision")
+    assert DelayedScaling().fp8_format is Format.E4M3
+    assert Float8CurrentScaling().fp8_format is Format.E4M3
+    for cls in CLASSES.values():
+        assert cls().backward_override is BackwardOverride.HIGH_PRECISION
+
+
+def test_set_after_import_takes_effect():
+    """A fresh interpreter: import, then set the variable, then construct (TE freezes at import)."""
+    code = (
+        "import os, fp_recipes\n"
+        "from fp_recipes import NVFP4BlockScaling, DelayedScaling\n"
+        "a = NVFP4BlockScaling()\n"
+        "os.environ['NVTE_NVFP4_DISABLE_RHT'] = '1'\n"
+        "os.environ['FP_RECIPES_DELAYED_MARGIN'] = '3'\n"
+        "b = NVFP4BlockScaling(); d = DelayedScaling()\n"
+        "del os.environ['NVTE_NVFP4_DISABLE_RHT']\n"
+        "c = NVFP4BlockScaling()\n"
+        "print(a.disable_rht, b.disable_rht, c.disable_rht, d.margin)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("NVTE_", "FP_RECIPES_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True)
+    assert out.stdout.split() == ["False", "True", "False", "3"]
+
+
+def test_set_after_import_in_process(monkeypatch):
+    before = NVFP4BlockScaling()
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "1")
+    after = NVFP4BlockScaling()
+    assert not before.disable_2d_quantization and after.disable_2d_quantization
+
+
+# ------------------------------------------------------------------ deprecated alias
+def test_alias_alone_warns_and_applies(monkeypatch):
+    monkeypatch.setenv("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "1")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    with pytest.warns(EnvVarDeprecationWarning, match="NVTE_NVFP4_ROW_SCALED_ACTIVATION") as rec:
+        r = NVFP4BlockScaling()
+    assert r.row_scaled_activation
+    assert r.provenance()["row_scaled_activation"] == "env NVTE_NVFP4_PER_TOKEN_ACTIVATION=1"
+    assert issubclass(EnvVarDeprecationWarning, FutureWarning)  # visible to end users by default
+    assert rec[0].filename == __file__  # points at the line that built the recipe
+
+
+def test_alias_agreeing_warns_only(monkeypatch):
+    monkeypatch.setenv("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "true")
+    monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    with pytest.warns(EnvVarDeprecationWarning):
+        r = NVFP4BlockScaling()
+    assert r.row_scaled_activation
+    assert r.provenance()["row_scaled_activation"] == "env NVTE_NVFP4_ROW_SCALED_ACTIVATION=1"
+
+
+def test_alias_disagreeing_is_an_error(monkeypatch):
+    monkeypatch.setenv("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "0")
+    monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EnvVarDeprecationWarning)
+        with pytest.raises(ValueError) as info:
+            NVFP4BlockScaling(disable_rht=True)
+        with pytest.raises(EnvVarError):
+            resolve_env("NVFP4BlockScaling")
+    msg = str(info.value)
+    assert "NVTE_NVFP4_PER_TOKEN_ACTIVATION" in msg and "NVTE_NVFP4_ROW_SCALED_ACTIVATION" in msg
+    assert "disagree" in msg
+
+
+def test_alias_ignored_when_argument_given(monkeypatch):
+    monkeypatch.setenv("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not NVFP4BlockScaling(row_scaled_activation=False).row_scaled_activation
+
+
+# ------------------------------------------------------------------ unknown names
+@pytest.mark.parametrize("typo,suggestion", [
+    ("NVTE_NVFP4_DISABLE_RTH", "NVTE_NVFP4_DISABLE_RHT"),
+    ("NVTE_NVFP4_4OVER6_ERRMODE", "NVTE_NVFP4_4OVER6_ERR_MODE"),
+    ("NVTE_FP8_CURRENT_SCALING_POWER2_SCALES", "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES"),
+    ("FP_RECIPES_RECIPES", "FP_RECIPES_RECIPE"),
+    ("FP_RECIPES_DELAYED_MARGINE", "FP_RECIPES_DELAYED_MARGIN"),
+])
+def test_unknown_variable_warns_with_suggestion(monkeypatch, typo, suggestion):
+    monkeypatch.setenv(typo, "1")
+    with pytest.warns(UnknownEnvVarWarning) as rec:
+        DelayedScaling()
+    msgs = [str(w.message) for w in rec if issubclass(w.category, UnknownEnvVarWarning)]
+    assert any(typo in m and f"did you mean {suggestion}?" in m for m in msgs), msgs
+    assert unknown_env() == [(typo, suggestion)]
+
+
+def test_unknown_variable_without_close_match(monkeypatch):
+    monkeypatch.setenv("FP_RECIPES_ZZZ", "1")
+    with pytest.warns(UnknownEnvVarWarning, match="python -m fp_recipes env"):
+        NVFP4BlockScaling()
+
+
+def test_other_prefixes_and_known_build_variables_are_quiet(monkeypatch):
+    for name in ("NVTE_DEBUG", "NVTE_USE_FAST_MATH", "FP_RECIPES_CUDA_ARCHS", "FP_RECIPES_NO_CUDA",
+                 "FP_RECIPES_NVCC_THREADS", "FP_RECIPES_RECIPE", "TORCH_FOO"):
+        monkeypatch.setenv(name, "1" if name != "FP_RECIPES_RECIPE" else "nvfp4")
+    monkeypatch.setenv("FP_RECIPES_CUDA_ARCHS", "90a")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DelayedScaling()
+        NVFP4BlockScaling()
+    assert unknown_env() == []
+
+
+# ------------------------------------------------------------------ recipe_from_env
+@pytest.mark.parametrize("raw,cls", [("delayed", DelayedScaling), ("CURRENT", Float8CurrentScaling),
+                                     ("nvfp4", NVFP4BlockScaling), ("Per_Token", PerTokenScaling)])
+def test_recipe_from_env(monkeypatch, raw, cls):
+    monkeypatch.setenv("FP_RECIPES_RECIPE", raw)
+    assert type(recipe_from_env()) is cls
+
+
+def test_recipe_from_env_none_default_and_bad(monkeypatch):
+    assert type(recipe_from_env()) is DelayedScaling
+    assert type(recipe_from_env(default="nvfp4")) is NVFP4BlockScaling
+    monkeypatch.setenv("FP_RECIPES_RECIPE", "none")
+    assert recipe_from_env() is None
+    monkeypatch.setenv("FP_RECIPES_RECIPE", "mxfp8")
+    with pytest.raises(EnvVarError) as info:
+        recipe_from_env()
+    assert "FP_RECIPES_RECIPE" in str(info.value) and "'mxfp8'" in str(info.value)
+    assert "per_token" in str(info.value)
+
+
+def test_recipe_from_env_resolves_fields(monkeypatch):
+    monkeypatch.setenv("FP_RECIPES_RECIPE", "nvfp4")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "1")
+    r = recipe_from_env()
+    assert r.disable_stochastic_rounding
+    assert r.provenance()["disable_stochastic_rounding"].startswith("env ")
+
+
+def test_build_variables_parse():
+    assert BY_NAME["FP_RECIPES_NO_CUDA"].parse("yes") is True
+    assert BY_NAME["FP_RECIPES_NVCC_THREADS"].parse("4") == 4
+    with pytest.raises(EnvVarError):
+        BY_NAME["FP_RECIPES_NVCC_THREADS"].parse("0")
+    assert BY_NAME["FP_RECIPES_CUDA_ARCHS"].parse("90a;100a") == "90a;100a"
