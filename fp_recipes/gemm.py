@@ -91,9 +91,7 @@ class _Nvfp4Operand:
 
 def _fp8_operand(t, transpose: bool) -> _Fp8Operand:
     if not transpose:
-        data = t.data
-        if data is None:
-            raise ValueError("gemm: this Float8Tensor has no rowwise copy (quantized with rowwise=False)")
+        data = t.rowwise_data() if hasattr(t, "rowwise_data") else t.data
     else:
         data = t.t_data() if hasattr(t, "t_data") else t.data_t
     if data.dim() != 2:
@@ -246,26 +244,20 @@ def gemm_fp8_fp8(a: _Fp8Operand, b: _Fp8Operand, *, out_dtype: torch.dtype,
 # ----------------------------------------------------------------------------------------------
 
 
-def _e2m1_table(device: torch.device) -> torch.Tensor:
-    return torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                         -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=torch.float32, device=device)
-
-
 def decode_nvfp4_unit(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """E2M1 code x FP32(E4M3 block scale), WITHOUT the global factor: (rows, K) FP32, exact in BF16.
 
-    E2M1 values have 1 significant bit after the leading one and E4M3 values 3, so each product has
-    at most 6 significant bits and lies in [2^-10, 2688]: BF16 holds it exactly."""
+    E2M1 magnitudes have at most 2 significant bits and E4M3 values at most 4, so each product has
+    at most 6 significant bits and lies in [2^-10, 2688]: BF16 (8 bits, 8-bit exponent) holds it
+    exactly, and so does FP32."""
+    from . import formats
+
     rows, half = data.shape
-    codes = data.view(torch.uint8)
-    lo = (codes & 0x0F).long()
-    hi = (codes >> 4).long()
-    idx = torch.stack([lo, hi], dim=-1).reshape(rows, half * 2)
-    vals = _e2m1_table(data.device)[idx]
     sf = scale.float()
     if sf.shape != (rows, (half * 2) // 16):
         raise ValueError(f"NVFP4 scale shape {tuple(sf.shape)} does not match data {tuple(data.shape)} "
                          "(expected one E4M3 scale per 16 elements, unpadded)")
+    vals = formats.e2m1_decode(formats.unpack_e2m1(data.view(torch.uint8))).float()
     return (vals.reshape(rows, -1, 16) * sf.unsqueeze(-1)).reshape(rows, half * 2)
 
 
@@ -319,8 +311,9 @@ def gemm_nvfp4_nvfp4(a: _Nvfp4Operand, b: _Nvfp4Operand, *, out_dtype: torch.dty
 
 def gemm_high_precision(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dtype,
                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain operands: torch's own matmul in their common dtype (exactly like torch), else FP32."""
-    if a.dtype == b.dtype and a.dtype != torch.float32 and a.dtype.is_floating_point:
+    """Plain operands: torch's own matmul when operands and output share a dtype (exactly like torch);
+    otherwise an FP32 matmul (exact products of the narrower inputs) and one cast to ``out_dtype``."""
+    if a.dtype == b.dtype == out_dtype and a.dtype != torch.float32:
         out = a @ b.t()
         if bias is not None:
             out = out + bias.to(out.dtype)

@@ -246,6 +246,11 @@ class QuantizedModule(torch.nn.Module):
     def num_gemms(self) -> int:
         return 1
 
+    @property
+    def quantizer_sets(self) -> Optional[List[GemmQuantizers]]:
+        """The quantizers of the last recipe used (None before the first forward under autocast)."""
+        return self._quantizer_sets
+
     # ------------------------------------------------------------------ building
     def gemm_quantizers(self) -> Optional[List[GemmQuantizers]]:
         """The quantizers for the current autocast (None outside an enabled autocast)."""

@@ -43,8 +43,9 @@ class Linear(QuantizedModule):
         self.out_features = out_features
         kw = _factory(params_dtype, device)
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
-        self.bias = torch.nn.Parameter(torch.empty(out_features, **kw)) if bias else None
-        if self.bias is None:
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_features, **kw))
+        else:
             self.register_parameter("bias", None)
         with torch.no_grad():
             reset_linear_parameters(self.weight, self.bias)

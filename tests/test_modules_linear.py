@@ -1,0 +1,334 @@
+"""Linear / LayerNormLinear / GroupedLinear: torch parity outside autocast, and forward output plus all
+three gradients against an independent reference of the module math for every recipe.
+
+Tolerances: GEMM results use the FP32 dot-product bound of tests/_modules_helpers.py (both sides see
+the same quantized values; only FP32 accumulation order and the scale-factor roundings differ). Bias
+gradients are exact sums of the unquantized grad_output (compared with an FP32-sum bound)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp_recipes
+from fp_recipes import (DelayedScaling, Float8CurrentScaling, GroupedLinear, LayerNormLinear, Linear,
+                        NVFP4BlockScaling)
+from fp_recipes.quantizers.roles import TensorKind
+
+from _modules_helpers import assert_close_gemm, gemm_tol, ref_mm, ref_qdq
+
+RECIPES = {
+    "delayed_hybrid": lambda: DelayedScaling(amax_history_len=4, margin=1),
+    "delayed_e4m3_recent": lambda: DelayedScaling(fp8_format="E4M3", amax_compute_algo="most_recent"),
+    "current": lambda: Float8CurrentScaling(),
+    "current_pow2": lambda: Float8CurrentScaling(use_power_2_scales=True),
+    "delayed_bwd_hp": lambda: DelayedScaling(backward_override="high_precision"),
+    "nvfp4": lambda: NVFP4BlockScaling(),
+    "nvfp4_rn_1d_nohadamard": lambda: NVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
+                                                         disable_2d_quantization=True),
+    "nvfp4_row_scaled": lambda: NVFP4BlockScaling(row_scaled_activation=True),
+    "nvfp4_4over6_all": lambda: NVFP4BlockScaling(nvfp4_4over6="all"),
+    "nvfp4_4over6_w_mse_fast": lambda: NVFP4BlockScaling(nvfp4_4over6="weights", nvfp4_4over6_err_mode="MSE",
+                                                         nvfp4_4over6_err_use_fast_math=True),
+    "nvfp4_bwd_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),
+    "nvfp4_bwd_hp": lambda: NVFP4BlockScaling(backward_override="high_precision"),
+}
+
+
+def _state_snapshot(q):
+    """The quantizer state the next quantize() will use (scale, or SR seed/offset)."""
+    if q is None:
+        return {}
+    snap = {}
+    if isinstance(getattr(q, "scale", None), torch.Tensor):
+        snap["scale"] = q.scale.detach().clone()
+    for attr in ("seed", "offset"):
+        if isinstance(getattr(q, attr, None), int):
+            snap[attr] = getattr(q, attr)
+    return snap
+
+
+def _qdq(x, qs, tensor, snap):
+    return ref_qdq(x, qs.specs[tensor], **snap)
+
+
+def _reference(qs, x, w, b, dy, snaps):
+    """(y, dx, dw, db) of the module math, FP64, and their tolerances."""
+    override = qs.backward_override
+    xr, xc = _qdq(x, qs, TensorKind.ACTIVATION, snaps["x"])
+    wr, wc = _qdq(w, qs, TensorKind.WEIGHT, snaps["w"])
+    y = ref_mm(xr, wr)
+    y_tol = gemm_tol(xr, wr, x.dtype)
+    if b is not None:
+        y = y + b.double()
+    if override is None:
+        dyr, dyc = _qdq(dy, qs, TensorKind.GRAD_OUTPUT, snaps["dy"])
+        bx, bw_x = wc, xc
+    else:
+        dyr, dyc = dy.float(), dy.float().t()
+        if override.value == "high_precision":
+            bx, bw_x = w.detach().float().t(), x.detach().float().t()
+        else:
+            bx, bw_x = wr.t(), xr.t()
+    dx = ref_mm(dyr, bx)
+    dw = ref_mm(dyc, bw_x)
+    return (y, y_tol), (dx, gemm_tol(dyr, bx, x.dtype)), (dw, gemm_tol(dyc, bw_x, w.dtype))
+
+
+def _step(m, recipe, x, dy):
+    with fp_recipes.autocast(recipe=recipe):
+        y = m(x)
+    y.backward(dy)
+    return y
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_matches_reference(name, dtype):
+    torch.manual_seed(1)
+    recipe = RECIPES[name]()
+    m, k, n = 32, 64, 48
+    mod = Linear(k, n)
+    x = (torch.randn(m, k) * 2).to(dtype).requires_grad_(True)
+    dy = (torch.randn(m, n) * 1e-3).to(dtype)
+    _step(mod, recipe, x, dy)  # warm-up: builds quantizers, moves delayed scales off 1.0
+    qs = mod.quantizer_sets[0]
+    x.grad = None
+    mod.zero_grad()
+    snaps = {"x": _state_snapshot(qs.activation), "w": _state_snapshot(qs.weight)}
+    with fp_recipes.autocast(recipe=recipe):
+        y = mod(x)
+    snaps["dy"] = _state_snapshot(qs.grad_output)
+    y.backward(dy)
+    (y_ref, y_tol), (dx_ref, dx_tol), (dw_ref, dw_tol) = _reference(qs, x, mod.weight, mod.bias, dy, snaps)
+    assert y.dtype == dtype and x.grad.dtype == dtype and mod.weight.grad.dtype == torch.float32
+    assert_close_gemm(y.detach(), y_ref, y_tol + 2 ** -23 * mod.bias.detach().double().abs(), f"{name} y")
+    assert_close_gemm(x.grad, dx_ref, dx_tol, f"{name} dgrad")
+    assert_close_gemm(mod.weight.grad, dw_ref, dw_tol, f"{name} wgrad")
+    db_ref = dy.double().sum(0)
+    assert torch.allclose(mod.bias.grad.double(), db_ref, rtol=0, atol=m * 2 ** -20 * dy.abs().max().item())
+
+
+def test_linear_delayed_scale_is_used():
+    """The delayed scale actually changes the quantized values (the reference must be sensitive)."""
+    torch.manual_seed(0)
+    mod = Linear(32, 16)
+    x = torch.randn(16, 32) * 100
+    recipe = DelayedScaling()
+    with fp_recipes.autocast(recipe=recipe):
+        y1 = mod(x)  # scale 1: |x| up to ~400 quantized coarsely, no saturation
+    with fp_recipes.autocast(recipe=recipe):
+        y2 = mod(x)  # scale 448/amax
+    assert not torch.equal(y1, y2)
+    qs = mod.quantizer_sets[0]
+    assert qs.activation.scale.item() != 1.0
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_torch_parity_outside_autocast(bias):
+    torch.manual_seed(2)
+    ours = Linear(24, 40, bias=bias)
+    ref = torch.nn.Linear(24, 40, bias=bias)
+    ref.load_state_dict(ours.state_dict(), strict=False)
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y, y2 = ours(x), ref(x2)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y2.backward(g)
+    assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
+    assert torch.equal(ours.weight.grad, ref.weight.grad)
+    if bias:
+        assert torch.equal(ours.bias.grad, ref.bias.grad)
+    # disabled autocast is "outside" too
+    with fp_recipes.autocast(enabled=False, recipe=DelayedScaling()):
+        assert torch.equal(ours(x), y)
+
+
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_layernorm_linear_torch_parity(norm, zero_centered):
+    torch.manual_seed(3)
+    k, n = 32, 16
+    ours = LayerNormLinear(k, n, normalization=norm, zero_centered_gamma=zero_centered, eps=1e-5,
+                           return_layernorm_output=True)
+    with torch.no_grad():
+        ours.layer_norm_weight.normal_(0.0 if zero_centered else 1.0, 0.1)
+        if ours.layer_norm_bias is not None:
+            ours.layer_norm_bias.normal_(0, 0.1)
+    norm_ref = torch.nn.LayerNorm(k, eps=1e-5) if norm == "LayerNorm" else torch.nn.RMSNorm(k, eps=1e-5)
+    lin_ref = torch.nn.Linear(k, n)
+    with torch.no_grad():
+        norm_ref.weight.copy_(ours.layer_norm_weight + (1 if zero_centered else 0))
+        if norm == "LayerNorm":
+            norm_ref.bias.copy_(ours.layer_norm_bias)
+        lin_ref.weight.copy_(ours.weight)
+        lin_ref.bias.copy_(ours.bias)
+    x = torch.randn(4, 6, k, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y, ln = ours(x)
+    ln2 = norm_ref(x2)
+    y2 = lin_ref(ln2)
+    assert torch.equal(ln, ln2) and torch.equal(y, y2)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y2.backward(g)
+    assert torch.equal(x.grad, x2.grad)
+    assert torch.equal(ours.weight.grad, lin_ref.weight.grad)
+    assert torch.equal(ours.layer_norm_weight.grad, norm_ref.weight.grad)
+
+
+@pytest.mark.parametrize("name", ["delayed_hybrid", "current", "nvfp4", "nvfp4_row_scaled"])
+def test_layernorm_linear_matches_reference(name):
+    """The GEMM of LayerNormLinear sees norm(x) as its activation; the norm is torch's."""
+    torch.manual_seed(4)
+    recipe = RECIPES[name]()
+    mod = LayerNormLinear(64, 32, normalization="RMSNorm", return_layernorm_output=True)
+    x = torch.randn(32, 64, requires_grad=True)
+    dy = torch.randn(32, 32) * 1e-2
+    with fp_recipes.autocast(recipe=recipe):
+        mod(x)  # one forward: delayed scales move off 1.0
+    # a fresh module loading that state (buffers are pending until its quantizers are built)
+    mod2 = LayerNormLinear(64, 32, normalization="RMSNorm", return_layernorm_output=True)
+    mod2.load_state_dict(mod.state_dict())
+    with fp_recipes.autocast(recipe=recipe):
+        y, ln = mod2(x)
+    qs = mod2.quantizer_sets[0]
+    snaps = {"x": _state_snapshot(qs.activation), "w": _state_snapshot(qs.weight)}
+    ln.retain_grad()
+    snaps["dy"] = _state_snapshot(qs.grad_output)
+    y.backward(dy)
+    (y_ref, y_tol), (dx_ref, dx_tol), (dw_ref, dw_tol) = _reference(qs, ln.detach(), mod2.weight, mod2.bias,
+                                                                     dy, snaps)
+    assert_close_gemm(y.detach(), y_ref, y_tol + 2 ** -23 * mod2.bias.detach().double().abs(), "y")
+    assert_close_gemm(ln.grad, dx_ref, dx_tol, "dgrad (into the norm)")
+    assert_close_gemm(mod2.weight.grad, dw_ref, dw_tol, "wgrad")
+
+
+def test_linear_empty_tokens_and_leading_dims():
+    mod = Linear(32, 16)
+    for recipe in (DelayedScaling(), Float8CurrentScaling()):
+        x = torch.zeros(0, 32, requires_grad=True)
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x)
+        assert y.shape == (0, 16)
+        y.sum().backward()
+        assert x.grad.shape == (0, 32) and torch.equal(mod.weight.grad, torch.zeros(16, 32))
+        mod.zero_grad()
+    x = torch.randn(2, 3, 32)
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        assert mod(x).shape == (2, 3, 16)
+
+
+def test_nvfp4_shape_errors_are_clear():
+    mod = Linear(40, 16)  # 40 is not a multiple of 16
+    with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
+        with pytest.raises(ValueError, match="multiple of 16"):
+            mod(torch.randn(16, 40))
+    mod = Linear(32, 16)
+    with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
+        with pytest.raises(ValueError, match="first dim"):
+            mod(torch.randn(24, 32))  # 24 tokens: the columnwise copy needs a multiple of 16
+
+
+def test_wrong_feature_count_is_clear():
+    mod = Linear(32, 16)
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        with pytest.raises(ValueError, match="features"):
+            mod(torch.randn(4, 30))
+
+
+# ------------------------------------------------------------------------------------------- grouped
+
+def _copy_grouped_into_linears(g: GroupedLinear):
+    lins = []
+    for i in range(g.num_gemms):
+        lin = Linear(g.in_features, g.out_features, bias=g.use_bias)
+        with torch.no_grad():
+            lin.weight.copy_(getattr(g, f"weight{i}"))
+            if g.use_bias:
+                lin.bias.copy_(getattr(g, f"bias{i}"))
+        lins.append(lin)
+    return lins
+
+
+@pytest.mark.parametrize("name", [None, "delayed_hybrid", "current", "nvfp4_rn_1d_nohadamard",
+                                  "nvfp4_bwd_dequantized"])
+def test_grouped_equals_loop_of_linear(name):
+    """Same weights, same recipe: GroupedLinear gives exactly the loop of Linear (same GEMMs per group)."""
+    torch.manual_seed(5)
+    num, k, n = 4, 32, 16
+    splits = [16, 0, 48, 32] if name and name.startswith("nvfp4") else [5, 0, 17, 30]
+    grp = GroupedLinear(num, k, n)
+    lins = _copy_grouped_into_linears(grp)
+    x = torch.randn(sum(splits), k, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    dy = torch.randn(sum(splits), n)
+    recipe = RECIPES[name]() if name else None
+    for step in range(2):
+        x.grad = x2.grad = None
+        grp.zero_grad()
+        for lin in lins:
+            lin.zero_grad()
+        with fp_recipes.autocast(enabled=recipe is not None, recipe=recipe):
+            y = grp(x, splits)
+            y2 = torch.cat([lin(xi) for lin, xi in zip(lins, torch.split(x2, splits))])
+        y.backward(dy)
+        y2.backward(dy)
+        assert torch.equal(y, y2), f"step {step}"
+        assert torch.equal(x.grad, x2.grad)
+        for i, lin in enumerate(lins):
+            assert torch.equal(getattr(grp, f"weight{i}").grad, lin.weight.grad)
+            assert torch.equal(getattr(grp, f"bias{i}").grad, lin.bias.grad)
+    assert torch.equal(grp.weight1.grad, torch.zeros(n, k))  # the empty expert
+
+
+def test_grouped_many_groups_and_all_empty():
+    torch.manual_seed(6)
+    num = 70  # more than 64 groups (seed 001)
+    grp = GroupedLinear(num, 16, 16, bias=False)
+    splits = [(i * 7) % 5 for i in range(num)]
+    x = torch.randn(sum(splits), 16, requires_grad=True)
+    with fp_recipes.autocast(recipe=DelayedScaling(amax_history_len=2)):
+        y = grp(x, splits)
+    y.sum().backward()
+    ref = torch.cat([xi @ w.t() for xi, w in zip(torch.split(x.detach(), splits), grp.weights())])
+    assert torch.allclose(y.detach(), ref, rtol=0.15, atol=0.15)  # E4M3: 2^-4 relative per operand
+    # every expert got its own scale; the empty ones kept theirs
+    qs = grp.quantizer_sets
+    assert len(qs) == num
+    for i, m in enumerate(splits):
+        hist = qs[i].activation.amax_history
+        assert (hist.max() > 0) == (m > 0)
+    x0 = torch.zeros(0, 16, requires_grad=True)
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        y0 = grp(x0, [0] * num)
+    y0.sum().backward()
+    assert y0.shape == (0, 16)
+    # the first call accumulated real gradients; the all-empty call adds exact zeros to them
+    ref_grads = [torch.zeros(16, 16) for _ in range(num)]
+    grp.zero_grad()
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        grp(torch.zeros(0, 16, requires_grad=True), [0] * num).sum().backward()
+    assert all(torch.equal(w.grad, z) for w, z in zip(grp.weights(), ref_grads))
+
+
+def test_grouped_bad_splits():
+    grp = GroupedLinear(3, 16, 16)
+    with pytest.raises(ValueError, match="m_splits"):
+        grp(torch.randn(10, 16), [5, 5])
+    with pytest.raises(ValueError, match="sum"):
+        grp(torch.randn(10, 16), [5, 5, 1])
+    with pytest.raises(ValueError, match=">= 0"):
+        grp(torch.randn(10, 16), [12, -2, 0])
+
+
+def test_grouped_torch_parity_outside_autocast():
+    torch.manual_seed(7)
+    grp = GroupedLinear(3, 8, 4)
+    x = torch.randn(9, 8, requires_grad=True)
+    splits = [2, 0, 7]
+    y = grp(x, splits)
+    ref = torch.cat([torch.nn.functional.linear(xi, w, b)
+                     for xi, w, b in zip(torch.split(x, splits), grp.weights(), grp.biases())])
+    assert torch.equal(y, ref)
