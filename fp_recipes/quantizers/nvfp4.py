@@ -1,0 +1,255 @@
+"""NVFP4 quantized tensors and the quantizer that makes them (formulas: docs/nvfp4.md).
+
+An :class:`NVFP4Tensor` carries everything a consumer needs: the packed E2M1 data and E4M3 block scales
+of the rowwise copy (x as (M, K)) and/or of the columnwise copy (x^T as (K, M)), their FP32 global
+amaxes, and the flags that change how the numbers are read (``row_scaled``, ``e4m3_max``,
+``rht_columnwise``). Dequantize and GEMM read those flags from the tensor, never from a recipe.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Dict, Optional
+
+import torch
+
+from .. import ops
+from ..ops.ref_nvfp4 import BLOCK, E4M3_BOUNDS
+from .base import QuantizedTensor, Quantizer, check_input
+from .roles import QFormat, QuantizerSpec, ScalingKind
+
+_STATE_VERSION = 1
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+class NVFP4Tensor(QuantizedTensor):
+    """NVFP4 data of a tensor of logical ``shape`` (..., K), flattened to x = (M, K), M = prod(leading).
+
+    Rowwise copy: ``data`` uint8 (M, K/2), ``scale`` float8_e4m3fn (M, K/16), ``amax`` FP32 0-dim or (M,)
+    when ``row_scaled``. Columnwise copy (quantization of x^T): ``data_t`` (K, M/2), ``scale_t`` (K, M/16),
+    ``amax_t`` FP32 0-dim (always per tensor). When ``rht_columnwise`` the columnwise copy holds the
+    random-Hadamard-transformed x^T (both wgrad operands are transformed, and the transform cancels in
+    their product). Either copy may be None.
+    """
+
+    kind = "nvfp4"
+
+    def __init__(self, data: Optional[torch.Tensor], scale: Optional[torch.Tensor], amax: Optional[torch.Tensor],
+                 data_t: Optional[torch.Tensor], scale_t: Optional[torch.Tensor], amax_t: Optional[torch.Tensor],
+                 row_scaled: bool, e4m3_max: int, four_over_six: bool, rht_columnwise: bool,
+                 orig_dtype: torch.dtype, shape: torch.Size | tuple) -> None:
+        self.data, self.scale, self.amax = data, scale, amax
+        self.data_t, self.scale_t, self.amax_t = data_t, scale_t, amax_t
+        self.row_scaled = bool(row_scaled)
+        self.e4m3_max = int(e4m3_max)
+        self.four_over_six = bool(four_over_six)
+        self.rht_columnwise = bool(rht_columnwise)
+        self.orig_dtype = orig_dtype
+        self._shape = torch.Size(shape)
+        self._validate()
+
+    # ---- structure -----------------------------------------------------------------------------------
+    def _validate(self) -> None:
+        what = "NVFP4Tensor"
+        if self.e4m3_max not in E4M3_BOUNDS:
+            raise ValueError(f"{what}: e4m3_max must be 448 or 256, got {self.e4m3_max}")
+        if self.orig_dtype not in _DTYPES.values():
+            raise ValueError(f"{what}: orig_dtype must be one of {sorted(_DTYPES)}, got {self.orig_dtype}")
+        if len(self._shape) < 1:
+            raise ValueError(f"{what}: shape must have at least one dim, got {tuple(self._shape)}")
+        m, k = self.rows, self._shape[-1]
+        row = (self.data, self.scale, self.amax)
+        col = (self.data_t, self.scale_t, self.amax_t)
+        for name, copy in (("rowwise", row), ("columnwise", col)):
+            if any(t is None for t in copy) and any(t is not None for t in copy):
+                raise ValueError(f"{what}: the {name} copy is incomplete (data, scale and amax go together)")
+        if self.data is None and self.data_t is None:
+            raise ValueError(f"{what}: has neither a rowwise nor a columnwise copy")
+        if self.data is not None:
+            self._check_copy("rowwise", self.data, self.scale, self.amax, m, k,
+                             (m,) if self.row_scaled else ())
+        if self.data_t is not None:
+            self._check_copy("columnwise", self.data_t, self.scale_t, self.amax_t, k, m, ())
+
+    @staticmethod
+    def _check_copy(name: str, data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, rows: int,
+                    cols: int, amax_shape: tuple) -> None:
+        what = f"NVFP4Tensor ({name} copy)"
+        if data.dtype != torch.uint8 or tuple(data.shape) != (rows, cols // 2):
+            raise ValueError(f"{what}: data must be uint8 {(rows, cols // 2)}, got {data.dtype} {tuple(data.shape)}")
+        if scale.dtype != torch.float8_e4m3fn or tuple(scale.shape) != (rows, cols // BLOCK):
+            raise ValueError(f"{what}: scale must be float8_e4m3fn {(rows, cols // BLOCK)} (unpadded), "
+                             f"got {scale.dtype} {tuple(scale.shape)}")
+        if amax.dtype != torch.float32 or tuple(amax.shape) != amax_shape:
+            raise ValueError(f"{what}: amax must be float32 of shape {amax_shape}, got {amax.dtype} "
+                             f"{tuple(amax.shape)}")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._shape
+
+    @property
+    def rows(self) -> int:
+        """M = prod(leading dims): the row count of the rowwise copy."""
+        return math.prod(self._shape[:-1])
+
+    @property
+    def device(self) -> torch.device:
+        return (self.data if self.data is not None else self.data_t).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.orig_dtype
+
+    @property
+    def has_rowwise(self) -> bool:
+        return self.data is not None
+
+    @property
+    def has_columnwise(self) -> bool:
+        return self.data_t is not None
+
+    # ---- values --------------------------------------------------------------------------------------
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The rowwise copy's values, in the logical ``shape``."""
+        if self.data is None:
+            raise ValueError("NVFP4Tensor.dequantize: this tensor has no rowwise copy (it was quantized with "
+                             "rowwise=False); use dequantize_columnwise() for the x^T copy")
+        out = ops.nvfp4_dequantize(self.data, self.scale, self.amax, e4m3_max=self.e4m3_max,
+                                   row_scaled=self.row_scaled, out_dtype=dtype)
+        return out.reshape(self._shape)
+
+    def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The columnwise copy's values as a (K, M) tensor: x^T, or RHT(x^T) when ``rht_columnwise``
+        (what the wgrad GEMM consumes; compare with ``rht(x^T)`` rather than x^T in that case)."""
+        if self.data_t is None:
+            raise ValueError("NVFP4Tensor.dequantize_columnwise: this tensor has no columnwise copy (it was "
+                             "quantized with columnwise=False)")
+        return ops.nvfp4_dequantize(self.data_t, self.scale_t, self.amax_t, e4m3_max=self.e4m3_max,
+                                    row_scaled=False, out_dtype=dtype)
+
+    # ---- movement and serialization ------------------------------------------------------------------
+    def _tensors(self) -> Dict[str, Optional[torch.Tensor]]:
+        return {"data": self.data, "scale": self.scale, "amax": self.amax,
+                "data_t": self.data_t, "scale_t": self.scale_t, "amax_t": self.amax_t}
+
+    def to(self, device: torch.device | str) -> "NVFP4Tensor":
+        moved = {k: (None if v is None else v.to(device)) for k, v in self._tensors().items()}
+        return NVFP4Tensor(**moved, row_scaled=self.row_scaled, e4m3_max=self.e4m3_max,
+                           four_over_six=self.four_over_six, rht_columnwise=self.rht_columnwise,
+                           orig_dtype=self.orig_dtype, shape=self._shape)
+
+    def state_dict(self) -> Dict[str, Any]:
+        state: Dict[str, Any] = {"kind": self.kind, "version": _STATE_VERSION}
+        state.update(self._tensors())
+        state.update(row_scaled=self.row_scaled, e4m3_max=self.e4m3_max, four_over_six=self.four_over_six,
+                     rht_columnwise=self.rht_columnwise, orig_dtype=_dtype_name(self.orig_dtype),
+                     shape=list(self._shape))
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, Any]) -> "NVFP4Tensor":
+        if state.get("kind") != cls.kind:
+            raise ValueError(f"NVFP4Tensor.from_state_dict: not an NVFP4 tensor state (kind={state.get('kind')!r})")
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"NVFP4Tensor.from_state_dict: unsupported state version {state.get('version')!r}; "
+                             f"this fp_recipes reads version {_STATE_VERSION}")
+        known = {"kind", "version", "data", "scale", "amax", "data_t", "scale_t", "amax_t", "row_scaled",
+                 "e4m3_max", "four_over_six", "rht_columnwise", "orig_dtype", "shape"}
+        unknown = sorted(set(state) - known)
+        if unknown:
+            raise ValueError(f"NVFP4Tensor.from_state_dict: unknown fields {unknown} (written by a newer "
+                             "version?); refusing to guess how they change the numbers")
+        dt = _DTYPES.get(state["orig_dtype"])
+        if dt is None:
+            raise ValueError(f"NVFP4Tensor.from_state_dict: orig_dtype {state['orig_dtype']!r} is not one of "
+                             f"{sorted(_DTYPES)}")
+        return cls(state["data"], state["scale"], state["amax"], state["data_t"], state["scale_t"],
+                   state["amax_t"], row_scaled=state["row_scaled"], e4m3_max=state["e4m3_max"],
+                   four_over_six=state["four_over_six"], rht_columnwise=state["rht_columnwise"],
+                   orig_dtype=dt, shape=tuple(state["shape"]))
+
+    def __repr__(self) -> str:
+        copies = "+".join(n for n, on in (("rowwise", self.has_rowwise), ("columnwise", self.has_columnwise)) if on)
+        flags = [f"E={self.e4m3_max}"]
+        if self.row_scaled:
+            flags.append("row_scaled")
+        if self.four_over_six:
+            flags.append("4over6")
+        if self.rht_columnwise and self.has_columnwise:
+            flags.append("rht(columnwise)")
+        return (f"NVFP4Tensor(shape={tuple(self._shape)}, orig_dtype={_dtype_name(self.orig_dtype)}, "
+                f"copies={copies}, {', '.join(flags)}, device={self.device})")
+
+
+class NVFP4Quantizer(Quantizer):
+    """Quantizes to :class:`NVFP4Tensor` as its spec says (1-D or 2-D blocks, row-scaled, 4over6, RHT on
+    the columnwise copy, stochastic rounding).
+
+    Stochastic rounding state: ``seed`` (default: CRC32 of the role string, so different roles draw
+    different streams; pass ``seed=`` to choose) and ``offset`` (starts at 0). After each stochastically
+    rounded quantize the offset advances by the number of Philox counters one copy used (M*K/16), so
+    repeated calls draw fresh numbers and a run restored from ``state_dict`` continues bit-identically.
+    """
+
+    def __init__(self, spec: QuantizerSpec, *, seed: Optional[int] = None) -> None:
+        if spec.scaling is not ScalingKind.NVFP4 or spec.fmt is not QFormat.NVFP4:
+            raise ValueError(f"NVFP4Quantizer needs scaling=nvfp4 and fmt=nvfp4, got scaling={spec.scaling.value} "
+                             f"fmt={spec.fmt.value} ({spec.role})")
+        if not (spec.rowwise or spec.columnwise):
+            raise ValueError(f"NVFP4Quantizer({spec.role}): spec asks for neither a rowwise nor a columnwise copy")
+        conflicts = [
+            (spec.four_over_six and spec.rht_columnwise, "four_over_six", "rht_columnwise"),
+            (spec.four_over_six and spec.stochastic_rounding, "four_over_six", "stochastic_rounding"),
+            (spec.row_scaled and spec.rht_columnwise, "row_scaled", "rht_columnwise"),
+            (spec.row_scaled and spec.block_2d, "row_scaled", "block_2d"),
+            (spec.row_scaled and spec.stochastic_rounding, "row_scaled", "stochastic_rounding"),
+            (spec.rht_columnwise and spec.block_2d, "rht_columnwise", "block_2d"),
+        ]
+        for bad, a, b in conflicts:
+            if bad:
+                raise ValueError(f"NVFP4Quantizer({spec.role}): spec.{a}=True is incompatible with spec.{b}=True")
+        super().__init__(spec)
+        self.seed = zlib.crc32(str(spec.role).encode()) if seed is None else int(seed)
+        self.offset = 0
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"NVFP4Quantizer: seed must be in [0, 2^64), got {self.seed}")
+
+    def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
+        """Quantize ``x`` (..., K); ``amax`` overrides the global amax (0-dim, or (M,) when row_scaled),
+        e.g. after a cross-rank MAX reduction."""
+        spec = self.spec
+        check_input(x, f"NVFP4Quantizer({spec.role})")
+        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        rht = spec.rht_columnwise and spec.columnwise
+        try:
+            q = ops.nvfp4_quantize(
+                x2, amax=amax, rowwise=spec.rowwise, columnwise=spec.columnwise, block_2d=spec.block_2d,
+                row_scaled=spec.row_scaled, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max,
+                err_mode=spec.err_mode, err_fast_math=spec.err_fast_math, rht=rht,
+                stochastic_rounding=spec.stochastic_rounding, seed=self.seed, offset=self.offset)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"NVFP4Quantizer({spec.role}) on input of shape {tuple(x.shape)} "
+                            f"(flattened to {tuple(x2.shape)}): {exc}") from exc
+        if spec.stochastic_rounding:
+            self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
+        return NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=spec.row_scaled,
+                           e4m3_max=spec.e4m3_max, four_over_six=spec.four_over_six, rht_columnwise=rht,
+                           orig_dtype=x.dtype, shape=x.shape)
+
+    def __call__(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
+        return self.quantize(x, amax=amax)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"seed": self.seed, "offset": self.offset}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        missing = {"seed", "offset"} - set(state)
+        if missing:
+            raise ValueError(f"NVFP4Quantizer.load_state_dict: missing {sorted(missing)}")
+        self.seed, self.offset = int(state["seed"]), int(state["offset"])
