@@ -1,6 +1,93 @@
-// Bindings of the NVFP4 kernel family (placeholder: being written).
+// Bindings of the NVFP4 kernel family: raw device pointers (0 = absent), sizes, dtype codes, a
+// stream handle and the device index. fp_recipes/ops/cuda_nvfp4.py validates before calling.
 #include <pybind11/pybind11.h>
 
+#include "common.h"
+#include "nvfp4_kernels.h"
+
+namespace py = pybind11;
+
 namespace fp_recipes {
-void register_nvfp4(pybind11::module_& m) { (void)m; }
+namespace {
+
+// The extension links its own (static) CUDA runtime, whose current device is separate from
+// torch's: select the tensor's device before every launch.
+void use_device(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
+
+void nvfp4_quantize(std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::uintptr_t data,
+                    std::uintptr_t scale, std::uintptr_t amax, bool row_scaled, std::uintptr_t data_t,
+                    std::uintptr_t scale_t, std::uintptr_t amax_t, bool rht, bool block_2d,
+                    int four_over_six, bool mse, double e4m3_max, bool stochastic_rounding,
+                    uint64_t seed, uint64_t offset, std::uintptr_t stream, int device) {
+  use_device(device);
+  require(four_over_six >= 0 && four_over_six <= 2, "nvfp4_quantize: four_over_six must be 0, 1 or 2");
+  nvfp4::QuantizeArgs a;
+  a.x = as_ptr<const void>(x);
+  a.in_dtype = static_cast<DType>(in_dtype);
+  a.M = M;
+  a.N = N;
+  a.data = as_ptr<uint8_t>(data);
+  a.scale = as_ptr<uint8_t>(scale);
+  a.amax = as_ptr<const float>(amax);
+  a.row_scaled = row_scaled;
+  a.data_t = as_ptr<uint8_t>(data_t);
+  a.scale_t = as_ptr<uint8_t>(scale_t);
+  a.amax_t = as_ptr<const float>(amax_t);
+  a.rht = rht;
+  a.block_2d = block_2d;
+  a.four_over_six = static_cast<nvfp4::FourOverSix>(four_over_six);
+  a.mse = mse;
+  a.e4m3_max = static_cast<float>(e4m3_max);
+  a.stochastic_rounding = stochastic_rounding;
+  a.seed = seed;
+  a.offset = offset;
+  nvfp4::quantize(a, as_stream(stream));
+}
+
+}  // namespace
+
+void register_nvfp4(py::module_& m) {
+  m.def("nvfp4_quantize", &nvfp4_quantize, "NVFP4 quantize (raw pointers; see nvfp4_kernels.h)",
+        py::arg("x"), py::arg("in_dtype"), py::arg("M"), py::arg("N"), py::arg("data"),
+        py::arg("scale"), py::arg("amax"), py::arg("row_scaled"), py::arg("data_t"),
+        py::arg("scale_t"), py::arg("amax_t"), py::arg("rht"), py::arg("block_2d"),
+        py::arg("four_over_six"), py::arg("mse"), py::arg("e4m3_max"),
+        py::arg("stochastic_rounding"), py::arg("seed"), py::arg("offset"), py::arg("stream"),
+        py::arg("device"));
+  m.def(
+      "nvfp4_amax",
+      [](std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::uintptr_t amax_out,
+         std::uintptr_t rht_amax_out, std::uintptr_t stream, int device) {
+        use_device(device);
+        nvfp4::amax(as_ptr<const void>(x), static_cast<DType>(in_dtype), M, N, as_ptr<float>(amax_out),
+                    as_ptr<float>(rht_amax_out), as_stream(stream));
+      },
+      "amax of x and/or of RHT(x) (raw pointers; 0 = not wanted)", py::arg("x"), py::arg("in_dtype"),
+      py::arg("M"), py::arg("N"), py::arg("amax_out"), py::arg("rht_amax_out"), py::arg("stream"),
+      py::arg("device"));
+  m.def(
+      "nvfp4_row_amax",
+      [](std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::uintptr_t row_out,
+         std::uintptr_t amax_out, std::uintptr_t stream, int device) {
+        use_device(device);
+        nvfp4::row_amax(as_ptr<const void>(x), static_cast<DType>(in_dtype), M, N, as_ptr<float>(row_out),
+                        as_ptr<float>(amax_out), as_stream(stream));
+      },
+      "per-row amax (and optionally the global amax)", py::arg("x"), py::arg("in_dtype"), py::arg("M"),
+      py::arg("N"), py::arg("row_out"), py::arg("amax_out"), py::arg("stream"), py::arg("device"));
+  m.def(
+      "nvfp4_dequantize",
+      [](std::uintptr_t data, std::uintptr_t scale, std::uintptr_t amax, bool row_scaled, int64_t M,
+         int64_t N, double e4m3_max, std::uintptr_t out, int out_dtype, std::uintptr_t stream,
+         int device) {
+        use_device(device);
+        nvfp4::dequantize(as_ptr<const uint8_t>(data), as_ptr<const uint8_t>(scale), as_ptr<const float>(amax),
+                          row_scaled, M, N, static_cast<float>(e4m3_max), as_ptr<void>(out),
+                          static_cast<DType>(out_dtype), as_stream(stream));
+      },
+      "NVFP4 dequantize", py::arg("data"), py::arg("scale"), py::arg("amax"), py::arg("row_scaled"),
+      py::arg("M"), py::arg("N"), py::arg("e4m3_max"), py::arg("out"), py::arg("out_dtype"),
+      py::arg("stream"), py::arg("device"));
+}
+
 }  // namespace fp_recipes

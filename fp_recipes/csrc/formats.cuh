@@ -15,4 +15,91 @@ namespace fp_recipes {
 
 // ---- section: E2M1 (NVFP4) — owned by the NVFP4 kernel family ---------------------------------
 
+// E2M1 magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}; a code is sign<<3 | index. Two codes per byte:
+// element 2k in the low nibble, 2k+1 in the high nibble.
+
+// Decode one 4-bit code to FP32 (exact; code 0x8 is -0.0).
+__host__ __device__ __forceinline__ float e2m1_decode(uint32_t code) {
+  const uint32_t idx = code & 0x7u;
+  // 0, 0.5, 1, 1.5 for idx < 4; 2, 3, 4, 6 above: m = idx<4 ? idx*0.5 : (idx<6 ? idx-2 : 2*(idx-4))
+  const float mag = idx < 4u ? 0.5f * static_cast<float>(idx)
+                             : (idx < 6u ? static_cast<float>(idx - 2u) : 2.0f * static_cast<float>(idx - 4u));
+  return (code & 0x8u) ? -mag : mag;
+}
+
+// Sign nibble bit (0x8) of the element being quantized: the contract takes the sign from the
+// unscaled element, never from a product (a NaN product's sign is not portable).
+__device__ __forceinline__ uint32_t e2m1_sign(float x) { return (__float_as_uint(x) >> 28) & 0x8u; }
+
+// Round-to-nearest-even E2M1 magnitude index (0..7) in software (Hopper has no FP4 conversion
+// instruction). Saturates to 6 (Inf included); NaN -> 7.
+__device__ __forceinline__ uint32_t e2m1_mag_rn_sw(float y) {
+  const float a = fabsf(y);
+  // Each midpoint rounds to the neighbour with an even index: 0.25->0, 0.75->1, 1.25->1,
+  // 1.75->2, 2.5->2, 3.5->4, 5->4 (strict '>' where the lower neighbour is even).
+  uint32_t idx = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
+                 static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
+                 static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
+                 static_cast<uint32_t>(a > 5.0f);
+  if (a != a) idx = 7u;
+  return idx;
+}
+
+// Two codes packed as one byte (element a -> low nibble): magnitudes of the scaled values ya, yb,
+// signs of the unscaled elements xa, xb. On sm_100-family targets the hardware conversion
+// cvt.rn.satfinite.e2m1x2.f32 rounds the magnitudes; NaN is patched to the contract's 7.
+__device__ __forceinline__ uint32_t e2m1x2_encode_rn(float ya, float yb, float xa, float xb) {
+  const uint32_t signs = e2m1_sign(xa) | (e2m1_sign(xb) << 4);
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000)
+  uint32_t packed;
+  asm("{\n\t.reg .b8 b;\n\tcvt.rn.satfinite.e2m1x2.f32 b, %1, %2;\n\tcvt.u32.u8 %0, b;\n\t}"
+      : "=r"(packed)
+      : "f"(yb), "f"(ya));
+  packed &= 0x77u;
+  if (ya != ya) packed |= 0x07u;
+  if (yb != yb) packed |= 0x70u;
+  return packed | signs;
+#else
+  return (e2m1_mag_rn_sw(ya) | (e2m1_mag_rn_sw(yb) << 4)) | signs;
+#endif
+}
+
+// Stochastic E2M1 encode of the scaled value y (sign from the unscaled element x): |y| lies
+// between grid neighbours lo < hi; frac = (|y| - lo) / (hi - lo) (exact: hi - lo is a power of two
+// and |y| - lo is exact by Sterbenz); round up iff 2*rbyte + 1 < frac * 512, i.e. with probability
+// frac. |y| >= 6 (Inf too) -> 6, NaN -> 7.
+__device__ __forceinline__ uint32_t e2m1_encode_sr(float y, float x, uint32_t rbyte) {
+  const uint32_t sign = e2m1_sign(x);
+  const float a = fabsf(y);
+  if (!(a < 6.0f)) return sign | 0x7u;  // >= 6, Inf, NaN
+  float lo, inv_step;
+  uint32_t lo_idx;
+  if (a < 2.0f) {
+    lo_idx = static_cast<uint32_t>(__fmul_rn(a, 2.0f));  // floor(2a), exact for a < 2
+    lo = 0.5f * static_cast<float>(lo_idx);
+    inv_step = 2.0f;
+  } else if (a < 4.0f) {
+    lo = a < 3.0f ? 2.0f : 3.0f;
+    lo_idx = a < 3.0f ? 4u : 5u;
+    inv_step = 1.0f;
+  } else {
+    lo = 4.0f;
+    lo_idx = 6u;
+    inv_step = 0.5f;
+  }
+  const float frac = __fmul_rn(__fsub_rn(a, lo), inv_step);
+  const uint32_t up = static_cast<float>(2u * rbyte + 1u) < __fmul_rn(frac, 512.0f) ? 1u : 0u;
+  return sign | (lo_idx + up);
+}
+
+// E4M3 (e4m3fn) round-to-nearest-even with saturation to +-448 (Inf too); NaN -> 0x7F.
+__device__ __forceinline__ uint32_t nvfp4_e4m3_encode_satfinite(float v) {
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float nvfp4_e4m3_decode(uint32_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
 }  // namespace fp_recipes

@@ -1,0 +1,203 @@
+// NVFP4 amax kernels: per-tensor amax (optionally fused with the post-RHT amax of the columnwise
+// operand) and per-row amax (row-scaled activations). FP32 accumulation whatever the input dtype;
+// NaN propagates (written as the canonical NaN 0x7FC00000). Blocks combine through an atomic max
+// on the FP32 bit pattern of |x| (order-independent, hence race-free and deterministic).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "nvfp4_device.cuh"
+#include "nvfp4_kernels.h"
+
+namespace fp_recipes {
+namespace nvfp4 {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kCanonicalNaN = 0x7FC00000u;
+
+__device__ __forceinline__ uint32_t canonical(uint32_t bits) {
+  return bits > 0x7F800000u ? kCanonicalNaN : bits;
+}
+
+// Block-wide max of one value per thread; thread 0 gets the result.
+__device__ __forceinline__ uint32_t block_max(uint32_t v) {
+  __shared__ uint32_t warp_max[kThreads / 32];
+  v = __reduce_max_sync(0xFFFFFFFFu, v);
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0u;
+    v = __reduce_max_sync(0xFFFFFFFFu, v);
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const T* x, int64_t n, bool vec_ok,
+                                                        uint32_t* out) {
+  constexpr int kPerVec = 16 / sizeof(T);
+  uint32_t m = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  int64_t scalar_from = 0;
+  if (vec_ok) {
+    const int64_t nvec = n / kPerVec;
+    for (int64_t i = tid; i < nvec; i += stride) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(x) + i);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < kPerVec; ++k) m = max(m, abs_bits(to_f32<T>(e[k])));
+    }
+    scalar_from = nvec * kPerVec;
+  }
+  for (int64_t i = scalar_from + tid; i < n; i += stride) m = max(m, abs_bits(to_f32<T>(x[i])));
+  m = block_max(m);
+  if (threadIdx.x == 0) atomicMax(out, canonical(m));
+}
+
+// Post-RHT amax: each thread transforms kVec adjacent columns over one 16-row group.
+template <int kVec>
+__global__ void __launch_bounds__(kThreads) rht_amax_kernel(const __nv_bfloat16* x, int64_t M,
+                                                            int64_t N, uint32_t* rht_out,
+                                                            uint32_t* plain_out) {
+  const int64_t col_groups = (N + kVec - 1) / kVec;
+  const int64_t total = (M / 16) * col_groups;
+  uint32_t m_rht = 0, m_plain = 0;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < total;
+       g += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t rg = g / col_groups, c0 = (g % col_groups) * kVec;
+    float v[kVec][16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const __nv_bfloat16* src = x + (rg * 16 + k) * N + c0;
+      if (kVec == 8) {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(e[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(src[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) m_plain = max(m_plain, abs_bits(v[j][k]));
+      rht16_bf16(v[j]);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) m_rht = max(m_rht, abs_bits(v[j][k]));
+    }
+  }
+  m_rht = block_max(m_rht);
+  if (threadIdx.x == 0) atomicMax(rht_out, canonical(m_rht));
+  if (plain_out != nullptr) {
+    __syncthreads();
+    m_plain = block_max(m_plain);
+    if (threadIdx.x == 0) atomicMax(plain_out, canonical(m_plain));
+  }
+}
+
+// One warp per row.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) row_amax_kernel(const T* x, int64_t M, int64_t N,
+                                                            bool vec_ok, float* row_out,
+                                                            uint32_t* global_out) {
+  constexpr int kPerVec = 16 / sizeof(T);
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  uint32_t m = 0;
+  if (row < M) {
+    const T* src = x + row * N;
+    int64_t scalar_from = 0;
+    if (vec_ok) {
+      const int64_t nvec = N / kPerVec;
+      for (int64_t i = lane; i < nvec; i += 32) {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src) + i);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kPerVec; ++k) m = max(m, abs_bits(to_f32<T>(e[k])));
+      }
+      scalar_from = nvec * kPerVec;
+    }
+    for (int64_t i = scalar_from + lane; i < N; i += 32) m = max(m, abs_bits(to_f32<T>(src[i])));
+  }
+  m = canonical(__reduce_max_sync(0xFFFFFFFFu, m));
+  if (row < M && lane == 0) {
+    row_out[row] = __uint_as_float(m);
+    if (global_out != nullptr) atomicMax(global_out, m);
+  }
+}
+
+int grid_for(int64_t work_items) {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t want = (work_items + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(sms) * 8;
+  return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));
+}
+
+template <typename T>
+void launch_amax(const void* x, int64_t n, float* out, cudaStream_t stream) {
+  constexpr int kPerVec = 16 / sizeof(T);
+  const bool vec_ok = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  amax_kernel<T><<<grid_for(n / kPerVec + 1), kThreads, 0, stream>>>(
+      static_cast<const T*>(x), n, vec_ok, reinterpret_cast<uint32_t*>(out));
+  check_launch("nvfp4 amax_kernel");
+}
+
+template <typename T>
+void launch_row_amax(const void* x, int64_t M, int64_t N, float* row_out, float* global_out,
+                     cudaStream_t stream) {
+  const bool vec_ok = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (N * sizeof(T)) % 16 == 0;
+  const int64_t grid = (M + kThreads / 32 - 1) / (kThreads / 32);
+  row_amax_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+      static_cast<const T*>(x), M, N, vec_ok, row_out, reinterpret_cast<uint32_t*>(global_out));
+  check_launch("nvfp4 row_amax_kernel");
+}
+
+}  // namespace
+
+void amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* amax_out, float* rht_amax_out,
+          cudaStream_t stream) {
+  if (amax_out) check_cuda(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), "nvfp4 amax memset");
+  if (rht_amax_out)
+    check_cuda(cudaMemsetAsync(rht_amax_out, 0, sizeof(float), stream), "nvfp4 amax memset");
+  if (M * N == 0) return;
+  if (rht_amax_out != nullptr) {
+    require(in_dtype == DType::kBFloat16, "nvfp4 post-RHT amax needs bfloat16 input");
+    require(M % 16 == 0, "nvfp4 post-RHT amax needs M % 16 == 0");
+    const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    uint32_t* ro = reinterpret_cast<uint32_t*>(rht_amax_out);
+    uint32_t* po = reinterpret_cast<uint32_t*>(amax_out);
+    if (N % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+      rht_amax_kernel<8><<<grid_for((M / 16) * (N / 8)), kThreads, 0, stream>>>(xb, M, N, ro, po);
+    } else {
+      rht_amax_kernel<1><<<grid_for((M / 16) * N), kThreads, 0, stream>>>(xb, M, N, ro, po);
+    }
+    check_launch("nvfp4 rht_amax_kernel");
+    return;
+  }
+  if (amax_out == nullptr) return;
+  switch (in_dtype) {
+    case DType::kFloat32: launch_amax<float>(x, M * N, amax_out, stream); break;
+    case DType::kBFloat16: launch_amax<__nv_bfloat16>(x, M * N, amax_out, stream); break;
+    case DType::kFloat16: launch_amax<__half>(x, M * N, amax_out, stream); break;
+    default: require(false, std::string("nvfp4 amax: unsupported input dtype ") + dtype_name(in_dtype));
+  }
+}
+
+void row_amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* row_out, float* amax_out,
+              cudaStream_t stream) {
+  if (amax_out) check_cuda(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), "nvfp4 amax memset");
+  if (M == 0) return;
+  switch (in_dtype) {
+    case DType::kFloat32: launch_row_amax<float>(x, M, N, row_out, amax_out, stream); break;
+    case DType::kBFloat16: launch_row_amax<__nv_bfloat16>(x, M, N, row_out, amax_out, stream); break;
+    case DType::kFloat16: launch_row_amax<__half>(x, M, N, row_out, amax_out, stream); break;
+    default: require(false, std::string("nvfp4 row_amax: unsupported input dtype ") + dtype_name(in_dtype));
+  }
+}
+
+}  // namespace nvfp4
+}  // namespace fp_recipes

@@ -1,0 +1,224 @@
+// NVFP4 recipe math for one 16-element block (NUMERICS.md "NVFP4" and "4over6"), shared by the
+// quantize kernels. Every reference-critical FP32 operation is an explicit round-to-nearest
+// intrinsic in the contract's order (the files are also compiled with -fmad=false).
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include "formats.cuh"
+
+namespace fp_recipes {
+namespace nvfp4 {
+
+// The contract's min(v, bound) is fminf (torch.fmin): a NaN operand yields the other one.
+__device__ __forceinline__ float fmin_bound(float a, float b) { return fminf(a, b); }
+
+// NaN-propagating max of |x| over FP32 bit patterns: |x| bits order like the values, and every
+// NaN pattern is above +Inf, so a NaN anywhere wins (like torch.amax).
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+// Per-tensor (or per-row) encode/decode factors of NUMERICS.md steps 2-3.
+struct TensorScale {
+  float s_enc;  // S_enc = RN(6E / amax), clamped to FLT_MAX; 1 if amax == 0 or S_enc == 0
+  float s_dec;  // RN(1 / S_enc)
+  float mult;   // RN(S_enc * RN(1/6)): the block-scale multiplier
+  float amax;   // the amax itself (4over6 strict error path)
+  float six_e;  // 6E, exact
+};
+
+__device__ __forceinline__ TensorScale make_tensor_scale(float amax, float e4m3_max) {
+  TensorScale t;
+  t.six_e = __fmul_rn(6.0f, e4m3_max);
+  float s = fmin_bound(__fdiv_rn(t.six_e, amax), FLT_MAX);
+  if (amax == 0.0f || s == 0.0f) s = 1.0f;
+  t.s_enc = s;
+  t.s_dec = __fdiv_rn(1.0f, s);
+  t.mult = __fmul_rn(s, __fdiv_rn(1.0f, 6.0f));
+  t.amax = amax;
+  return t;
+}
+
+// Step 3: E4M3 code of the block decode scale.
+__device__ __forceinline__ uint32_t plain_scale_code(float bamax, const TensorScale& t) {
+  return nvfp4_e4m3_encode_satfinite(fmin_bound(__fmul_rn(bamax, t.mult), FLT_MAX));
+}
+
+// Step 4: enc = min(RN(1 / RN(fp32(sf) * S_dec)), FLT_MAX); a zero sf gives FLT_MAX.
+__device__ __forceinline__ float block_enc(float sf, float s_dec) {
+  return fmin_bound(__fdiv_rn(1.0f, __fmul_rn(sf, s_dec)), FLT_MAX);
+}
+
+// Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
+__device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
+  uint2 out;
+  uint32_t w0 = 0, w1 = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    w0 |= e2m1x2_encode_rn(__fmul_rn(x[2 * k], enc), __fmul_rn(x[2 * k + 1], enc), x[2 * k],
+                           x[2 * k + 1]) << (8 * k);
+    w1 |= e2m1x2_encode_rn(__fmul_rn(x[8 + 2 * k], enc), __fmul_rn(x[8 + 2 * k + 1], enc), x[8 + 2 * k],
+                           x[8 + 2 * k + 1]) << (8 * k);
+  }
+  out.x = w0;
+  out.y = w1;
+  return out;
+}
+
+// Philox4x32-10 (Salmon et al.; the same rounds and constants as Random123 / curand).
+__device__ __forceinline__ uint4 philox4x32_10(uint4 ctr, uint32_t k0, uint32_t k1) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const uint32_t lo0 = 0xD2511F53u * ctr.x, hi0 = __umulhi(0xD2511F53u, ctr.x);
+    const uint32_t lo1 = 0xCD9E8D57u * ctr.z, hi1 = __umulhi(0xCD9E8D57u, ctr.z);
+    ctr = make_uint4(hi1 ^ ctr.y ^ k0, lo1, hi0 ^ ctr.w ^ k1, lo0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return ctr;
+}
+
+// The 16 random bytes of block `b` (INTERFACES.md): key = (seed lo, seed hi),
+// counter = (b lo, b hi, offset lo, offset hi); element j uses byte j%4 of word j/4.
+__device__ __forceinline__ uint4 sr_block_bits(uint64_t b, uint64_t seed, uint64_t offset) {
+  return philox4x32_10(make_uint4(static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32),
+                                  static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)),
+                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+__device__ __forceinline__ uint32_t sr_word(const uint4& w, int j) {
+  return j < 4 ? w.x : (j < 8 ? w.y : (j < 12 ? w.z : w.w));
+}
+
+// Step 5 with stochastic rounding.
+__device__ __forceinline__ uint2 encode16_sr(const float (&x)[16], float enc, const uint4& rnd) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const uint32_t byte = (sr_word(rnd, j) >> (8 * (j % 4))) & 0xFFu;
+    w[j / 8] |= e2m1_encode_sr(__fmul_rn(x[j], enc), x[j], byte) << (4 * (j % 8));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// ---- 4over6 -----------------------------------------------------------------------------------
+// Error of one candidate for one element, accumulated in element order by the caller.
+// Strict: val = RN(RN(RN(q * sf) * amax) / 6E); d = RN(val - x).
+// Fast math: the FP16 product fp16(q) x fp16(sf) is exact (q has 2 significant bits, sf 4, and
+// |q*sf| <= 2688 with the smallest non-zero product 2^-10 a normal FP16), so its FP32 product is
+// the same number; orig = RN(x * S); d = RN(cand - orig).
+template <bool kFast>
+__device__ __forceinline__ float fos_elem_err(uint32_t code, float sf, float x, float orig,
+                                              const TensorScale& t, bool mse) {
+  const float q = e2m1_decode(code);
+  float d;
+  if (kFast) {
+    d = __fsub_rn(__fmul_rn(q, sf), orig);
+  } else {
+    const float val = __fdiv_rn(__fmul_rn(__fmul_rn(q, sf), t.amax), t.six_e);
+    d = __fsub_rn(val, x);
+  }
+  return mse ? __fmul_rn(d, d) : fabsf(d);
+}
+
+struct FosCandidates {
+  uint32_t sf4, sf6;  // E4M3 codes
+  float enc4, enc6;
+};
+
+// base = RN(RN(bamax / 6) * S); sf6 = e4m3(min(base, 448)); sf4 = e4m3(min(RN(base * 1.5), 448)).
+__device__ __forceinline__ FosCandidates fos_candidates(float bamax, const TensorScale& t) {
+  FosCandidates c;
+  const float base = __fmul_rn(__fdiv_rn(bamax, 6.0f), t.s_enc);
+  c.sf6 = nvfp4_e4m3_encode_satfinite(fmin_bound(base, 448.0f));
+  c.sf4 = nvfp4_e4m3_encode_satfinite(fmin_bound(__fmul_rn(base, 1.5f), 448.0f));
+  c.enc6 = block_enc(nvfp4_e4m3_decode(c.sf6), t.s_dec);
+  c.enc4 = block_enc(nvfp4_e4m3_decode(c.sf4), t.s_dec);
+  return c;
+}
+
+// Codes of both candidates for 16 elements plus their summed errors (element order).
+template <bool kFast>
+__device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCandidates& c,
+                                             const TensorScale& t, bool mse, uint2& q4, uint2& q6,
+                                             float& err4, float& err6) {
+  const float sf4 = nvfp4_e4m3_decode(c.sf4), sf6 = nvfp4_e4m3_decode(c.sf6);
+  uint32_t w4[2] = {0u, 0u}, w6[2] = {0u, 0u};
+  float e4 = 0.0f, e6 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float xa = x[2 * k], xb = x[2 * k + 1];
+    const uint32_t p4 = e2m1x2_encode_rn(__fmul_rn(xa, c.enc4), __fmul_rn(xb, c.enc4), xa, xb);
+    const uint32_t p6 = e2m1x2_encode_rn(__fmul_rn(xa, c.enc6), __fmul_rn(xb, c.enc6), xa, xb);
+    w4[k / 4] |= p4 << (8 * (k % 4));
+    w6[k / 4] |= p6 << (8 * (k % 4));
+    const float oa = kFast ? __fmul_rn(xa, t.s_enc) : 0.0f;
+    const float ob = kFast ? __fmul_rn(xb, t.s_enc) : 0.0f;
+    e4 = __fadd_rn(e4, fos_elem_err<kFast>(p4 & 0xFu, sf4, xa, oa, t, mse));
+    e4 = __fadd_rn(e4, fos_elem_err<kFast>(p4 >> 4, sf4, xb, ob, t, mse));
+    e6 = __fadd_rn(e6, fos_elem_err<kFast>(p6 & 0xFu, sf6, xa, oa, t, mse));
+    e6 = __fadd_rn(e6, fos_elem_err<kFast>(p6 >> 4, sf6, xb, ob, t, mse));
+  }
+  q4 = make_uint2(w4[0], w4[1]);
+  q6 = make_uint2(w6[0], w6[1]);
+  err4 = e4;
+  err6 = e6;
+}
+
+// Map-to-4 only when strictly better (ties and NaN keep map-to-6).
+__device__ __forceinline__ bool fos_pick4(float err4, float err6) { return err4 < err6; }
+
+// ---- Random Hadamard transform of one 16-element group ----------------------------------------
+// Sign vector s of NUMERICS.md as a bit mask (bit i set = negate element i).
+constexpr uint32_t kRhtSignMask = (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8) |
+                                  (1u << 9) | (1u << 10) | (1u << 12) | (1u << 14) | (1u << 15);
+
+// y = (H16 diag(s) x) * 0.25 with the fixed butterfly order of the reference, each output rounded to
+// BF16 and returned as FP32.
+__device__ __forceinline__ void rht16_bf16(float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    if (kRhtSignMask & (1u << i)) v[i] = -v[i];
+#pragma unroll
+  for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if ((i & h) == 0) {
+        const float a = v[i], b = v[i + h];
+        v[i] = __fadd_rn(a, b);
+        v[i + h] = __fsub_rn(a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float y = __bfloat162float(__float2bfloat16_rn(__fmul_rn(v[i], 0.25f)));
+    v[i] = (y != y) ? __uint_as_float(0x7FC00000u) : y;  // the contract makes RHT NaNs positive
+  }
+}
+
+// ---- loads ----------------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+
+// 16 contiguous elements from a 16-byte aligned address, as FP32.
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, float (&x)[16]) {
+  constexpr int kPerVec = 16 / sizeof(T);
+#pragma unroll
+  for (int v = 0; v < 16 / kPerVec; ++v) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + v);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kPerVec; ++k) x[v * kPerVec + k] = to_f32<T>(e[k]);
+  }
+}
+
+}  // namespace nvfp4
+}  // namespace fp_recipes

@@ -1,0 +1,61 @@
+// Host launchers of the NVFP4 kernel family (nvfp4_*.cu). Framework-agnostic: raw device
+// pointers, sizes and a stream; fp_recipes/ops/cuda_nvfp4.py validates and allocates.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+
+namespace fp_recipes {
+namespace nvfp4 {
+
+// 4over6 mode of a quantization: off, strict error path, fast-math error path.
+enum class FourOverSix : int { kOff = 0, kStrict = 1, kFast = 2 };
+
+struct QuantizeArgs {
+  const void* x = nullptr;  // (M, N) row-major, dtype `in_dtype`
+  DType in_dtype = DType::kBFloat16;
+  int64_t M = 0, N = 0;
+  // Rowwise copy: data (M, N/2) uint8, scale (M, N/16) e4m3. amax: FP32 scalar, or (M,) when
+  // row_scaled.
+  uint8_t* data = nullptr;
+  uint8_t* scale = nullptr;
+  const float* amax = nullptr;
+  bool row_scaled = false;
+  // Columnwise copy (quantization of x^T): data_t (N, M/2), scale_t (N, M/16); amax_t FP32 scalar
+  // (post-RHT when rht).
+  uint8_t* data_t = nullptr;
+  uint8_t* scale_t = nullptr;
+  const float* amax_t = nullptr;
+  bool rht = false;  // columnwise copy of RHT(x) (bf16 input only)
+  bool block_2d = false;
+  FourOverSix four_over_six = FourOverSix::kOff;
+  bool mse = false;  // 4over6 error: MSE (else MAE)
+  float e4m3_max = 448.0f;
+  bool stochastic_rounding = false;
+  uint64_t seed = 0, offset = 0;
+};
+
+// Quantize per args (rowwise if data != nullptr, columnwise if data_t != nullptr).
+void quantize(const QuantizeArgs& args, cudaStream_t stream);
+
+// amax = max |x| over numel elements (FP32, NaN propagates as the canonical NaN 0x7FC00000).
+// Also (when rht_amax != nullptr) the amax of RHT(x) over 16-row groups of the (M, N) bf16 tensor.
+// Either output may be nullptr. Outputs are fully written (no caller memset needed).
+void amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* amax_out, float* rht_amax_out,
+          cudaStream_t stream);
+
+// row_amax[m] = max_n |x[m, n]|; optionally also the global max into amax_out.
+void row_amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* row_amax_out,
+              float* amax_out, cudaStream_t stream);
+
+// x ~= q * RN(RN(fp32(sf) * amax) * RN(1/(6E))), cast to out_dtype (float32/bfloat16/float16).
+// data (M, N/2), scale (M, N/16), amax scalar or (M,) when row_scaled.
+void dequantize(const uint8_t* data, const uint8_t* scale, const float* amax, bool row_scaled,
+                int64_t M, int64_t N, float e4m3_max, void* out, DType out_dtype,
+                cudaStream_t stream);
+
+}  // namespace nvfp4
+}  // namespace fp_recipes

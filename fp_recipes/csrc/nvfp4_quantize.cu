@@ -1,0 +1,276 @@
+// NVFP4 quantization kernels: rowwise 1x16 (direct loads) and a 64x64 shared-memory tile kernel
+// that writes the rowwise and the columnwise (x^T) copies in one pass, with 2-D 16x16 tiles,
+// 4over6, RHT on the columnwise copy, stochastic rounding and per-row (row-scaled) amax.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "nvfp4_device.cuh"
+#include "nvfp4_kernels.h"
+
+namespace fp_recipes {
+namespace nvfp4 {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct KParams {
+  const void* x;
+  int64_t M, N;
+  uint8_t* data;
+  uint8_t* scale;
+  const float* amax;
+  int row_scaled;
+  uint8_t* data_t;
+  uint8_t* scale_t;
+  const float* amax_t;
+  int rht;
+  int block_2d;
+  int mse;
+  float e4m3_max;
+  int sr;
+  uint64_t seed, offset;
+};
+
+// One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (no 2-D, any mode).
+template <int kFos>
+__device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t,
+                                                  bool mse, bool sr, uint64_t b, uint64_t seed,
+                                                  uint64_t offset, uint2& q, uint32_t& sf) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) bits = max(bits, abs_bits(x[i]));
+  const float bamax = __uint_as_float(bits);
+  if (kFos == 0) {
+    sf = plain_scale_code(bamax, t);
+    const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
+    if (sr) {
+      q = encode16_sr(x, enc, sr_block_bits(b, seed, offset));
+    } else {
+      q = encode16_rn(x, enc);
+    }
+  } else {
+    const FosCandidates c = fos_candidates(bamax, t);
+    uint2 q4, q6;
+    float e4, e6;
+    fos_encode16<kFos == 2>(x, c, t, mse, q4, q6, e4, e6);
+    const bool use4 = fos_pick4(e4, e6);
+    q = use4 ? q4 : q6;
+    sf = use4 ? c.sf4 : c.sf6;
+  }
+}
+
+// Rowwise, 1-D blocks, one thread per 1x16 block; consecutive threads take consecutive blocks.
+template <typename T, int kFos>
+__global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
+  const int64_t blocks_per_row = p.N / 16;
+  const int64_t total = p.M * blocks_per_row;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (g >= total) return;
+  float x[16];
+  load16(static_cast<const T*>(p.x) + g * 16, x);
+  const float amax = p.row_scaled ? __ldg(p.amax + g / blocks_per_row) : __ldg(p.amax);
+  const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
+  uint2 q;
+  uint32_t sf;
+  quantize_block_1d<kFos>(x, t, p.mse, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf);
+  reinterpret_cast<uint2*>(p.data)[g] = q;
+  p.scale[g] = static_cast<uint8_t>(sf);
+}
+
+// ---- tile kernel ------------------------------------------------------------------------------
+constexpr int kTile = 64;
+
+// 2-D 4over6: combine the 16 per-row sums of a tile in the contract's fixed tree order.
+__device__ __forceinline__ float tree16(const float* r, int stride) {
+#define R(i) r[(i) * stride]
+  const float a = __fadd_rn(__fadd_rn(R(0), R(8)), __fadd_rn(R(4), R(12)));
+  const float b = __fadd_rn(__fadd_rn(R(2), R(10)), __fadd_rn(R(6), R(14)));
+  const float c = __fadd_rn(__fadd_rn(R(1), R(9)), __fadd_rn(R(5), R(13)));
+  const float d = __fadd_rn(__fadd_rn(R(3), R(11)), __fadd_rn(R(7), R(15)));
+#undef R
+  return __fadd_rn(__fadd_rn(a, b), __fadd_rn(c, d));
+}
+
+template <typename T, int kFos>
+__global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
+  __shared__ float tile[kTile][kTile + 1];
+  __shared__ uint32_t tile_amax_bits[4][4];   // 2-D: [row tile][col tile]
+  __shared__ float fos_err[2][kTile][4];      // 2-D 4over6: per-row errors [cand][row][col tile]
+  __shared__ uint8_t fos_use4[4][4];          // 2-D 4over6: decision per tile
+
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int tid = threadIdx.x;
+  const bool do_row = p.data != nullptr;
+  const bool do_col = p.data_t != nullptr;
+
+  // Row unit: row rr of the tile, 16 columns starting at cb*16.
+  const int rr = tid / 4, cb = tid % 4;
+  const int64_t row = r0 + rr, col16 = c0 + cb * 16;
+  float x[16];
+  {
+    const T* src = static_cast<const T*>(p.x);
+    const bool full = row < p.M && col16 + 16 <= p.N && (p.N * sizeof(T)) % 16 == 0;
+    if (full) {
+      load16(src + row * p.N + col16, x);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        x[k] = (row < p.M && col16 + k < p.N) ? to_f32<T>(src[row * p.N + col16 + k]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 16; ++k) tile[rr][cb * 16 + k] = x[k];
+  }
+  const bool row_valid = row < p.M && col16 + 16 <= p.N;
+
+  uint32_t row_bits = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) row_bits = max(row_bits, abs_bits(x[i]));
+
+  if (p.block_2d) {
+    if (tid < 16) tile_amax_bits[tid / 4][tid % 4] = 0u;
+    __syncthreads();
+    atomicMax(&tile_amax_bits[rr / 16][cb], row_bits);
+  }
+  __syncthreads();
+
+  // ---- rowwise copy
+  if (p.block_2d) {
+    const float tamax = __uint_as_float(tile_amax_bits[rr / 16][cb]);
+    const float amax = __ldg(p.amax);
+    const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
+    uint2 q = make_uint2(0u, 0u);
+    uint32_t sf = 0;
+    if (kFos == 0) {
+      sf = plain_scale_code(tamax, t);
+      const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
+      if (do_row && row_valid) {
+        q = p.sr ? encode16_sr(x, enc,
+                               sr_block_bits(static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
+                                             p.seed, p.offset))
+                 : encode16_rn(x, enc);
+      }
+    } else {
+      // The tile decision needs every row's error, also when only the columnwise copy is wanted.
+      const FosCandidates c = fos_candidates(tamax, t);
+      uint2 q4, q6;
+      float e4, e6;
+      fos_encode16<kFos == 2>(x, c, t, p.mse, q4, q6, e4, e6);
+      fos_err[0][rr][cb] = e4;
+      fos_err[1][rr][cb] = e6;
+      __syncthreads();
+      if (tid < 16) {
+        const int ti = tid / 4, tj = tid % 4;
+        const float s4 = tree16(&fos_err[0][ti * 16][tj], 4);
+        const float s6 = tree16(&fos_err[1][ti * 16][tj], 4);
+        fos_use4[ti][tj] = fos_pick4(s4, s6) ? 1 : 0;
+      }
+      __syncthreads();
+      const bool use4 = fos_use4[rr / 16][cb] != 0;
+      q = use4 ? q4 : q6;
+      sf = use4 ? c.sf4 : c.sf6;
+    }
+    if (do_row && row_valid) {
+      reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
+      p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
+    }
+  } else if (do_row && row_valid) {
+    const float amax = p.row_scaled ? __ldg(p.amax + row) : __ldg(p.amax);
+    const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
+    uint2 q;
+    uint32_t sf;
+    quantize_block_1d<kFos>(x, t, p.mse, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
+                            p.seed, p.offset, q, sf);
+    reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
+    p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
+  }
+
+  if (!do_col) return;
+  // ---- columnwise copy: column cc of the tile, rows rb*16 .. rb*16+15 (a 1x16 block of x^T).
+  const int cc = tid % kTile, rb = tid / kTile;
+  const int64_t col = c0 + cc, row16 = r0 + rb * 16;
+  if (col >= p.N || row16 + 16 > p.M) return;
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) v[k] = tile[rb * 16 + k][cc];
+  if (p.rht) rht16_bf16(v);
+  const TensorScale t = make_tensor_scale(__ldg(p.amax_t), p.e4m3_max);
+  const uint64_t b = static_cast<uint64_t>(col * (p.M / 16) + row16 / 16);
+  uint2 q;
+  uint32_t sf;
+  if (p.block_2d) {
+    // The same tile amax (and, with 4over6, the same tile decision) as the rowwise copy.
+    const float tamax = __uint_as_float(tile_amax_bits[rb][cc / 16]);
+    if (kFos == 0) {
+      sf = plain_scale_code(tamax, t);
+      const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
+      q = p.sr ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn(v, enc);
+    } else {
+      const FosCandidates c = fos_candidates(tamax, t);
+      const bool use4 = fos_use4[rb][cc / 16] != 0;
+      sf = use4 ? c.sf4 : c.sf6;
+      q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
+    }
+  } else {
+    quantize_block_1d<kFos>(v, t, p.mse, p.sr, b, p.seed, p.offset, q, sf);
+  }
+  reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
+  p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
+}
+
+template <typename T, int kFos>
+void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
+  if (!tiled) {
+    const int64_t total = kp.M * (kp.N / 16);
+    if (total == 0) return;
+    const int64_t grid = (total + kThreads - 1) / kThreads;
+    rowwise_kernel<T, kFos><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
+    check_launch("nvfp4 rowwise_kernel");
+  } else {
+    if (kp.M == 0 || kp.N == 0) return;
+    const int64_t gx = (kp.N + kTile - 1) / kTile, gy = (kp.M + kTile - 1) / kTile;
+    require(gy <= 65535, "nvfp4 quantize: M too large for the tile grid (max 65535*64 rows)");
+    tile_kernel<T, kFos><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0,
+                           stream>>>(kp);
+    check_launch("nvfp4 tile_kernel");
+  }
+}
+
+template <typename T>
+void launch_fos(const KParams& kp, FourOverSix fos, bool tiled, cudaStream_t stream) {
+  switch (fos) {
+    case FourOverSix::kOff: launch_t<T, 0>(kp, tiled, stream); break;
+    case FourOverSix::kStrict: launch_t<T, 1>(kp, tiled, stream); break;
+    case FourOverSix::kFast: launch_t<T, 2>(kp, tiled, stream); break;
+  }
+}
+
+}  // namespace
+
+void quantize(const QuantizeArgs& a, cudaStream_t stream) {
+  const bool do_row = a.data != nullptr, do_col = a.data_t != nullptr;
+  require(do_row || do_col, "nvfp4 quantize: neither rowwise nor columnwise output requested");
+  require(!do_row || (a.N % 16 == 0 && a.scale && a.amax), "nvfp4 quantize: bad rowwise arguments");
+  require(!do_col || (a.M % 16 == 0 && a.scale_t && a.amax_t), "nvfp4 quantize: bad columnwise arguments");
+  require(!a.rht || a.in_dtype == DType::kBFloat16, "nvfp4 quantize: rht needs bfloat16 input");
+  require(!(a.row_scaled && (a.block_2d || a.stochastic_rounding)),
+          "nvfp4 quantize: row_scaled excludes 2-D and stochastic rounding");
+  require(!(a.four_over_six != FourOverSix::kOff && (a.rht || a.stochastic_rounding)),
+          "nvfp4 quantize: 4over6 excludes rht and stochastic rounding");
+  KParams kp{a.x,      a.M,     a.N,        a.data,          a.scale,   a.amax,
+             a.row_scaled ? 1 : 0,       a.data_t,        a.scale_t, a.amax_t,
+             a.rht ? 1 : 0,              a.block_2d ? 1 : 0, a.mse ? 1 : 0, a.e4m3_max,
+             a.stochastic_rounding ? 1 : 0, a.seed,     a.offset};
+  // The rowwise-only 1-D case reads x directly (16-byte loads need N*sizeof % 16 == 0, true for
+  // N % 16 == 0); everything else goes through the tile.
+  const bool tiled = do_col || a.block_2d;
+  switch (a.in_dtype) {
+    case DType::kFloat32: launch_fos<float>(kp, a.four_over_six, tiled, stream); break;
+    case DType::kBFloat16: launch_fos<__nv_bfloat16>(kp, a.four_over_six, tiled, stream); break;
+    case DType::kFloat16: launch_fos<__half>(kp, a.four_over_six, tiled, stream); break;
+    default: require(false, std::string("nvfp4 quantize: unsupported input dtype ") + dtype_name(a.in_dtype));
+  }
+}
+
+}  // namespace nvfp4
+}  // namespace fp_recipes
