@@ -494,8 +494,8 @@ def nvfp4_gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: int
     """alpha = RN(RN(amax_a * amax_b) * RN(1/(36 * E_a * E_b))), FP32, for the GEMM epilogue.
 
     The block scales stay as quantized (never multiplied by a global factor, seed 003): the GEMM sums
-    (q_a * sf_a) * (q_b * sf_b) and multiplies by alpha. Either amax may be a vector (row-scaled
-    operand); the product is then elementwise (broadcast).
+    (q_a * sf_a) * (q_b * sf_b) and multiplies by alpha. Per-tensor amaxes only: a row-scaled operand
+    uses the row epilogue of docs/nvfp4.md (unit amaxes, then RN(amax_r[m] * amax_b) per output row).
     """
     for name, e in (("e4m3_max_a", e4m3_max_a), ("e4m3_max_b", e4m3_max_b)):
         if e not in E4M3_BOUNDS:
@@ -503,5 +503,8 @@ def nvfp4_gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: int
     for name, t in (("amax_a", amax_a), ("amax_b", amax_b)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
             raise TypeError(f"nvfp4_gemm_alpha: {name} must be an FP32 tensor, got {getattr(t, 'dtype', type(t))}")
+        if t.numel() != 1 or t.dim() > 1:
+            raise ValueError(f"nvfp4_gemm_alpha: {name} must be a per-tensor (0-dim) amax, got shape "
+                             f"{tuple(t.shape)}; a row-scaled operand uses the row epilogue (docs/nvfp4.md)")
     denom = _c(36.0 * e4m3_max_a * e4m3_max_b, amax_a)  # exact: < 2^24
-    return (amax_a * amax_b.to(amax_a.device)) * _recip(denom)
+    return (amax_a.reshape(()) * amax_b.reshape(()).to(amax_a.device)) * _recip(denom)
