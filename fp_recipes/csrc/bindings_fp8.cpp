@@ -1,6 +1,113 @@
-// Bindings of the FP8 / grouped FP8 / per-token kernel family (placeholder: being written).
+// Bindings of the FP8 / grouped FP8 / per-token kernel family. Raw device pointers (ints), element
+// counts, dtype codes (common.h DType) and the CUDA stream as an int; fp_recipes/ops/cuda_fp8.py
+// validates tensors and calls these. Errors surface as Python ValueError/RuntimeError.
 #include <pybind11/pybind11.h>
 
+#include "common.h"
+#include "fp8_kernels.h"
+
+namespace py = pybind11;
+
 namespace fp_recipes {
-void register_fp8(pybind11::module_& m) { (void)m; }
+
+int64_t per_token_max_hidden(bool unit8);
+
+namespace {
+DType dt(int code) {
+  require(code >= 0 && code <= static_cast<int>(DType::kUInt8), "unknown dtype code " + std::to_string(code));
+  return static_cast<DType>(code);
+}
+PerTokenFmt pt_fmt(int code) {
+  require(code == 0 || code == 1, "per-token fmt code must be 0 (e5m6) or 1 (e4m3), got " + std::to_string(code));
+  return static_cast<PerTokenFmt>(code);
+}
+template <typename T = void>
+T* p(std::uintptr_t v) {
+  return reinterpret_cast<T*>(v);
+}
+}  // namespace
+
+void register_fp8(py::module_& m) {
+  m.def("fp8_amax",
+        [](std::uintptr_t x, int in_dtype, int64_t n, std::uintptr_t amax, std::uintptr_t stream) {
+          launch_fp8_amax(p(x), dt(in_dtype), n, p<float>(amax), as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("n"), py::arg("amax"), py::arg("stream"));
+  m.def("fp8_quantize",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t scale, int out_dtype,
+           std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_inv, std::uintptr_t amax,
+           std::uintptr_t stream) {
+          launch_fp8_quantize(p(x), dt(in_dtype), rows, cols, p<const float>(scale), dt(out_dtype), p(out), p(out_t),
+                              p<float>(scale_inv), p<float>(amax), as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
+        py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
+        py::arg("stream"));
+  m.def("fp8_current_scaling_quantize",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int out_dtype, bool power_2,
+           float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale,
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream) {
+          launch_fp8_current_scaling_quantize(p(x), dt(in_dtype), rows, cols, dt(out_dtype), power_2, amax_epsilon,
+                                              p(out), p(out_t), p<float>(scale), p<float>(scale_inv),
+                                              p<float>(amax), as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("out_dtype"),
+        py::arg("power_2"), py::arg("amax_epsilon"), py::arg("out"), py::arg("out_t"), py::arg("scale"),
+        py::arg("scale_inv"), py::arg("amax"), py::arg("stream"));
+  m.def("fp8_dequantize",
+        [](std::uintptr_t data, int fp8_dtype, int64_t n, std::uintptr_t scale_inv, std::uintptr_t out,
+           int out_dtype, std::uintptr_t stream) {
+          launch_fp8_dequantize(p(data), dt(fp8_dtype), n, p<const float>(scale_inv), p(out), dt(out_dtype),
+                                as_stream(stream));
+        },
+        py::arg("data"), py::arg("fp8_dtype"), py::arg("n"), py::arg("scale_inv"), py::arg("out"),
+        py::arg("out_dtype"), py::arg("stream"));
+  m.def("fp8_grouped_quantize",
+        [](std::uintptr_t x, int in_dtype, int64_t n, std::uintptr_t offsets, int64_t num_groups,
+           std::uintptr_t scales, int out_dtype, std::uintptr_t out, std::uintptr_t scale_inv, std::uintptr_t amax,
+           std::uintptr_t stream) {
+          launch_fp8_grouped_quantize(p(x), dt(in_dtype), n, p<const int64_t>(offsets), num_groups,
+                                      p<const float>(scales), dt(out_dtype), p(out), p<float>(scale_inv),
+                                      p<float>(amax), as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("n"), py::arg("offsets"), py::arg("num_groups"),
+        py::arg("scales"), py::arg("out_dtype"), py::arg("out"), py::arg("scale_inv"), py::arg("amax"),
+        py::arg("stream"));
+  m.def("fp8_grouped_amax",
+        [](std::uintptr_t x, int in_dtype, int64_t n, std::uintptr_t offsets, int64_t num_groups,
+           std::uintptr_t amax, std::uintptr_t stream) {
+          launch_fp8_grouped_amax(p(x), dt(in_dtype), n, p<const int64_t>(offsets), num_groups, p<float>(amax),
+                                  as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("n"), py::arg("offsets"), py::arg("num_groups"),
+        py::arg("amax"), py::arg("stream"));
+  m.def("fp8_grouped_dequantize",
+        [](std::uintptr_t data, int fp8_dtype, int64_t n, std::uintptr_t offsets, int64_t num_groups,
+           std::uintptr_t scale_inv, std::uintptr_t out, int out_dtype, std::uintptr_t stream) {
+          launch_fp8_grouped_dequantize(p(data), dt(fp8_dtype), n, p<const int64_t>(offsets), num_groups,
+                                        p<const float>(scale_inv), p(out), dt(out_dtype), as_stream(stream));
+        },
+        py::arg("data"), py::arg("fp8_dtype"), py::arg("n"), py::arg("offsets"), py::arg("num_groups"),
+        py::arg("scale_inv"), py::arg("out"), py::arg("out_dtype"), py::arg("stream"));
+  m.def("per_token_cast",
+        [](std::uintptr_t x, int in_dtype, int64_t tokens, int64_t hidden, int fmt, bool round_sf, bool ue8m0,
+           int64_t block_size, std::uintptr_t data, std::uintptr_t scales, std::uintptr_t stream) {
+          launch_per_token_cast(p(x), dt(in_dtype), tokens, hidden, pt_fmt(fmt), round_sf, ue8m0, block_size,
+                                p(data), p(scales), as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("tokens"), py::arg("hidden"), py::arg("fmt"),
+        py::arg("round_sf"), py::arg("ue8m0"), py::arg("block_size"), py::arg("data"), py::arg("scales"),
+        py::arg("stream"));
+  m.def("per_token_cast_back",
+        [](std::uintptr_t data, std::uintptr_t scales, int fmt, bool ue8m0, int64_t tokens, int64_t hidden,
+           int64_t block_size, std::uintptr_t out, int out_dtype, std::uintptr_t stream) {
+          launch_per_token_cast_back(p(data), p(scales), pt_fmt(fmt), ue8m0, tokens, hidden, block_size, p(out),
+                                     dt(out_dtype), as_stream(stream));
+        },
+        py::arg("data"), py::arg("scales"), py::arg("fmt"), py::arg("ue8m0"), py::arg("tokens"), py::arg("hidden"),
+        py::arg("block_size"), py::arg("out"), py::arg("out_dtype"), py::arg("stream"));
+  m.def("per_token_max_hidden", &per_token_max_hidden, py::arg("unit8"),
+        "Largest hidden size the per-token cast kernel takes (unit8: hidden and block_size multiples of 8).");
+}
+
 }  // namespace fp_recipes

@@ -12,6 +12,110 @@
 namespace fp_recipes {
 
 // ---- section: FP8 (E4M3, E5M2), E5M6, UE8M0 — owned by the FP8 kernel family -----------------
+// Float-to-FP8 encoders are RN and SATURATE: finite overflow and +-Inf become +-max (448 for E4M3,
+// 57344 for E5M2); NaN stays NaN (0x7F | sign for E4M3, canonical 0x7F for E5M2 from the hardware
+// cvt). This is the hardware `cvt.rn.satfinite` behaviour (__NV_SATFINITE), equal to the reference's
+// clamp-then-RN cast.
+
+constexpr float kE4M3Max = 448.0f;
+constexpr float kE5M2Max = 57344.0f;
+constexpr float kE5M6Max = 65024.0f;
+
+// Which FP8 encoding an output uses. Values are independent of the DType table on purpose.
+enum class Fp8Fmt : int { kE4M3 = 0, kE5M2 = 1 };
+
+template <Fp8Fmt F>
+struct Fp8Traits;
+template <>
+struct Fp8Traits<Fp8Fmt::kE4M3> {
+  static constexpr __nv_fp8_interpretation_t kInterp = __NV_E4M3;
+  static constexpr float kMax = kE4M3Max;
+};
+template <>
+struct Fp8Traits<Fp8Fmt::kE5M2> {
+  static constexpr __nv_fp8_interpretation_t kInterp = __NV_E5M2;
+  static constexpr float kMax = kE5M2Max;
+};
+
+// Two FP32 values -> two saturating RN FP8 bytes (low byte = a).
+template <Fp8Fmt F>
+__device__ __forceinline__ uint16_t encode_fp8x2(float a, float b) {
+  return static_cast<uint16_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, Fp8Traits<F>::kInterp));
+}
+
+template <Fp8Fmt F>
+__device__ __forceinline__ uint8_t encode_fp8(float a) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(a, __NV_SATFINITE, Fp8Traits<F>::kInterp));
+}
+
+// Two FP8 bytes (low byte first) -> two exact FP32 values.
+template <Fp8Fmt F>
+__device__ __forceinline__ float2 decode_fp8x2(uint16_t v) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v),
+                                             Fp8Traits<F>::kInterp);
+  __half2 hh = *reinterpret_cast<__half2*>(&h);
+  return __half22float2(hh);
+}
+
+template <Fp8Fmt F>
+__device__ __forceinline__ float decode_fp8(uint8_t v) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), Fp8Traits<F>::kInterp);
+  return __half2float(__half(h));
+}
+
+// |x| as an ordered unsigned key: for non-negative floats (and NaN, whose key exceeds +Inf's),
+// unsigned comparison of the bit pattern is float comparison. max over keys = NaN-propagating amax.
+__device__ __forceinline__ uint32_t abs_key(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+// Any NaN key -> the key of the canonical quiet NaN 0x7FC00000 (what the reference's amax holds).
+__device__ __forceinline__ uint32_t canonical_key(uint32_t key) { return key > 0x7F800000u ? 0x7FC00000u : key; }
+
+// E5M6: the top 12 bits of an FP16. h = fp16_bits(RZ(v)); c = h >> 4; r = the 17 FP32 mantissa bits
+// below the kept ones; round half to even on them (exact RNE in the FP16-normal range).
+// Defined for values the per-token cast never produces (as ops/formats.py does): NaN -> 0x7FF,
+// |v| >= 65536 (and +-Inf) -> +-Inf (0x7C0 | sign).
+__device__ __forceinline__ uint32_t encode_e5m6(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFu;
+  if ((bits & 0x7FFFFFFFu) >= 0x47800000u) return ((bits >> 20) & 0x800u) | 0x7C0u;  // 65536
+  uint32_t h = __half_as_ushort(__float2half_rz(v));
+  uint32_t c = h >> 4;
+  uint32_t r = bits & 0x1FFFFu;
+  if ((c & 1u) + r > 0x10000u) c += 1u;
+  return c & 0xFFFu;
+}
+
+__device__ __forceinline__ float decode_e5m6(uint32_t code) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>((code & 0xFFFu) << 4)));
+}
+
+// Eight 12-bit codes -> three little-endian uint32 words of one big-endian 96-bit stream.
+__device__ __forceinline__ uint3 pack_e5m6x8(const uint32_t h[8]) {
+  uint3 w;
+  w.x = (h[0] << 20) | (h[1] << 8) | (h[2] >> 4);
+  w.y = ((h[2] & 0xFu) << 28) | (h[3] << 16) | (h[4] << 4) | (h[5] >> 8);
+  w.z = ((h[5] & 0xFFu) << 24) | (h[6] << 12) | h[7];
+  return w;
+}
+
+__device__ __forceinline__ void unpack_e5m6x8(uint3 w, uint32_t h[8]) {
+  h[0] = w.x >> 20;
+  h[1] = (w.x >> 8) & 0xFFFu;
+  h[2] = ((w.x & 0xFFu) << 4) | (w.y >> 28);
+  h[3] = (w.y >> 16) & 0xFFFu;
+  h[4] = (w.y >> 4) & 0xFFFu;
+  h[5] = ((w.y & 0xFu) << 8) | (w.z >> 24);
+  h[6] = (w.z >> 12) & 0xFFFu;
+  h[7] = w.z & 0xFFFu;
+}
+
+// UE8M0: a power-of-two scale 2^e stored as the byte e + 127; 0xFF is NaN.
+constexpr uint8_t kUE8M0NaN = 0xFF;
+__device__ __forceinline__ float ue8m0_to_float(uint8_t b) {
+  // 2^(b-127) exactly; b == 0 is the subnormal 2^-127; 0xFF is NaN.
+  if (b == kUE8M0NaN) return __uint_as_float(0x7FC00000u);
+  return b == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<uint32_t>(b) << 23);
+}
 
 // ---- section: E2M1 (NVFP4) — owned by the NVFP4 kernel family ---------------------------------
 

@@ -1,0 +1,762 @@
+// FP8 per-tensor casts (delayed and current scaling) with the amax fused into the same pass, the
+// optional transposed (columnwise) copy, dequantize, and the grouped (many tensors, one launch)
+// variants. Numerics: data = satRN(RN(x * scale)); amax is max |x| in FP32 (NaN propagates);
+// scale_inv = RN(1 / scale). Compiled with -fmad=false; the products use __fmul_rn anyway.
+//
+// Memory-bound design: a persistent grid, each block streaming a contiguous range of tiles; a tile
+// is kThreads x kUnroll 16-byte vectors, all loads of a tile issued before the first use. The amax
+// is kept per thread as an unsigned key (the bits of |x|; NaN keys exceed +Inf's), reduced per block
+// and merged with one atomicMax per block and group. Groups: a block looks up the group of each tile
+// from the offsets; a tile inside one group takes the vector path; a tile that straddles group
+// boundaries (at most one per boundary) walks its elements one by one. No per-group arrays anywhere.
+#include <algorithm>
+#include <cfloat>
+#include <mutex>
+#include <string>
+
+#include "common.h"
+#include "formats.cuh"
+#include "fp8_kernels.h"
+
+namespace fp_recipes {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+// ---------------------------------------------------------------------------------------------
+// Input element helpers
+template <typename T>
+struct Vec16 {
+  static constexpr int kElems = 16 / sizeof(T);
+};
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& u, float* f);
+
+template <>
+__device__ __forceinline__ void unpack16<float>(const uint4& u, float* f) {
+  f[0] = __uint_as_float(u.x);
+  f[1] = __uint_as_float(u.y);
+  f[2] = __uint_as_float(u.z);
+  f[3] = __uint_as_float(u.w);
+}
+
+template <>
+__device__ __forceinline__ void unpack16<__half>(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    __half2 h = *reinterpret_cast<const __half2*>(&w[i]);
+    float2 p = __half22float2(h);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+template <>
+__device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4& u, float* f) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // bf16 -> fp32 is a 16-bit shift: exact, NaN payloads kept.
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+  }
+}
+
+template <typename OutT>
+__device__ __forceinline__ OutT from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-wide max of unsigned keys; the result is valid in thread 0. Ends with a barrier so the
+// shared scratch may be reused immediately (no iteration-to-iteration race: seed 001).
+__device__ __forceinline__ uint32_t block_max_key(uint32_t key) {
+  __shared__ uint32_t warp_keys[kThreads / 32];
+  key = __reduce_max_sync(0xFFFFFFFFu, key);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_keys[warp] = key;
+  __syncthreads();
+  if (warp == 0) {
+    key = lane < kThreads / 32 ? warp_keys[lane] : 0u;
+    key = __reduce_max_sync(0xFFFFFFFFu, key);
+  }
+  __syncthreads();
+  return key;
+}
+
+__device__ __forceinline__ void flush_amax(uint32_t key, uint32_t* amax_bits) {
+  key = block_max_key(canonical_key(key));
+  if (threadIdx.x == 0 && key != 0u) atomicMax(amax_bits, key);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where the scale comes from: a given FP32 scale (delayed scaling), or computed from an amax on the
+// device (current scaling). Block 0 writes scale (current) and scale_inv.
+struct ScaleSpec {
+  const float* scale;     // delayed: the scale to use
+  const float* amax_in;   // current: compute the scale from this amax
+  float fmt_max;
+  float amax_epsilon;
+  int power_2;
+  float* scale_out;       // current: written
+  float* scale_inv_out;   // written
+};
+
+// The current-scaling rule of the reference (ops/ref_fp8.py, fp8_current_scaling_quantize):
+// a = max(amax, eps) (NaN stays NaN); scale = RN(fmt_max / a), +Inf -> FLT_MAX; a == 0 or a not
+// finite -> 1; power of two: keep only sign and exponent bits (2^floor(log2 scale), exact).
+__device__ __forceinline__ float fp8_current_scale(float amax, float fmt_max, float eps, int pow2) {
+  float a = (amax < eps) ? eps : amax;  // NaN compares false: NaN kept
+  float scale;
+  if (!(a > 0.0f) || !isfinite(a)) {
+    scale = 1.0f;
+  } else {
+    scale = __fdiv_rn(fmt_max, a);
+    if (isinf(scale)) scale = FLT_MAX;
+  }
+  if (pow2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+  return scale;
+}
+
+__device__ __forceinline__ float resolve_scale(const ScaleSpec& spec) {
+  float s = spec.amax_in != nullptr
+                ? fp8_current_scale(*spec.amax_in, spec.fmt_max, spec.amax_epsilon, spec.power_2)
+                : *spec.scale;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    if (spec.scale_out != nullptr) *spec.scale_out = s;
+    if (spec.scale_inv_out != nullptr) *spec.scale_inv_out = __fdiv_rn(1.0f, s);
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One tile [ts, te) of elements that all use scale s. Full aligned tiles: 16-byte vectors, all
+// kUnroll loads in flight before use. Otherwise (tail, misaligned base): element by element.
+template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
+__device__ __forceinline__ void cast_tile(const T* __restrict__ x, uint8_t* __restrict__ out,
+                                          int64_t ts, int64_t te, float s, uint32_t& key) {
+  constexpr int V = Vec16<T>::kElems;
+  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
+  if (kVec && te - ts == kTile) {
+    uint4 in[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      in[k] = __ldcs(reinterpret_cast<const uint4*>(x + ts + (int64_t(k) * kThreads + threadIdx.x) * V));
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      float f[V];
+      unpack16<T>(in[k], f);
+      uint32_t w[V / 4];
+#pragma unroll
+      for (int j = 0; j < V; j += 2) {
+        if (kAmax) key = max(key, max(abs_key(f[j]), abs_key(f[j + 1])));
+        uint32_t p = encode_fp8x2<F>(__fmul_rn(f[j], s), __fmul_rn(f[j + 1], s));
+        if ((j & 2) == 0) {
+          w[j / 4] = p;
+        } else {
+          w[j / 4] |= p << 16;
+        }
+      }
+      uint8_t* dst = out + ts + (int64_t(k) * kThreads + threadIdx.x) * V;
+      if constexpr (V == 8) {
+        __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+      } else {
+        __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
+      }
+    }
+  } else {
+    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
+      float f = to_f32(x[i]);
+      if (kAmax) key = max(key, abs_key(f));
+      out[i] = encode_fp8<F>(__fmul_rn(f, s));
+    }
+  }
+}
+
+template <typename T, bool kVec>
+__device__ __forceinline__ void amax_tile(const T* __restrict__ x, int64_t ts, int64_t te, uint32_t& key) {
+  constexpr int V = Vec16<T>::kElems;
+  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
+  if (kVec && te - ts == kTile) {
+    uint4 in[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      in[k] = __ldg(reinterpret_cast<const uint4*>(x + ts + (int64_t(k) * kThreads + threadIdx.x) * V));
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      float f[V];
+      unpack16<T>(in[k], f);
+#pragma unroll
+      for (int j = 0; j < V; ++j) key = max(key, abs_key(f[j]));
+    }
+  } else {
+    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) key = max(key, abs_key(to_f32(x[i])));
+  }
+}
+
+// The contiguous tile range [t0, t1) of this block in a persistent grid.
+__device__ __forceinline__ void block_tile_range(int64_t ntiles, int64_t& t0, int64_t& t1) {
+  t0 = ntiles * blockIdx.x / gridDim.x;
+  t1 = ntiles * (blockIdx.x + 1) / gridDim.x;
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x, int64_t n,
+                                                        uint32_t* __restrict__ amax_bits) {
+  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+  int64_t t0, t1;
+  block_tile_range((n + kTile - 1) / kTile, t0, t1);
+  uint32_t key = 0;
+  for (int64_t t = t0; t < t1; ++t) amax_tile<T, kVec>(x, t * kTile, min(n, (t + 1) * kTile), key);
+  flush_amax(key, amax_bits);
+}
+
+// Single tensor, row-major flat: rowwise copy only.
+template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
+__global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x, int64_t n, ScaleSpec spec,
+                                                        uint8_t* __restrict__ out,
+                                                        uint32_t* __restrict__ amax_bits) {
+  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+  const float s = resolve_scale(spec);
+  int64_t t0, t1;
+  block_tile_range((n + kTile - 1) / kTile, t0, t1);
+  uint32_t key = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    cast_tile<T, F, kAmax, kVec>(x, out, t * kTile, min(n, (t + 1) * kTile), s, key);
+  }
+  if (kAmax) flush_amax(key, amax_bits);
+}
+
+// Rowwise and/or transposed copies in one pass over 64x64 tiles staged in shared memory.
+constexpr int kTR = 64, kTC = 64, kTPad = 2;
+
+template <typename T, Fp8Fmt F, bool kAmax>
+__global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __restrict__ x, int64_t M,
+                                                                  int64_t N, ScaleSpec spec, bool vec_ok,
+                                                                  uint8_t* __restrict__ out,
+                                                                  uint8_t* __restrict__ out_t,
+                                                                  uint32_t* __restrict__ amax_bits) {
+  constexpr int V = Vec16<T>::kElems;
+  constexpr int kVPR = kTC / V;                  // vectors per tile row
+  constexpr int kIters = kTR * kVPR / kThreads;  // vector loads per thread
+  static_assert(kTR * kVPR % kThreads == 0, "tile must split evenly");
+  __shared__ uint8_t tile[kTR][kTC + kTPad];
+  const float s = resolve_scale(spec);
+  const int64_t r0 = int64_t(blockIdx.y) * kTR, c0 = int64_t(blockIdx.x) * kTC;
+  const bool full = r0 + kTR <= M && c0 + kTC <= N;
+  uint32_t key = 0;
+  if (vec_ok && full) {
+    uint4 in[kIters];
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
+      in[k] = __ldcs(reinterpret_cast<const uint4*>(x + (r0 + r) * N + c0 + cv * V));
+    }
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
+      float f[V];
+      unpack16<T>(in[k], f);
+      uint32_t w[V / 4];
+#pragma unroll
+      for (int j = 0; j < V; j += 2) {
+        if (kAmax) key = max(key, max(abs_key(f[j]), abs_key(f[j + 1])));
+        uint32_t p = encode_fp8x2<F>(__fmul_rn(f[j], s), __fmul_rn(f[j + 1], s));
+        tile[r][cv * V + j] = static_cast<uint8_t>(p);
+        tile[r][cv * V + j + 1] = static_cast<uint8_t>(p >> 8);
+        if ((j & 2) == 0) {
+          w[j / 4] = p;
+        } else {
+          w[j / 4] |= p << 16;
+        }
+      }
+      if (out != nullptr) {
+        uint8_t* dst = out + (r0 + r) * N + c0 + cv * V;
+        if constexpr (V == 8) {
+          __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+        } else {
+          __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
+        }
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < kTR * kTC; i += kThreads) {
+      const int r = i / kTC, c = i % kTC;
+      if (r0 + r < M && c0 + c < N) {
+        const float f = to_f32(x[(r0 + r) * N + c0 + c]);
+        if (kAmax) key = max(key, abs_key(f));
+        const uint8_t b = encode_fp8<F>(__fmul_rn(f, s));
+        tile[r][c] = b;
+        if (out != nullptr) out[(r0 + r) * N + c0 + c] = b;
+      }
+    }
+  }
+  __syncthreads();
+  if (out_t != nullptr) {
+    // Thread -> (column c of the tile, 16-row segment seg): one 16-byte store of out_t[c0 + c, r0 + seg*16 ...].
+    const int c = threadIdx.x / 4, seg = threadIdx.x % 4;
+    if (c0 + c < N) {
+      const int64_t base = (c0 + c) * M + r0 + seg * 16;
+      if (r0 + kTR <= M && M % 16 == 0) {
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          w[q] = uint32_t(tile[seg * 16 + 4 * q][c]) | (uint32_t(tile[seg * 16 + 4 * q + 1][c]) << 8) |
+                 (uint32_t(tile[seg * 16 + 4 * q + 2][c]) << 16) |
+                 (uint32_t(tile[seg * 16 + 4 * q + 3][c]) << 24);
+        }
+        __stcs(reinterpret_cast<uint4*>(out_t + base), make_uint4(w[0], w[1], w[2], w[3]));
+      } else {
+        for (int j = 0; j < 16; ++j) {
+          if (r0 + seg * 16 + j < M) out_t[base + j] = tile[seg * 16 + j][c];
+        }
+      }
+    }
+  }
+  if (kAmax) flush_amax(key, amax_bits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grouped quantize: member g = [offsets[g], offsets[g+1]) of the flat buffer, scale scales[g].
+__device__ __forceinline__ int64_t group_of(const int64_t* __restrict__ offsets, int64_t G, int64_t pos) {
+  // The last g with offsets[g] <= pos (empty members skipped: their offsets[g+1] == offsets[g]).
+  int64_t lo = 0, hi = G - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= pos) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// kCast = false: the per-member amax only (the first pass of grouped current scaling).
+template <typename T, Fp8Fmt F, bool kVec, bool kCast>
+__global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
+    const T* __restrict__ x, int64_t n, const int64_t* __restrict__ offsets, int64_t G,
+    const float* __restrict__ scales, uint8_t* __restrict__ out, float* __restrict__ scale_inv,
+    uint32_t* __restrict__ amax_bits) {
+  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+  if constexpr (kCast) {
+    for (int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x; g < G; g += int64_t(gridDim.x) * kThreads) {
+      scale_inv[g] = __fdiv_rn(1.0f, scales[g]);
+    }
+  }
+  int64_t t0, t1;
+  block_tile_range((n + kTile - 1) / kTile, t0, t1);
+  if (t0 >= t1) return;
+  int64_t g = group_of(offsets, G, t0 * kTile);  // block-uniform from here on
+  int64_t cur = -1;
+  float s = 0.0f;
+  uint32_t key = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t ts = t * kTile, te = min(n, ts + kTile);
+    while (g + 1 < G && offsets[g + 1] <= ts) ++g;
+    if (g + 1 >= G || offsets[g + 1] >= te) {
+      // The whole tile belongs to member g: the single-tensor fast path.
+      if (g != cur) {
+        if (cur >= 0) flush_amax(key, amax_bits + cur);
+        cur = g;
+        if constexpr (kCast) s = scales[g];
+        key = 0;
+      }
+      if constexpr (kCast) {
+        cast_tile<T, F, true, kVec>(x, out, ts, te, s, key);
+      } else {
+        amax_tile<T, kVec>(x, ts, te, key);
+      }
+    } else {
+      // The tile straddles member boundaries: element by element, each thread walking the members
+      // forward and merging its partial amax into the member's slot when it moves on.
+      int64_t mg = g;
+      float ms = kCast ? scales[g] : 0.0f;
+      uint32_t mkey = 0;
+      for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
+        if (mg + 1 < G && offsets[mg + 1] <= i) {
+          if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
+          mkey = 0;
+          do { ++mg; } while (mg + 1 < G && offsets[mg + 1] <= i);
+          if constexpr (kCast) ms = scales[mg];
+        }
+        const float f = to_f32(x[i]);
+        mkey = max(mkey, abs_key(f));
+        if constexpr (kCast) out[i] = encode_fp8<F>(__fmul_rn(f, ms));
+      }
+      if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
+    }
+  }
+  if (cur >= 0) flush_amax(key, amax_bits + cur);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize: out = cast(RN(fp32(q) * scale_inv)). Vector = 16 FP8 bytes.
+constexpr int64_t kDqTile = int64_t(kThreads) * kUnroll * 16;
+
+template <typename OutT>
+__device__ __forceinline__ void store16(OutT* dst, const float* v);
+
+template <>
+__device__ __forceinline__ void store16<float>(float* dst, const float* v) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    __stcs(reinterpret_cast<float4*>(dst) + q, make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]));
+  }
+}
+
+template <typename OutT>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  const OutT lo = from_f32<OutT>(a), hi = from_f32<OutT>(b);
+  return uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+}
+
+template <>
+__device__ __forceinline__ void store16<__half>(__half* dst, const float* v) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    __stcs(reinterpret_cast<uint4*>(dst) + q,
+           make_uint4(pack2<__half>(v[8 * q], v[8 * q + 1]), pack2<__half>(v[8 * q + 2], v[8 * q + 3]),
+                      pack2<__half>(v[8 * q + 4], v[8 * q + 5]), pack2<__half>(v[8 * q + 6], v[8 * q + 7])));
+  }
+}
+
+template <>
+__device__ __forceinline__ void store16<__nv_bfloat16>(__nv_bfloat16* dst, const float* v) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    __stcs(reinterpret_cast<uint4*>(dst) + q,
+           make_uint4(pack2<__nv_bfloat16>(v[8 * q], v[8 * q + 1]),
+                      pack2<__nv_bfloat16>(v[8 * q + 2], v[8 * q + 3]),
+                      pack2<__nv_bfloat16>(v[8 * q + 4], v[8 * q + 5]),
+                      pack2<__nv_bfloat16>(v[8 * q + 6], v[8 * q + 7])));
+  }
+}
+
+template <Fp8Fmt F, typename OutT, bool kVec>
+__device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ q, OutT* __restrict__ out, int64_t ts,
+                                             int64_t te, float si) {
+  if (kVec && te - ts == kDqTile) {
+    uint4 in[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      in[k] = __ldcs(reinterpret_cast<const uint4*>(q + ts + (int64_t(k) * kThreads + threadIdx.x) * 16));
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint32_t w[4] = {in[k].x, in[k].y, in[k].z, in[k].w};
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = decode_fp8x2<F>(static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2))));
+        v[2 * j] = __fmul_rn(f.x, si);
+        v[2 * j + 1] = __fmul_rn(f.y, si);
+      }
+      store16<OutT>(out + ts + (int64_t(k) * kThreads + threadIdx.x) * 16, v);
+    }
+  } else {
+    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
+      out[i] = from_f32<OutT>(__fmul_rn(decode_fp8<F>(q[i]), si));
+    }
+  }
+}
+
+template <Fp8Fmt F, typename OutT, bool kGrouped, bool kVec>
+__global__ void __launch_bounds__(kThreads) dequant_kernel(const uint8_t* __restrict__ q, int64_t n,
+                                                           const int64_t* __restrict__ offsets, int64_t G,
+                                                           const float* __restrict__ scale_inv,
+                                                           OutT* __restrict__ out) {
+  int64_t t0, t1;
+  block_tile_range((n + kDqTile - 1) / kDqTile, t0, t1);
+  if (t0 >= t1) return;
+  int64_t g = kGrouped ? group_of(offsets, G, t0 * kDqTile) : 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t ts = t * kDqTile, te = min(n, ts + kDqTile);
+    if constexpr (!kGrouped) {
+      dequant_tile<F, OutT, kVec>(q, out, ts, te, scale_inv[0]);
+    } else {
+      while (g + 1 < G && offsets[g + 1] <= ts) ++g;
+      if (g + 1 >= G || offsets[g + 1] >= te) {
+        dequant_tile<F, OutT, kVec>(q, out, ts, te, scale_inv[g]);
+      } else {
+        int64_t mg = g;
+        for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
+          while (mg + 1 < G && offsets[mg + 1] <= i) ++mg;
+          out[i] = from_f32<OutT>(__fmul_rn(decode_fp8<F>(q[i]), scale_inv[mg]));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+int sm_count() {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  static int cached[64] = {0};
+  if (dev < 64 && cached[dev] > 0) return cached[dev];
+  int n = 0;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  if (dev < 64) cached[dev] = n;
+  return n;
+}
+
+// Persistent grid: as many resident blocks as the kernel's occupancy allows, at most one per tile.
+template <typename Kernel>
+int64_t persistent_grid(Kernel kernel, int64_t ntiles) {
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  const int64_t resident = int64_t(std::max(per_sm, 1)) * sm_count();
+  return std::max<int64_t>(1, std::min<int64_t>(ntiles, resident));
+}
+
+Fp8Fmt fp8_fmt_of(DType t, const char* what) {
+  if (t == DType::kFloat8E4M3) return Fp8Fmt::kE4M3;
+  if (t == DType::kFloat8E5M2) return Fp8Fmt::kE5M2;
+  throw std::invalid_argument(std::string("fp_recipes: ") + what + " must be float8_e4m3fn or float8_e5m2, got " +
+                              dtype_name(t));
+}
+
+void require_input_dtype(DType t, const char* what) {
+  require(t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16,
+          std::string(what) + " must be float32, float16 or bfloat16, got " + dtype_name(t));
+}
+
+template <typename Fn>
+void dispatch_input(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kFloat32: fn(float{}); break;
+    case DType::kFloat16: fn(__half{}); break;
+    case DType::kBFloat16: fn(__nv_bfloat16{}); break;
+    default: require(false, std::string("unsupported input dtype ") + dtype_name(t));
+  }
+}
+
+template <typename Fn>
+void dispatch_fmt(Fp8Fmt f, Fn&& fn) {
+  if (f == Fp8Fmt::kE4M3) {
+    fn(std::integral_constant<Fp8Fmt, Fp8Fmt::kE4M3>{});
+  } else {
+    fn(std::integral_constant<Fp8Fmt, Fp8Fmt::kE5M2>{});
+  }
+}
+
+template <typename Fn>
+void dispatch_bool(bool b, Fn&& fn) {
+  if (b) fn(std::true_type{}); else fn(std::false_type{});
+}
+
+void zero_amax(float* amax, int64_t count, cudaStream_t stream) {
+  check_cuda(cudaMemsetAsync(amax, 0, sizeof(float) * size_t(count), stream), "cudaMemsetAsync(amax)");
+}
+
+void run_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_t stream) {
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+    dispatch_bool(aligned16(x), [&](auto vec) {
+      auto kernel = amax_kernel<T, decltype(vec)::value>;
+      const int64_t grid = persistent_grid(kernel, (n + kTile - 1) / kTile);
+      kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, reinterpret_cast<uint32_t*>(amax));
+      check_launch("fp8 amax_kernel");
+    });
+  });
+}
+
+// The cast itself (rowwise flat kernel, or the tiled kernel when a transposed copy is wanted).
+void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const ScaleSpec& spec, Fp8Fmt fmt,
+              bool with_amax, void* out, void* out_t, float* amax, cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int V = Vec16<T>::kElems;
+    dispatch_fmt(fmt, [&](auto ftag) {
+      constexpr Fp8Fmt F = decltype(ftag)::value;
+      dispatch_bool(with_amax, [&](auto amax_tag) {
+        constexpr bool kAmax = decltype(amax_tag)::value;
+        if (out_t == nullptr) {
+          constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
+          dispatch_bool(aligned16(x) && aligned16(out), [&](auto vec) {
+            auto kernel = cast_kernel<T, F, kAmax, decltype(vec)::value>;
+            const int64_t grid = persistent_grid(kernel, (n + kTile - 1) / kTile);
+            kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, spec, static_cast<uint8_t*>(out),
+                                                  reinterpret_cast<uint32_t*>(amax));
+            check_launch("fp8 cast_kernel");
+          });
+        } else {
+          const int64_t gx = std::max<int64_t>(1, (cols + kTC - 1) / kTC);
+          const int64_t gy = std::max<int64_t>(1, (rows + kTR - 1) / kTR);
+          require(gy <= 65535 && gx <= 0x7FFFFFFF,
+                  "fp8 transposed cast supports at most 65535*64 rows, got " + std::to_string(rows));
+          const bool vec_ok = aligned16(x) && (out == nullptr || aligned16(out)) && aligned16(out_t) &&
+                              cols % V == 0;
+          cast_transpose_kernel<T, F, kAmax><<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream>>>(
+              static_cast<const T*>(x), rows, cols, spec, vec_ok, static_cast<uint8_t*>(out),
+              static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax));
+          check_launch("fp8 cast_transpose_kernel");
+        }
+      });
+    });
+  });
+}
+
+void check_shape(int64_t rows, int64_t cols) {
+  require(rows >= 0 && cols >= 0, "shape must be non-negative, got (" + std::to_string(rows) + ", " +
+                                      std::to_string(cols) + ")");
+}
+
+}  // namespace
+
+void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, cudaStream_t stream) {
+  require_input_dtype(in_dtype, "fp8_amax input");
+  require(n >= 0, "element count must be non-negative");
+  zero_amax(amax_out, 1, stream);
+  if (n > 0) run_amax(x, in_dtype, n, amax_out, stream);
+}
+
+void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
+                         DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
+                         cudaStream_t stream) {
+  require_input_dtype(in_dtype, "fp8_quantize input");
+  check_shape(rows, cols);
+  const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_quantize output dtype");
+  require(scale != nullptr && scale_inv != nullptr && amax != nullptr, "fp8_quantize: null scale/scale_inv/amax");
+  zero_amax(amax, 1, stream);
+  ScaleSpec spec{scale, nullptr, 0.0f, 0.0f, 0, nullptr, scale_inv};
+  if (out == nullptr && out_t == nullptr) {
+    // Neither copy wanted: still report amax and scale_inv.
+    if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
+    run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
+    return;
+  }
+  run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream);
+}
+
+void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,
+                                         DType out_dtype, bool power_2_scale, float amax_epsilon,
+                                         void* out, void* out_t, float* scale, float* scale_inv,
+                                         float* amax, cudaStream_t stream) {
+  require_input_dtype(in_dtype, "fp8_current_scaling_quantize input");
+  check_shape(rows, cols);
+  const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_current_scaling_quantize output dtype");
+  require(scale != nullptr && scale_inv != nullptr && amax != nullptr,
+          "fp8_current_scaling_quantize: null scale/scale_inv/amax");
+  zero_amax(amax, 1, stream);
+  if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
+  const float fmt_max = fmt == Fp8Fmt::kE4M3 ? kE4M3Max : kE5M2Max;
+  ScaleSpec spec{nullptr, amax, fmt_max, amax_epsilon, power_2_scale ? 1 : 0, scale, scale_inv};
+  if (out == nullptr && out_t == nullptr) {
+    run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
+    return;
+  }
+  run_cast(x, in_dtype, rows, cols, spec, fmt, false, out, out_t, amax, stream);
+}
+
+void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv, void* out,
+                           DType out_dtype, cudaStream_t stream) {
+  const Fp8Fmt fmt = fp8_fmt_of(fp8_dtype, "fp8_dequantize data dtype");
+  require_input_dtype(out_dtype, "fp8_dequantize out_dtype");
+  require(n >= 0, "element count must be non-negative");
+  if (n == 0) return;
+  dispatch_input(out_dtype, [&](auto tag) {
+    using OutT = decltype(tag);
+    dispatch_fmt(fmt, [&](auto ftag) {
+      dispatch_bool(aligned16(data) && aligned16(out), [&](auto vec) {
+        auto kernel = dequant_kernel<decltype(ftag)::value, OutT, false, decltype(vec)::value>;
+        const int64_t grid = persistent_grid(kernel, (n + kDqTile - 1) / kDqTile);
+        kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(data), n, nullptr, 1, scale_inv,
+                                              static_cast<OutT*>(out));
+        check_launch("fp8 dequant_kernel");
+      });
+    });
+  });
+}
+
+void launch_fp8_grouped_quantize(const void* x, DType in_dtype, int64_t n, const int64_t* offsets,
+                                 int64_t num_groups, const float* scales, DType out_dtype, void* out,
+                                 float* scale_inv, float* amax, cudaStream_t stream) {
+  require_input_dtype(in_dtype, "fp8_grouped_quantize input");
+  const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_grouped_quantize output dtype");
+  require(n >= 0 && num_groups >= 0, "fp8_grouped_quantize: negative size");
+  require(num_groups > 0 || n == 0,
+          "fp8_grouped_quantize: " + std::to_string(n) + " elements but no groups");
+  if (num_groups == 0) return;
+  zero_amax(amax, num_groups, stream);
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+    dispatch_fmt(fmt, [&](auto ftag) {
+      dispatch_bool(aligned16(x) && aligned16(out), [&](auto vec) {
+        auto kernel = grouped_cast_kernel<T, decltype(ftag)::value, decltype(vec)::value, true>;
+        int64_t grid = persistent_grid(kernel, (n + kTile - 1) / kTile);
+        // Enough threads to write every scale_inv even when there is no data.
+        grid = std::max<int64_t>(grid, std::min<int64_t>((num_groups + kThreads - 1) / kThreads, 65535));
+        kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, offsets, num_groups, scales,
+                                              static_cast<uint8_t*>(out), scale_inv,
+                                              reinterpret_cast<uint32_t*>(amax));
+        check_launch("fp8 grouped_cast_kernel");
+      });
+    });
+  });
+}
+
+void launch_fp8_grouped_amax(const void* x, DType in_dtype, int64_t n, const int64_t* offsets, int64_t num_groups,
+                             float* amax, cudaStream_t stream) {
+  require_input_dtype(in_dtype, "fp8_grouped_amax input");
+  require(n >= 0 && num_groups >= 0, "fp8_grouped_amax: negative size");
+  require(num_groups > 0 || n == 0, "fp8_grouped_amax: " + std::to_string(n) + " elements but no groups");
+  if (num_groups == 0) return;
+  zero_amax(amax, num_groups, stream);
+  if (n == 0) return;
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+    dispatch_bool(aligned16(x), [&](auto vec) {
+      auto kernel = grouped_cast_kernel<T, Fp8Fmt::kE4M3, decltype(vec)::value, false>;
+      const int64_t grid = persistent_grid(kernel, (n + kTile - 1) / kTile);
+      kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, offsets, num_groups, nullptr, nullptr,
+                                            nullptr, reinterpret_cast<uint32_t*>(amax));
+      check_launch("fp8 grouped amax kernel");
+    });
+  });
+}
+
+void launch_fp8_grouped_dequantize(const void* data, DType fp8_dtype, int64_t n, const int64_t* offsets,
+                                   int64_t num_groups, const float* scale_inv, void* out, DType out_dtype,
+                                   cudaStream_t stream) {
+  const Fp8Fmt fmt = fp8_fmt_of(fp8_dtype, "fp8_grouped_dequantize data dtype");
+  require_input_dtype(out_dtype, "fp8_grouped_dequantize out_dtype");
+  require(n >= 0 && num_groups >= 0, "fp8_grouped_dequantize: negative size");
+  require(num_groups > 0 || n == 0,
+          "fp8_grouped_dequantize: " + std::to_string(n) + " elements but no groups");
+  if (n == 0) return;
+  dispatch_input(out_dtype, [&](auto tag) {
+    using OutT = decltype(tag);
+    dispatch_fmt(fmt, [&](auto ftag) {
+      dispatch_bool(aligned16(data) && aligned16(out), [&](auto vec) {
+        auto kernel = dequant_kernel<decltype(ftag)::value, OutT, true, decltype(vec)::value>;
+        const int64_t grid = persistent_grid(kernel, (n + kDqTile - 1) / kDqTile);
+        kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(data), n, offsets, num_groups,
+                                              scale_inv, static_cast<OutT*>(out));
+        check_launch("fp8 grouped dequant_kernel");
+      });
+    });
+  });
+}
+
+}  // namespace fp_recipes

@@ -1,0 +1,64 @@
+// Host launchers of the FP8 kernel family: per-tensor FP8 casts with fused amax, grouped FP8
+// per-tensor casts, and per-token E5M6 / E4M3 casts. Framework-agnostic: raw device pointers,
+// element counts, dtype codes and a stream. Every launcher validates its arguments (throws
+// std::invalid_argument with a clear message) and checks every launch (std::runtime_error).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+
+namespace fp_recipes {
+
+// amax_out[0] = max |x| over n elements, FP32, NaN-propagating.
+void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, cudaStream_t stream);
+
+// Delayed scaling: data = satRN(RN(x * scale[0])) as out_dtype (FP8 E4M3/E5M2) over the (rows, cols)
+// row-major input; out (rows, cols) and/or out_t (cols, rows) may be null (not wanted);
+// scale_inv[0] = RN(1 / scale[0]); amax[0] = max |x| of this input (computed in the same pass).
+void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
+                         DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
+                         cudaStream_t stream);
+
+// Current scaling, two launches: amax, then the cast with the scale computed on the device from it
+// (see fp8_current_scale in fp8_cast.cu). Writes amax[0], scale[0], scale_inv[0].
+void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,
+                                         DType out_dtype, bool power_2_scale, float amax_epsilon,
+                                         void* out, void* out_t, float* scale, float* scale_inv,
+                                         float* amax, cudaStream_t stream);
+
+// out = cast(RN(fp32(data) * scale_inv[0])) to out_dtype (fp32/fp16/bf16) over n elements.
+void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv,
+                           void* out, DType out_dtype, cudaStream_t stream);
+
+// Grouped: num_groups tensors in one flat buffer of n elements; member g spans
+// [offsets[g], offsets[g+1]) (int64, device, validated by the caller: 0, non-decreasing, n).
+// scales/scale_inv/amax are (num_groups,) FP32 device arrays. One launch (plus a memset of amax).
+void launch_fp8_grouped_quantize(const void* x, DType in_dtype, int64_t n, const int64_t* offsets,
+                                 int64_t num_groups, const float* scales, DType out_dtype, void* out,
+                                 float* scale_inv, float* amax, cudaStream_t stream);
+
+// Per-member amax (num_groups,) of a grouped buffer (first pass of grouped current scaling).
+void launch_fp8_grouped_amax(const void* x, DType in_dtype, int64_t n, const int64_t* offsets, int64_t num_groups,
+                             float* amax, cudaStream_t stream);
+
+void launch_fp8_grouped_dequantize(const void* data, DType fp8_dtype, int64_t n, const int64_t* offsets,
+                                   int64_t num_groups, const float* scale_inv, void* out,
+                                   DType out_dtype, cudaStream_t stream);
+
+// Per-token casts. fmt: 0 = E5M6 (packed 8 codes in 12 bytes), 1 = E4M3. block_size divides hidden
+// (== hidden for one scale per token). scales: FP32 (tokens, hidden/block_size) holding the dequant
+// scale sf, or UE8M0 bytes when ue8m0_scales (requires round_sf).
+enum class PerTokenFmt : int { kE5M6 = 0, kE4M3 = 1 };
+
+void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_t hidden,
+                           PerTokenFmt fmt, bool round_sf, bool ue8m0_scales, int64_t block_size,
+                           void* data, void* scales, cudaStream_t stream);
+
+void launch_per_token_cast_back(const void* data, const void* scales, PerTokenFmt fmt, bool ue8m0_scales,
+                                int64_t tokens, int64_t hidden, int64_t block_size, void* out,
+                                DType out_dtype, cudaStream_t stream);
+
+}  // namespace fp_recipes

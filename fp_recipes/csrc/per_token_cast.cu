@@ -1,0 +1,371 @@
+// Per-token (and per-channel-block) casts to E5M6 (8 codes packed in 12 bytes) and FP8 E4M3, and the
+// casts back. Contract (NUMERICS.md, ops/ref_per_token.py): per block of `block_size` channels of a
+// token, a = max |x| in FP32 (seed 000: never a narrower accumulator); a_c = max(a, 1e-4);
+// sf = RN(a_c / fmt_max); round_sf: sf = 2^e with e = ceil(log2 sf) from the FP32 bits and
+// sf_inv = 2^-e, else sf_inv = RN(fmt_max / a_c); data = encode(RN(x * sf_inv)).
+//
+// One CTA per token. The token's elements stay in registers between the amax and the cast (one
+// read of x). Units of 8 elements (16-byte loads of bf16/fp16) where the shape allows, else of 1.
+// Block amaxes: a shuffle reduction over the lanes that share a block, then an atomicMax on the
+// block's slot in shared memory (dynamic shared memory sized by blocks per token: no fixed arrays).
+#include <algorithm>
+#include <cfloat>
+#include <string>
+
+#include "common.h"
+#include "formats.cuh"
+#include "fp8_kernels.h"
+
+namespace fp_recipes {
+namespace {
+
+constexpr float kAmaxFloor = 1e-4f;
+
+template <PerTokenFmt FMT>
+struct PtTraits;
+template <>
+struct PtTraits<PerTokenFmt::kE5M6> {
+  static constexpr float kMax = kE5M6Max;
+};
+template <>
+struct PtTraits<PerTokenFmt::kE4M3> {
+  static constexpr float kMax = kE4M3Max;
+};
+
+__device__ __forceinline__ float pt_to_f32(float v) { return v; }
+__device__ __forceinline__ float pt_to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float pt_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename OutT>
+__device__ __forceinline__ OutT pt_from_f32(float v);
+template <>
+__device__ __forceinline__ float pt_from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half pt_from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 pt_from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// 2^e as an exact FP32 (subnormal and overflow ends included).
+__device__ __forceinline__ float exp2_int(int e) {
+  if (e >= -126 && e <= 127) return __uint_as_float(uint32_t(e + 127) << 23);
+  return ldexpf(1.0f, e);
+}
+
+// The scale pair of one block from its amax key. ue8m0 byte: e + 127.
+struct BlockScale {
+  float sf;
+  float sf_inv;
+  int e;
+};
+
+template <PerTokenFmt FMT>
+__device__ __forceinline__ BlockScale block_scale(uint32_t key, bool round_sf) {
+  BlockScale s;
+  if (key >= 0x7F800000u) {
+    // Inf or NaN in the block: sf and sf_inv are NaN, every code NaN, the UE8M0 byte 0xFF.
+    s.sf = s.sf_inv = __uint_as_float(0x7FC00000u);
+    s.e = int(kUE8M0NaN) - 127;
+    return s;
+  }
+  const float a = __uint_as_float(key);
+  const float ac = (a < kAmaxFloor) ? kAmaxFloor : a;
+  const float fmt_max = PtTraits<FMT>::kMax;
+  s.sf = __fdiv_rn(ac, fmt_max);
+  s.e = 0;
+  if (round_sf) {
+    s.e = int(((__float_as_uint(s.sf) - 1u) >> 23) + 1u) - 127;
+    s.sf = exp2_int(s.e);
+    s.sf_inv = exp2_int(-s.e);
+  } else {
+    s.sf_inv = __fdiv_rn(fmt_max, ac);
+  }
+  return s;
+}
+
+// A unit of 8 input elements held as raw 16-byte words.
+template <typename T>
+struct Unit8 {
+  static constexpr int kWords = sizeof(T) * 8 / 16;
+  uint4 w[kWords];
+  __device__ __forceinline__ float get(int j) const {
+    const T* e = reinterpret_cast<const T*>(w);
+    return pt_to_f32(e[j]);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void load_unit(Unit8<T>& u, const T* __restrict__ p, bool vec) {
+  if (vec) {
+#pragma unroll
+    for (int q = 0; q < Unit8<T>::kWords; ++q) u.w[q] = __ldcs(reinterpret_cast<const uint4*>(p) + q);
+  } else {
+    T* e = reinterpret_cast<T*>(u.w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) e[j] = p[j];
+  }
+}
+
+template <typename T, PerTokenFmt FMT, int UNIT, int NU>
+__global__ void per_token_cast_kernel(const T* __restrict__ x, int64_t H, int64_t bs, bool round_sf,
+                                      bool ue8m0, bool vec, uint8_t* __restrict__ data,
+                                      void* __restrict__ scales) {
+  extern __shared__ uint32_t blk[];  // per block of channels: amax key, then sf_inv bits
+  const int NT = blockDim.x;
+  const int64_t row = blockIdx.x;
+  const int64_t nblk = H / bs;
+  const int64_t units = H / UNIT;
+  const int64_t unit_per_blk = bs / UNIT;
+  const T* xr = x + row * H;
+  for (int64_t b = threadIdx.x; b < nblk; b += NT) blk[b] = 0u;
+
+  // Load the token (all loads issued before the barrier).
+  Unit8<T> raw8[UNIT == 8 ? NU : 1];
+  float raw1[UNIT == 1 ? NU : 1];
+#pragma unroll
+  for (int k = 0; k < NU; ++k) {
+    const int64_t u = int64_t(k) * NT + threadIdx.x;
+    if (u < units) {
+      if constexpr (UNIT == 8) {
+        load_unit<T>(raw8[k], xr + u * 8, vec);
+      } else {
+        raw1[k] = pt_to_f32(xr[u]);
+      }
+    }
+  }
+  __syncthreads();  // slots zeroed
+
+  // Block amaxes: lanes sharing a block reduce by shuffles, one atomic per segment.
+  const int seg = (unit_per_blk % 32 == 0) ? 32 : ((32 % unit_per_blk == 0) ? int(unit_per_blk) : 1);
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < NU; ++k) {
+    const int64_t u = int64_t(k) * NT + threadIdx.x;
+    uint32_t key = 0;
+    if (u < units) {
+      if constexpr (UNIT == 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) key = max(key, abs_key(raw8[k].get(j)));
+      } else {
+        key = abs_key(raw1[k]);
+      }
+    }
+    if (int64_t(k) * NT < units) {  // warp-uniform: some lane of the CTA has a unit here
+      for (int off = 1; off < seg; off <<= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));
+      if (u < units && (lane & (seg - 1)) == 0) atomicMax(&blk[u / unit_per_blk], key);
+    }
+  }
+  __syncthreads();
+
+  // Scales, and sf_inv into the slot.
+  for (int64_t b = threadIdx.x; b < nblk; b += NT) {
+    const BlockScale s = block_scale<FMT>(blk[b], round_sf);
+    if (ue8m0) {
+      static_cast<uint8_t*>(scales)[row * nblk + b] = static_cast<uint8_t>(s.e + 127);
+    } else {
+      static_cast<float*>(scales)[row * nblk + b] = s.sf;
+    }
+    blk[b] = __float_as_uint(s.sf_inv);
+  }
+  __syncthreads();
+
+  // Cast.
+#pragma unroll
+  for (int k = 0; k < NU; ++k) {
+    const int64_t u = int64_t(k) * NT + threadIdx.x;
+    if (u >= units) continue;
+    const float si = __uint_as_float(blk[u / unit_per_blk]);
+    if constexpr (FMT == PerTokenFmt::kE5M6) {
+      static_assert(UNIT == 8 || FMT != PerTokenFmt::kE5M6, "E5M6 packs 8 codes");
+      uint32_t h[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) h[j] = encode_e5m6(__fmul_rn(raw8[k].get(j), si));
+      const uint3 w = pack_e5m6x8(h);
+      uint32_t* dst = reinterpret_cast<uint32_t*>(data + row * (H / 2 * 3) + u * 12);
+      __stcs(dst, w.x);
+      __stcs(dst + 1, w.y);
+      __stcs(dst + 2, w.z);
+    } else if constexpr (UNIT == 8) {
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const uint32_t p = encode_fp8x2<Fp8Fmt::kE4M3>(__fmul_rn(raw8[k].get(j), si),
+                                                       __fmul_rn(raw8[k].get(j + 1), si));
+        w[j / 4] |= p << (16 * ((j / 2) % 2));
+      }
+      __stcs(reinterpret_cast<uint2*>(data + row * H + u * 8), make_uint2(w[0], w[1]));
+    } else {
+      data[row * H + u] = encode_fp8<Fp8Fmt::kE4M3>(__fmul_rn(raw1[k], si));
+    }
+  }
+}
+
+// Cast back: one thread per unit of 8 (or 1) elements, grid-stride.
+template <PerTokenFmt FMT, typename OutT, int UNIT>
+__global__ void per_token_cast_back_kernel(const uint8_t* __restrict__ data, const void* __restrict__ scales,
+                                           bool ue8m0, int64_t tokens, int64_t H, int64_t bs,
+                                           OutT* __restrict__ out) {
+  const int64_t upr = H / UNIT, nblk = H / bs, total = tokens * upr;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / upr, u = i % upr, b = (u * UNIT) / bs;
+    const float sf = ue8m0 ? ue8m0_to_float(static_cast<const uint8_t*>(scales)[row * nblk + b])
+                           : static_cast<const float*>(scales)[row * nblk + b];
+    float v[UNIT];
+    if constexpr (FMT == PerTokenFmt::kE5M6) {
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(data + row * (H / 2 * 3) + u * 12);
+      uint32_t h[8];
+      unpack_e5m6x8(make_uint3(__ldcs(src), __ldcs(src + 1), __ldcs(src + 2)), h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(decode_e5m6(h[j]), sf);
+    } else if constexpr (UNIT == 8) {
+      const uint2 w = __ldcs(reinterpret_cast<const uint2*>(data + row * H + u * 8));
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        const uint32_t word = (j < 4) ? w.x : w.y;
+        const float2 f = decode_fp8x2<Fp8Fmt::kE4M3>(static_cast<uint16_t>(word >> (16 * ((j / 2) % 2))));
+        v[j] = __fmul_rn(f.x, sf);
+        v[j + 1] = __fmul_rn(f.y, sf);
+      }
+    } else {
+      v[0] = __fmul_rn(decode_fp8<Fp8Fmt::kE4M3>(data[row * H + u]), sf);
+    }
+    OutT* dst = out + row * H + u * UNIT;
+    if constexpr (UNIT == 8 && sizeof(OutT) == 2) {
+      uint32_t w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const OutT lo = pt_from_f32<OutT>(v[2 * q]), hi = pt_from_f32<OutT>(v[2 * q + 1]);
+        w[q] = uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) |
+               (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+      }
+      __stcs(reinterpret_cast<uint4*>(dst), make_uint4(w[0], w[1], w[2], w[3]));
+    } else if constexpr (UNIT == 8) {
+      __stcs(reinterpret_cast<float4*>(dst), make_float4(v[0], v[1], v[2], v[3]));
+      __stcs(reinterpret_cast<float4*>(dst) + 1, make_float4(v[4], v[5], v[6], v[7]));
+    } else {
+      dst[0] = pt_from_f32<OutT>(v[0]);
+    }
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+template <typename Fn>
+void pt_dispatch_float(DType t, const char* what, Fn&& fn) {
+  switch (t) {
+    case DType::kFloat32: fn(float{}); break;
+    case DType::kFloat16: fn(__half{}); break;
+    case DType::kBFloat16: fn(__nv_bfloat16{}); break;
+    default:
+      require(false, std::string(what) + " must be float32, float16 or bfloat16, got " + dtype_name(t));
+  }
+}
+
+template <typename Fn>
+void pt_dispatch_fmt(PerTokenFmt f, Fn&& fn) {
+  if (f == PerTokenFmt::kE5M6) {
+    fn(std::integral_constant<PerTokenFmt, PerTokenFmt::kE5M6>{});
+  } else {
+    fn(std::integral_constant<PerTokenFmt, PerTokenFmt::kE4M3>{});
+  }
+}
+
+void check_per_token_shape(PerTokenFmt fmt, int64_t tokens, int64_t hidden, int64_t block_size) {
+  require(fmt == PerTokenFmt::kE5M6 || fmt == PerTokenFmt::kE4M3, "per-token fmt must be e5m6 or e4m3");
+  require(tokens >= 0 && hidden >= 0, "per-token cast: negative shape");
+  require(block_size > 0 && hidden % block_size == 0,
+          "per-token cast: block_size " + std::to_string(block_size) + " must be positive and divide hidden " +
+              std::to_string(hidden));
+  if (fmt == PerTokenFmt::kE5M6) {
+    require(hidden % 8 == 0 && block_size % 8 == 0,
+            "per-token e5m6 cast needs hidden and block_size multiples of 8 (8 codes pack into 12 bytes), got "
+            "hidden " + std::to_string(hidden) + ", block_size " + std::to_string(block_size));
+  }
+}
+
+constexpr int64_t kMaxNT = 1024;
+constexpr int kMaxNU = 8;
+
+}  // namespace
+
+int64_t per_token_max_hidden(bool unit8) { return kMaxNT * kMaxNU * (unit8 ? 8 : 1); }
+
+void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_t hidden, PerTokenFmt fmt,
+                           bool round_sf, bool ue8m0_scales, int64_t block_size, void* data, void* scales,
+                           cudaStream_t stream) {
+  check_per_token_shape(fmt, tokens, hidden, block_size);
+  require(!ue8m0_scales || round_sf, "per-token cast: ue8m0 scales require round_sf=True");
+  if (tokens == 0 || hidden == 0) return;
+  const bool unit8 = hidden % 8 == 0 && block_size % 8 == 0;
+  const int unit = unit8 ? 8 : 1;
+  const int64_t units = hidden / unit;
+  require(units <= kMaxNT * kMaxNU,
+          "per-token cast kernel supports hidden <= " + std::to_string(per_token_max_hidden(unit8)) +
+              (unit8 ? "" : " (when hidden or block_size is not a multiple of 8)") + ", got " +
+              std::to_string(hidden));
+  require(tokens <= 0x7FFFFFFF, "per-token cast: too many tokens");
+  int64_t nt = 128;
+  while (nt < kMaxNT && (units + nt - 1) / nt > kMaxNU) nt *= 2;
+  const int64_t per = (units + nt - 1) / nt;
+  const int nu = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : 8;
+  const size_t smem = sizeof(uint32_t) * size_t(hidden / block_size);
+  require(smem <= 48 * 1024, "per-token cast: too many scale blocks per token (" +
+                                 std::to_string(hidden / block_size) + "; at most 12288)");
+  pt_dispatch_float(in_dtype, "per_token_cast input", [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec = aligned16(x) && (hidden * sizeof(T)) % 16 == 0;
+    pt_dispatch_fmt(fmt, [&](auto ftag) {
+      constexpr PerTokenFmt F = decltype(ftag)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<unsigned(tokens), unsigned(nt), smem, stream>>>(static_cast<const T*>(x), hidden, block_size,
+                                                                 round_sf, ue8m0_scales, vec,
+                                                                 static_cast<uint8_t*>(data), scales);
+        check_launch("per_token_cast_kernel");
+      };
+      if (unit8) {
+        switch (nu) {
+          case 1: launch(per_token_cast_kernel<T, F, 8, 1>); break;
+          case 2: launch(per_token_cast_kernel<T, F, 8, 2>); break;
+          case 4: launch(per_token_cast_kernel<T, F, 8, 4>); break;
+          default: launch(per_token_cast_kernel<T, F, 8, 8>); break;
+        }
+      } else if constexpr (F == PerTokenFmt::kE4M3) {
+        switch (nu) {
+          case 1: launch(per_token_cast_kernel<T, F, 1, 1>); break;
+          case 2: launch(per_token_cast_kernel<T, F, 1, 2>); break;
+          case 4: launch(per_token_cast_kernel<T, F, 1, 4>); break;
+          default: launch(per_token_cast_kernel<T, F, 1, 8>); break;
+        }
+      }
+    });
+  });
+}
+
+void launch_per_token_cast_back(const void* data, const void* scales, PerTokenFmt fmt, bool ue8m0_scales,
+                                int64_t tokens, int64_t hidden, int64_t block_size, void* out, DType out_dtype,
+                                cudaStream_t stream) {
+  check_per_token_shape(fmt, tokens, hidden, block_size);
+  if (tokens == 0 || hidden == 0) return;
+  const bool unit8 = hidden % 8 == 0 && block_size % 8 == 0;
+  const int64_t total = tokens * (hidden / (unit8 ? 8 : 1));
+  const int threads = 256;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 132 * 64));
+  pt_dispatch_float(out_dtype, "cast_back out_dtype", [&](auto tag) {
+    using OutT = decltype(tag);
+    pt_dispatch_fmt(fmt, [&](auto ftag) {
+      constexpr PerTokenFmt F = decltype(ftag)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<unsigned(grid), threads, 0, stream>>>(static_cast<const uint8_t*>(data), scales, ue8m0_scales,
+                                                       tokens, hidden, block_size, static_cast<OutT*>(out));
+        check_launch("per_token_cast_back_kernel");
+      };
+      if (unit8) {
+        launch(per_token_cast_back_kernel<F, OutT, 8>);
+      } else if constexpr (F == PerTokenFmt::kE4M3) {
+        launch(per_token_cast_back_kernel<F, OutT, 1>);
+      }
+    });
+  });
+}
+
+}  // namespace fp_recipes

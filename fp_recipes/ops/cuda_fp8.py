@@ -1,0 +1,472 @@
+"""CUDA implementations of the FP8 per-tensor, grouped FP8 and per-token ops (kernels in ``fp_recipes._C``).
+
+Two layers per op:
+
+* a ``torch.library`` custom op ``torch.ops.fp_recipes.<name>`` with a fake (meta) implementation, so
+  ``torch.compile`` traces through it (fullgraph) without running it. It takes only tensors and plain
+  values, returns only tensors (an unwanted copy comes back as an empty tensor), requires contiguous CUDA
+  inputs and raises a clear error otherwise;
+* the implementation registered for :mod:`fp_recipes.ops` dispatch (``@register_cuda_impl``), with the
+  reference twin's exact signature and NamedTuple result. It validates with the twin's own checks, so a
+  bad argument fails the same way on every backend.
+
+Kernels run on the current stream of the input's device. Results are byte-identical to the twins in
+:mod:`fp_recipes.ops.ref_fp8` / :mod:`fp_recipes.ops.ref_per_token` (tests/test_cuda_fp8_kernels.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import backend
+from .ref_fp8 import (
+    FP8GroupedQuantized,
+    FP8Quantized,
+    _check_copies,
+    _check_fp8_data,
+    _check_fp32,
+    _check_offsets,
+    check_float_input,
+    check_fmt,
+    check_out_dtype,
+)
+from .ref_per_token import PerTokenQuantized, _check_scale_format, _resolve_block
+
+# Dtype codes: the DType table of csrc/common.h.
+DTYPE_CODE = {
+    torch.float32: 0,
+    torch.float16: 1,
+    torch.bfloat16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e5m2: 4,
+    torch.uint8: 5,
+}
+FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+PER_TOKEN_FMT_CODE = {"e5m6": 0, "e4m3": 1}
+
+_EMPTY_SHAPE = (0,)
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def _ext():
+    ext = backend.extension()
+    if ext is None:
+        raise RuntimeError(f"fp_recipes: the CUDA extension fp_recipes._C is not available "
+                           f"({backend.extension_error()}); rebuild with nvcc on PATH")
+    return ext
+
+
+def _require_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one CUDA device and contiguous; returns that device."""
+    device = None
+    for name, t in tensors.items():
+        if not t.is_cuda:
+            raise ValueError(f"fp_recipes::{op} is the CUDA kernel, but {name} is on {t.device}; call "
+                             f"fp_recipes.ops.{op}, which runs the reference for CPU tensors")
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise ValueError(f"fp_recipes::{op}: {name} is on {t.device} but the other inputs are on {device}")
+        if not t.is_contiguous():
+            raise ValueError(f"fp_recipes::{op}: {name} must be contiguous (got strides {t.stride()} for "
+                             f"shape {tuple(t.shape)}); call .contiguous() first")
+    assert device is not None
+    return device
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _ptr(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def _contiguous(t: torch.Tensor, op: str, name: str) -> torch.Tensor:
+    """The dispatched ops accept any layout, like their twins; a copy is made (and said once)."""
+    if t.is_contiguous():
+        return t
+    backend.warn_once(f"noncontig:{op}:{name}",
+                      f"fp_recipes.ops.{op}: {name} is not contiguous; copying it first (pass contiguous "
+                      "tensors to avoid the extra pass)")
+    return t.contiguous()
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _empty(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(_EMPTY_SHAPE, dtype=dtype, device=device)
+
+
+def _scalar(device: torch.device) -> torch.Tensor:
+    return torch.empty((), dtype=torch.float32, device=device)
+
+
+# ---- custom ops: FP8 per tensor ------------------------------------------------------------------
+
+@torch.library.custom_op("fp_recipes::fp8_amax", mutates_args=())
+def _fp8_amax_op(x: torch.Tensor) -> torch.Tensor:
+    device = _require_cuda("fp8_amax", x=x)
+    amax = _scalar(device)
+    with torch.cuda.device(device):
+        _ext().fp8_amax(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), amax.data_ptr(), _stream(device))
+    return amax
+
+
+@_fp8_amax_op.register_fake
+def _(x):
+    return x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp_recipes::fp8_quantize", mutates_args=())
+def _fp8_quantize_op(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
+                     columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = _require_cuda("fp8_quantize", x=x, scale=scale)
+    m, n = x.shape
+    dt = FP8_DTYPE[fmt]
+    data = torch.empty((m, n), dtype=dt, device=device) if rowwise else _empty(device, dt)
+    data_t = torch.empty((n, m), dtype=dt, device=device) if columnwise else _empty(device, dt)
+    scale_inv, amax = _scalar(device), _scalar(device)
+    with torch.cuda.device(device):
+        _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[dt],
+                            _ptr(data) if rowwise else 0, _ptr(data_t) if columnwise else 0,
+                            scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+    return data, data_t, scale_inv, amax
+
+
+@_fp8_quantize_op.register_fake
+def _(x, scale, fmt, rowwise, columnwise):
+    m, n = x.shape
+    dt = FP8_DTYPE[fmt]
+    data = x.new_empty((m, n), dtype=dt) if rowwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    data_t = x.new_empty((n, m), dtype=dt) if columnwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp_recipes::fp8_current_scaling_quantize", mutates_args=())
+def _fp8_current_op(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
+                    columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                               torch.Tensor]:
+    device = _require_cuda("fp8_current_scaling_quantize", x=x)
+    m, n = x.shape
+    dt = FP8_DTYPE[fmt]
+    data = torch.empty((m, n), dtype=dt, device=device) if rowwise else _empty(device, dt)
+    data_t = torch.empty((n, m), dtype=dt, device=device) if columnwise else _empty(device, dt)
+    scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
+    with torch.cuda.device(device):
+        _ext().fp8_current_scaling_quantize(
+            _ptr(x), DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[dt], bool(use_power_2_scales), float(amax_epsilon),
+            _ptr(data) if rowwise else 0, _ptr(data_t) if columnwise else 0, scale.data_ptr(),
+            scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+    return data, data_t, scale_inv, amax, scale
+
+
+@_fp8_current_op.register_fake
+def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
+    m, n = x.shape
+    dt = FP8_DTYPE[fmt]
+    data = x.new_empty((m, n), dtype=dt) if rowwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    data_t = x.new_empty((n, m), dtype=dt) if columnwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    s = [x.new_empty((), dtype=torch.float32) for _ in range(3)]
+    return data, data_t, s[0], s[1], s[2]
+
+
+@torch.library.custom_op("fp_recipes::fp8_dequantize", mutates_args=())
+def _fp8_dequantize_op(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    device = _require_cuda("fp8_dequantize", data=data, scale_inv=scale_inv)
+    out = torch.empty(data.shape, dtype=out_dtype, device=device)
+    with torch.cuda.device(device):
+        _ext().fp8_dequantize(_ptr(data), DTYPE_CODE[data.dtype], data.numel(), scale_inv.data_ptr(), _ptr(out),
+                              DTYPE_CODE[out_dtype], _stream(device))
+    return out
+
+
+@_fp8_dequantize_op.register_fake
+def _(data, scale_inv, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+# ---- custom ops: grouped -------------------------------------------------------------------------
+
+@torch.library.custom_op("fp_recipes::fp8_grouped_quantize", mutates_args=())
+def _fp8_grouped_quantize_op(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
+                             fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = _require_cuda("fp8_grouped_quantize", x=x, offsets=offsets, scales=scales)
+    g = _check_offsets(offsets, x.numel(), x, "fp8_grouped_quantize")  # one small D2H copy, like the twin
+    dt = FP8_DTYPE[fmt]
+    data = torch.empty(x.shape, dtype=dt, device=device)
+    scale_inv = torch.empty((g,), dtype=torch.float32, device=device)
+    amax = torch.empty((g,), dtype=torch.float32, device=device)
+    with torch.cuda.device(device):
+        _ext().fp8_grouped_quantize(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), offsets.data_ptr(), g,
+                                    _ptr(scales), DTYPE_CODE[dt], _ptr(data), _ptr(scale_inv), _ptr(amax),
+                                    _stream(device))
+    return data, scale_inv, amax
+
+
+@_fp8_grouped_quantize_op.register_fake
+def _(x, offsets, scales, fmt):
+    g = scales.shape[0]
+    return (x.new_empty(x.shape, dtype=FP8_DTYPE[fmt]), x.new_empty((g,), dtype=torch.float32),
+            x.new_empty((g,), dtype=torch.float32))
+
+
+@torch.library.custom_op("fp_recipes::fp8_grouped_amax", mutates_args=())
+def _fp8_grouped_amax_op(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    device = _require_cuda("fp8_grouped_amax", x=x, offsets=offsets)
+    g = _check_offsets(offsets, x.numel(), x, "fp8_grouped_amax")
+    amax = torch.empty((g,), dtype=torch.float32, device=device)
+    with torch.cuda.device(device):
+        _ext().fp8_grouped_amax(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), offsets.data_ptr(), g, _ptr(amax),
+                                _stream(device))
+    return amax
+
+
+@_fp8_grouped_amax_op.register_fake
+def _(x, offsets):
+    return x.new_empty((offsets.shape[0] - 1,), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp_recipes::fp8_grouped_dequantize", mutates_args=())
+def _fp8_grouped_dequantize_op(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
+                               out_dtype: torch.dtype) -> torch.Tensor:
+    device = _require_cuda("fp8_grouped_dequantize", data=data, offsets=offsets, scale_inv=scale_inv)
+    g = _check_offsets(offsets, data.numel(), data, "fp8_grouped_dequantize")
+    out = torch.empty(data.shape, dtype=out_dtype, device=device)
+    with torch.cuda.device(device):
+        _ext().fp8_grouped_dequantize(_ptr(data), DTYPE_CODE[data.dtype], data.numel(), offsets.data_ptr(), g,
+                                      _ptr(scale_inv), _ptr(out), DTYPE_CODE[out_dtype], _stream(device))
+    return out
+
+
+@_fp8_grouped_dequantize_op.register_fake
+def _(data, offsets, scale_inv, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+# ---- custom ops: per token -----------------------------------------------------------------------
+
+def _per_token_shapes(t: int, h: int, fmt: str, block: int, scale_format: str):
+    data_shape, data_dtype = ((t, h * 3 // 2), torch.uint8) if fmt == "e5m6" else ((t, h), torch.float8_e4m3fn)
+    scale_dtype = torch.uint8 if scale_format == "ue8m0" else torch.float32
+    return data_shape, data_dtype, (t, h // block), scale_dtype
+
+
+@torch.library.custom_op("fp_recipes::per_token_cast", mutates_args=())
+def _per_token_cast_op(x: torch.Tensor, fmt: str, round_sf: bool, scale_format: str,
+                       block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    device = _require_cuda("per_token_cast", x=x)
+    t, h = x.shape
+    ds, dd, ss, sd = _per_token_shapes(t, h, fmt, block_size, scale_format)
+    data = torch.empty(ds, dtype=dd, device=device)
+    scales = torch.empty(ss, dtype=sd, device=device)
+    with torch.cuda.device(device):
+        _ext().per_token_cast(_ptr(x), DTYPE_CODE[x.dtype], t, h, PER_TOKEN_FMT_CODE[fmt], bool(round_sf),
+                              scale_format == "ue8m0", block_size, _ptr(data), _ptr(scales), _stream(device))
+    return data, scales
+
+
+@_per_token_cast_op.register_fake
+def _(x, fmt, round_sf, scale_format, block_size):
+    t, h = x.shape
+    ds, dd, ss, sd = _per_token_shapes(t, h, fmt, block_size, scale_format)
+    return x.new_empty(ds, dtype=dd), x.new_empty(ss, dtype=sd)
+
+
+@torch.library.custom_op("fp_recipes::cast_back", mutates_args=())
+def _cast_back_op(data: torch.Tensor, scales: torch.Tensor, fmt: str, out_dtype: torch.dtype, scale_format: str,
+                  block_size: int) -> torch.Tensor:
+    device = _require_cuda("cast_back", data=data, scales=scales)
+    data = _aligned(data)
+    t = data.shape[0]
+    h = data.shape[1] * 2 // 3 if fmt == "e5m6" else data.shape[1]
+    out = torch.empty((t, h), dtype=out_dtype, device=device)
+    with torch.cuda.device(device):
+        _ext().per_token_cast_back(_ptr(data), _ptr(scales), PER_TOKEN_FMT_CODE[fmt], scale_format == "ue8m0", t, h,
+                                   block_size, _ptr(out), DTYPE_CODE[out_dtype], _stream(device))
+    return out
+
+
+@_cast_back_op.register_fake
+def _(data, scales, fmt, out_dtype, scale_format, block_size):
+    t = data.shape[0]
+    h = data.shape[1] * 2 // 3 if fmt == "e5m6" else data.shape[1]
+    return data.new_empty((t, h), dtype=out_dtype)
+
+
+# ---- the implementations fp_recipes.ops dispatches to (the twins' signatures) ----------------------
+
+@backend.register_cuda_impl("fp8_amax")
+def fp8_amax(x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODE or DTYPE_CODE[x.dtype] > 2:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"fp8_amax: x must be a float32/float16/bfloat16 tensor, got {got}")
+    return torch.ops.fp_recipes.fp8_amax(_contiguous(x, "fp8_amax", "x"))
+
+
+@backend.register_cuda_impl("fp8_quantize")
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
+                 columnwise: bool = False) -> FP8Quantized:
+    what = "fp8_quantize"
+    check_float_input(x, what)
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    scale = _check_fp32(scale, "scale", what, x, ())
+    _check_copies(rowwise, columnwise, what)
+    data, data_t, scale_inv, amax = torch.ops.fp_recipes.fp8_quantize(
+        _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
+    return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
+                        scale_inv=scale_inv, amax=amax, scale=scale)
+
+
+@backend.register_cuda_impl("fp8_current_scaling_quantize")
+def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scales: bool = False,
+                                 amax_epsilon: float = 0.0, rowwise: bool = True,
+                                 columnwise: bool = False) -> FP8Quantized:
+    what = "fp8_current_scaling_quantize"
+    check_float_input(x, what)
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    _check_copies(rowwise, columnwise, what)
+    if not (amax_epsilon >= 0.0):
+        raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+    data, data_t, scale_inv, amax, scale = torch.ops.fp_recipes.fp8_current_scaling_quantize(
+        _contiguous(x, what, "x"), fmt, bool(use_power_2_scales), float(amax_epsilon), bool(rowwise),
+        bool(columnwise))
+    return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
+                        scale_inv=scale_inv, amax=amax, scale=scale)
+
+
+@backend.register_cuda_impl("fp8_dequantize")
+def fp8_dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
+                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    what = "fp8_dequantize"
+    _check_fp8_data(data, what)
+    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, ())
+    check_out_dtype(out_dtype, what)
+    return torch.ops.fp_recipes.fp8_dequantize(_contiguous(data, what, "data"), scale_inv, out_dtype)
+
+
+def _check_grouped(x: torch.Tensor, offsets: torch.Tensor, what: str) -> None:
+    if not x.is_contiguous():
+        raise ValueError(f"{what}: the buffer must be contiguous (it is read as one flat array)")
+    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int64:
+        got = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
+        raise TypeError(f"{what}: offsets must be an int64 tensor, got {got}")
+    if offsets.device != x.device:
+        raise ValueError(f"{what}: offsets are on {offsets.device} but the data is on {x.device}")
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{what}: offsets must be 1-D with G+1 >= 1 entries, got shape {tuple(offsets.shape)}")
+
+
+@backend.register_cuda_impl("fp8_grouped_quantize")
+def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
+                         fmt: str) -> FP8GroupedQuantized:
+    what = "fp8_grouped_quantize"
+    check_float_input(x, what, dims=(1, 2))
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    _check_grouped(x, offsets, what)
+    scales = _check_fp32(scales, "scales", what, x, (offsets.numel() - 1,))
+    data, scale_inv, amax = torch.ops.fp_recipes.fp8_grouped_quantize(
+        x, _contiguous(offsets, what, "offsets"), _contiguous(scales, what, "scales"), fmt)
+    return FP8GroupedQuantized(data=data, scale_inv=scale_inv, amax=amax)
+
+
+@backend.register_cuda_impl("fp8_grouped_amax")
+def fp8_grouped_amax(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    what = "fp8_grouped_amax"
+    check_float_input(x, what, dims=(1, 2))
+    _check_grouped(x, offsets, what)
+    return torch.ops.fp_recipes.fp8_grouped_amax(x, _contiguous(offsets, what, "offsets"))
+
+
+@backend.register_cuda_impl("fp8_grouped_dequantize")
+def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
+                           out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    what = "fp8_grouped_dequantize"
+    _check_fp8_data(data, what)
+    if data.dim() not in (1, 2):
+        raise ValueError(f"{what}: data must be 1-D or 2-D, got shape {tuple(data.shape)}")
+    _check_grouped(data, offsets, what)
+    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, (offsets.numel() - 1,))
+    check_out_dtype(out_dtype, what)
+    return torch.ops.fp_recipes.fp8_grouped_dequantize(
+        data, _contiguous(offsets, what, "offsets"), _contiguous(scale_inv, what, "scale_inv"), out_dtype)
+
+
+def _per_token_kernel_fits(h: int, block: int) -> bool:
+    ext = backend.extension()
+    unit8 = h % 8 == 0 and block % 8 == 0
+    return ext is not None and h <= ext.per_token_max_hidden(unit8) and h // block <= 12288
+
+
+@backend.register_cuda_impl("per_token_cast")
+def per_token_cast(x: torch.Tensor, fmt: str, *, round_sf: bool = False, scale_format: str = "fp32",
+                   block_size: Optional[int] = None) -> PerTokenQuantized:
+    what = "per_token_cast"
+    check_float_input(x, what)
+    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
+    _check_scale_format(scale_format, round_sf, what)
+    block = _resolve_block(x.shape[1], block_size, fmt, what)
+    if not _per_token_kernel_fits(x.shape[1], block):
+        from . import ref_per_token
+
+        backend.warn_once(f"per-token-size:{x.shape[1]}:{block}",
+                          f"fp_recipes.ops.per_token_cast: hidden {x.shape[1]} with block {block} is beyond the "
+                          "CUDA kernel's limits; running the pure-torch reference")
+        return ref_per_token.per_token_cast(x, fmt, round_sf=round_sf, scale_format=scale_format,
+                                            block_size=block_size)
+    data, scales = torch.ops.fp_recipes.per_token_cast(_contiguous(x, what, "x"), fmt, bool(round_sf),
+                                                       scale_format, block)
+    return PerTokenQuantized(data=data, scales=scales)
+
+
+@backend.register_cuda_impl("cast_back")
+def cast_back(data: torch.Tensor, scales: torch.Tensor, fmt: str, *, out_dtype: torch.dtype = torch.bfloat16,
+              scale_format: str = "fp32", block_size: Optional[int] = None) -> torch.Tensor:
+    what = "cast_back"
+    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
+    check_out_dtype(out_dtype, what)
+    if scale_format not in ("fp32", "ue8m0"):
+        raise ValueError(f"{what}: scale_format must be 'fp32' or 'ue8m0', got {scale_format!r}")
+    if not isinstance(data, torch.Tensor) or data.dim() != 2:
+        raise ValueError(f"{what}: data must be a 2-D tensor")
+    if fmt == "e5m6":
+        if data.dtype != torch.uint8:
+            raise TypeError(f"{what}: e5m6 data must be packed uint8, got {data.dtype}")
+        if data.shape[1] % 12:
+            raise ValueError(f"{what}: packed e5m6 rows must hold a multiple of 12 bytes, got {data.shape[1]}")
+        h = data.shape[1] * 2 // 3
+    else:
+        if data.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{what}: e4m3 data must be float8_e4m3fn, got {data.dtype}")
+        h = data.shape[1]
+    t = data.shape[0]
+    block = _resolve_block(h, block_size, fmt, what)
+    want_dtype = torch.uint8 if scale_format == "ue8m0" else torch.float32
+    if not isinstance(scales, torch.Tensor) or scales.dtype != want_dtype:
+        raise TypeError(f"{what}: scale_format={scale_format!r} needs {want_dtype} scales, got "
+                        f"{scales.dtype if isinstance(scales, torch.Tensor) else type(scales).__name__}")
+    if scales.device != data.device:
+        raise ValueError(f"{what}: scales are on {scales.device} but data is on {data.device}")
+    if tuple(scales.shape) != (t, h // block):
+        raise ValueError(f"{what}: scales must have shape {(t, h // block)} for hidden {h} and block "
+                         f"{block_size}, got {tuple(scales.shape)}")
+    return torch.ops.fp_recipes.cast_back(_contiguous(data, what, "data"), _contiguous(scales, what, "scales"),
+                                          fmt, out_dtype, scale_format, block)
+
+
+__all__ = [
+    "cast_back",
+    "fp8_amax",
+    "fp8_current_scaling_quantize",
+    "fp8_dequantize",
+    "fp8_grouped_amax",
+    "fp8_grouped_dequantize",
+    "fp8_grouped_quantize",
+    "fp8_quantize",
+    "per_token_cast",
+]
