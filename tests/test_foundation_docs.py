@@ -63,3 +63,9 @@ def _python_blocks(path):
 def test_recipes_doc_examples_run(index, monkeypatch):
     code = _python_blocks("docs/recipes.md")[index]
     exec(compile(code, f"docs/recipes.md[{index}]", "exec"), {"__name__": "__doc_example__"})
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks("README.md"))))
+def test_readme_examples_run(index):
+    code = _python_blocks("README.md")[index]
+    exec(compile(code, f"README.md[{index}]", "exec"), {"__name__": "__readme_example__"})

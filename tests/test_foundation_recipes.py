@@ -278,3 +278,25 @@ def test_describe_lists_sources(monkeypatch):
     text = NVFP4BlockScaling(nvfp4_4over6="weights").describe()
     assert "[env NVTE_NVFP4_DISABLE_RHT=yes]" in text
     assert "[argument]" in text and "[default]" in text
+
+
+def test_base_recipe_is_abstract():
+    with pytest.raises(TypeError, match="abstract"):
+        Recipe()
+
+
+def test_plan_is_cached_per_role():
+    from fp_recipes import QuantizerRole
+
+    r = NVFP4BlockScaling()
+    role = QuantizerRole("linear", "weight")
+    assert r.plan(role) is r.plan(role)
+    assert r.plan(QuantizerRole("linear", "weight", gemm=1)).role.gemm == 1
+    # a copy with other options never reuses the cached specs
+    assert not r.replace(disable_2d_quantization=True).plan(role).block_2d
+    assert pickle.loads(pickle.dumps(r)).plan(role) == r.plan(role)
+
+
+def test_recipe_from_env_bad_default():
+    with pytest.raises(ValueError, match="default='fp8'"):
+        fp_recipes.recipe_from_env(default="fp8")

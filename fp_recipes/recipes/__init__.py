@@ -24,6 +24,8 @@ def recipe_from_env(default: str = "delayed") -> Optional[Recipe]:
     from .env import BY_NAME, warn_unknown_env
 
     var = BY_NAME["FP_RECIPES_RECIPE"]
+    if str(default).lower() not in var.choices:
+        raise ValueError(f"recipe_from_env(default={default!r}): allowed: {' | '.join(var.choices)}")
     raw = os.environ.get(var.name, "")
     name = var.parse(raw) if raw.strip() else var.parse(default)
     if name == "none":

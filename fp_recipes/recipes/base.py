@@ -88,12 +88,17 @@ class Recipe(BaseModel):
     #: Name used by ``FP_RECIPES_RECIPE`` (delayed | current | nvfp4 | per_token).
     recipe_name: ClassVar[str] = ""
 
-    _provenance: Dict[str, str] = PrivateAttr(default_factory=dict)
+    # Plain defaults, not default_factory: Pydantic inspects factories on every construction.
+    _provenance: Optional[Dict[str, str]] = PrivateAttr(default=None)
+    _plans: Optional[Dict[QuantizerRole, QuantizerSpec]] = PrivateAttr(default=None)
 
     # ------------------------------------------------------------------ construction
     @model_validator(mode="wrap")
     @classmethod
     def _resolve_and_validate(cls, data: Any, handler: Any) -> "Recipe":
+        if cls is Recipe:
+            raise TypeError("Recipe is the abstract base; build DelayedScaling, Float8CurrentScaling, "
+                            "NVFP4BlockScaling or PerTokenScaling")
         if not isinstance(data, dict):  # e.g. model_validate(an instance): nothing to resolve
             return handler(data)
         cls._reject_unknown_keywords(data)
@@ -129,7 +134,7 @@ class Recipe(BaseModel):
 
     def _origin(self, field: str) -> str:
         """``field=value`` plus where it came from, for error messages."""
-        source = self._provenance.get(field, "argument")
+        source = (self._provenance or {}).get(field, "argument")
         where = "" if source == "argument" else f" (from {source})"
         return f"{field}={_value_repr(getattr(self, field))}{where}"
 
@@ -155,7 +160,7 @@ class Recipe(BaseModel):
     # ------------------------------------------------------------------ provenance and copies
     def provenance(self) -> Dict[str, str]:
         """field -> ``"default"`` | ``"env NAME=value"`` | ``"argument"``."""
-        return dict(self._provenance)
+        return dict(self._provenance or {})
 
     def describe(self) -> str:
         """One line per field: value and where it came from (for logs)."""
@@ -163,7 +168,7 @@ class Recipe(BaseModel):
         width = max(len(f) for f in type(self).model_fields)
         for f in type(self).model_fields:
             lines.append(f"  {f:<{width}} = {_value_repr(getattr(self, f)):<16} "
-                         f"[{self._provenance.get(f, 'argument')}]")
+                         f"[{(self._provenance or {}).get(f, 'argument')}]")
         return "\n".join(lines)
 
     def model_copy(self, *, update: Optional[Dict[str, Any]] = None,
@@ -175,7 +180,7 @@ class Recipe(BaseModel):
         values.update(update)
         new = type(self)(**values)
         new._provenance = {
-            f: "argument" if f in update else self._provenance.get(f, "argument")
+            f: "argument" if f in update else (self._provenance or {}).get(f, "argument")
             for f in type(self).model_fields
         }
         return new
@@ -192,9 +197,16 @@ class Recipe(BaseModel):
         """
         if not isinstance(role, QuantizerRole):
             raise TypeError(f"{type(self).__name__}.plan() needs a QuantizerRole, got {role!r}")
-        if role.tensor in (TensorKind.OUTPUT, TensorKind.GRAD_INPUT):
-            return high_precision_spec(role)
-        return self._plan_operand(role)
+        if self._plans is None:
+            self._plans = {}
+        spec = self._plans.get(role)
+        if spec is None:  # specs are frozen and recipes immutable: plan each role once
+            if role.tensor in (TensorKind.OUTPUT, TensorKind.GRAD_INPUT):
+                spec = high_precision_spec(role)
+            else:
+                spec = self._plan_operand(role)
+            self._plans[role] = spec
+        return spec
 
     def _plan_operand(self, role: QuantizerRole) -> QuantizerSpec:  # pragma: no cover
         raise NotImplementedError

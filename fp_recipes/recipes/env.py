@@ -199,6 +199,8 @@ TABLE: Tuple[EnvVar, ...] = (
 )
 
 BY_NAME: Dict[str, EnvVar] = {v.name: v for v in TABLE}
+_ALIASES: Dict[str, Tuple[EnvVar, ...]] = {
+    v.name: tuple(a for a in TABLE if a.alias_of == v.name) for v in TABLE}
 
 
 def user_stacklevel() -> int:
@@ -243,8 +245,7 @@ def resolve_env(recipe: str, given: Set[str] = frozenset(),
             continue  # handled together with the variable it aliases
         raw = _raw(var.name, environ)
         value = var.parse(raw) if raw is not None else None
-        aliases = [a for a in TABLE if a.alias_of == var.name]
-        for alias in aliases:
+        for alias in _ALIASES.get(var.name, ()):
             alias_raw = _raw(alias.name, environ)
             if alias_raw is None:
                 continue
@@ -270,9 +271,8 @@ def unknown_env(environ: Optional[Mapping[str, str]] = None) -> List[Tuple[str, 
     """Set variables with our prefixes that are not in the table, with the closest known name."""
     environ = os.environ if environ is None else environ
     out = []
-    for name in sorted(environ):
-        if name.startswith(PREFIXES) and name not in BY_NAME:
-            out.append((name, closest_name(name)))
+    for name in sorted(n for n in environ if n.startswith(PREFIXES) and n not in BY_NAME):
+        out.append((name, closest_name(name)))
     return out
 
 
