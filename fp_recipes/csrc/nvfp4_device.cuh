@@ -168,6 +168,45 @@ __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCand
 // Map-to-4 only when strictly better (ties and NaN keep map-to-6).
 __device__ __forceinline__ bool fos_pick4(float err4, float err6) { return err4 < err6; }
 
+// One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (no 2-D, any mode).
+template <int kFos>
+__device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t,
+                                                  bool mse, bool sr, uint64_t b, uint64_t seed,
+                                                  uint64_t offset, uint2& q, uint32_t& sf) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) bits = max(bits, abs_bits(x[i]));
+  const float bamax = __uint_as_float(bits);
+  if (kFos == 0) {
+    sf = plain_scale_code(bamax, t);
+    const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
+    if (sr) {
+      q = encode16_sr(x, enc, sr_block_bits(b, seed, offset));
+    } else {
+      q = encode16_rn(x, enc);
+    }
+  } else {
+    const FosCandidates c = fos_candidates(bamax, t);
+    uint2 q4, q6;
+    float e4, e6;
+    fos_encode16<kFos == 2>(x, c, t, mse, q4, q6, e4, e6);
+    const bool use4 = fos_pick4(e4, e6);
+    q = use4 ? q4 : q6;
+    sf = use4 ? c.sf4 : c.sf6;
+  }
+}
+
+// 2-D 4over6: combine the 16 per-row sums of a tile in the contract's fixed tree order.
+__device__ __forceinline__ float tree16(const float* r, int stride) {
+#define R(i) r[(i) * stride]
+  const float a = __fadd_rn(__fadd_rn(R(0), R(8)), __fadd_rn(R(4), R(12)));
+  const float b = __fadd_rn(__fadd_rn(R(2), R(10)), __fadd_rn(R(6), R(14)));
+  const float c = __fadd_rn(__fadd_rn(R(1), R(9)), __fadd_rn(R(5), R(13)));
+  const float d = __fadd_rn(__fadd_rn(R(3), R(11)), __fadd_rn(R(7), R(15)));
+#undef R
+  return __fadd_rn(__fadd_rn(a, b), __fadd_rn(c, d));
+}
+
 // ---- Random Hadamard transform of one 16-element group ----------------------------------------
 // Sign vector s of NUMERICS.md as a bit mask (bit i set = negate element i).
 constexpr uint32_t kRhtSignMask = (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8) |

@@ -397,10 +397,20 @@ def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv:
         data, _contiguous(offsets, what, "offsets"), _contiguous(scale_inv, what, "scale_inv"), out_dtype)
 
 
-def _per_token_kernel_fits(h: int, block: int) -> bool:
+def _per_token_limits() -> dict:
     ext = backend.extension()
+    if ext is None:
+        return {True: 0, False: 0}
+    return {True: ext.per_token_max_hidden(True), False: ext.per_token_max_hidden(False)}
+
+
+# Read once at import (not inside traced code): the largest hidden size the per-token kernel takes.
+_PER_TOKEN_MAX_HIDDEN = _per_token_limits()
+
+
+def _per_token_kernel_fits(h: int, block: int) -> bool:
     unit8 = h % 8 == 0 and block % 8 == 0
-    return ext is not None and h <= ext.per_token_max_hidden(unit8) and h // block <= 12288
+    return h <= _PER_TOKEN_MAX_HIDDEN[unit8] and h // block <= 12288
 
 
 @backend.register_cuda_impl("per_token_cast")
