@@ -335,3 +335,25 @@ def test_build_variables_parse():
     with pytest.raises(EnvVarError):
         BY_NAME["FP_RECIPES_NVCC_THREADS"].parse("0")
     assert BY_NAME["FP_RECIPES_CUDA_ARCHS"].parse("90a;100a") == "90a;100a"
+
+
+def test_import_never_reads_the_environment():
+    """Bad values and unknown names surface when a recipe is built, not at import."""
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "import fp_recipes\n"
+        "from fp_recipes import NVFP4BlockScaling, autocast, get_autocast_state\n"
+        "import fp_recipes.recipes.env, fp_recipes.autocast\n"
+        "try:\n"
+        "    NVFP4BlockScaling(disable_rht=True)\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("NVTE_", "FP_RECIPES_"))}
+    env.update(NVTE_NVFP4_DISABLE_2D_QUANTIZATION="maybe", FP_RECIPES_TYPO="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    # the first thing to complain is the recipe construction (the unknown-name warning, raised
+    # as an error by the filter above)
+    assert out.stdout.strip() == "UnknownEnvVarWarning"
