@@ -337,8 +337,12 @@ def default_of(var: EnvVar) -> str:
         return {"FP_RECIPES_CUDA_ARCHS": "90a;100a", "FP_RECIPES_NO_CUDA": "0",
                 "FP_RECIPES_NVCC_THREADS": "CPU count"}.get(var.name, "")
     defaults = _defaults()
-    found = {_fmt_default(defaults[(r, var.field)]) for r in var.recipes if (r, var.field) in defaults}
-    return " / ".join(sorted(found))
+    by_recipe = {r: _fmt_default(defaults[(r, var.field)]) for r in var.recipes
+                 if (r, var.field) in defaults}
+    values = list(by_recipe.values())
+    common = max(set(values), key=values.count) if values else ""
+    exceptions = [f"{r}: {v}" for r, v in by_recipe.items() if v != common]
+    return common + (f" ({'; '.join(exceptions)})" if exceptions else "")
 
 
 def report(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
@@ -406,9 +410,12 @@ def render_markdown() -> str:
         "| Variable | Sets | Allowed values | Default | TE | Description |",
         "|---|---|---|---|---|---|",
     ]
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
     for var in TABLE:
-        out.append(f"| `{var.name}` | {var.sets} | {var.allowed} | {default_of(var)} | "
-                   f"{'yes' if var.te_name else ''} | {var.doc} |")
+        out.append(f"| `{var.name}` | {cell(var.sets)} | {cell(var.allowed)} | "
+                   f"{cell(default_of(var))} | {'yes' if var.te_name else ''} | {cell(var.doc)} |")
     out += [
         "",
         "`FP_RECIPES_RECIPE` picks the recipe that `fp_recipes.autocast()` uses when called without "
