@@ -171,7 +171,8 @@ def nvfp4_rht(x: torch.Tensor) -> torch.Tensor:
 
     Fixed FP32 order (the CUDA kernel does exactly this): u_i = x_i * s_i (exact); four butterfly
     stages h = 1, 2, 4, 8, each replacing every pair (u_i, u_{i+h}) with i & h == 0 by
-    (RN(u_i + u_{i+h}), RN(u_i - u_{i+h})); then RN(u_j * 0.25); then RN to BF16; NaN -> +NaN.
+    (RN(u_i + u_{i+h}), RN(u_i - u_{i+h})); then RN(u_j * 0.25); then RN to BF16; any NaN becomes the
+    positive BF16 NaN 0x7FC0 (CPU and GPU NaN signs differ after arithmetic; the sign becomes a code bit).
     The result is y_j = 0.25 * sum_i s_i x_i (-1)^popcount(i & j) (the Sylvester Hadamard H).
     """
     if x.dim() != 2 or x.dtype != torch.bfloat16:
@@ -188,7 +189,8 @@ def nvfp4_rht(x: torch.Tensor) -> torch.Tensor:
         u = torch.stack((a + b, a - b), dim=-2)
         h *= 2
     y = (u.reshape(rows, cols) * _c(RHT_SCALE, u)).to(torch.bfloat16)
-    return torch.where(torch.isnan(y), torch.full_like(y, float("nan")).abs(), y)
+    canonical_nan = torch.tensor(0x7FC0, dtype=torch.int16, device=y.device).view(torch.bfloat16)
+    return torch.where(torch.isnan(y), canonical_nan, y)
 
 
 # ---- amax ------------------------------------------------------------------------------------------
