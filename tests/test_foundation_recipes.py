@@ -300,3 +300,16 @@ def test_plan_is_cached_per_role():
 def test_recipe_from_env_bad_default():
     with pytest.raises(ValueError, match="default='fp8'"):
         fp_recipes.recipe_from_env(default="fp8")
+
+
+@pytest.mark.parametrize("recipe", VARIANTS, ids=repr)
+def test_type_tagged_config_round_trip(recipe):
+    config = json.loads(json.dumps(recipe.to_config()))
+    assert config["recipe"] == type(recipe).recipe_name
+    back = Recipe.from_config(config)
+    assert type(back) is type(recipe) and back == recipe
+
+
+def test_from_config_rejects_unknown_kind():
+    with pytest.raises(ValueError, match="'recipe' must be one of"):
+        Recipe.from_config({"recipe": "mxfp8"})

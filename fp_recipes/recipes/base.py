@@ -189,6 +189,23 @@ class Recipe(BaseModel):
         """``recipe.replace(margin=1)``: a validated copy with some fields changed."""
         return self.model_copy(update=changes)
 
+    # ------------------------------------------------------------------ type-tagged configs
+    def to_config(self) -> Dict[str, Any]:
+        """JSON-ready dict that names the recipe: ``{"recipe": "nvfp4", <fields>}``."""
+        return {"recipe": self.recipe_name, **self.model_dump(mode="json")}
+
+    @staticmethod
+    def from_config(config: Dict[str, Any]) -> "Recipe":
+        """Inverse of :meth:`to_config` (for checkpoints and run configs of any recipe kind)."""
+        from . import RECIPES
+
+        fields = dict(config)
+        name = str(fields.pop("recipe", "")).lower()
+        if name not in RECIPES:
+            raise ValueError(f"Recipe.from_config: 'recipe' must be one of {', '.join(RECIPES)}, "
+                             f"got {config.get('recipe')!r}")
+        return RECIPES[name](**fields)
+
     # ------------------------------------------------------------------ the plan
     def plan(self, role: QuantizerRole) -> QuantizerSpec:
         """Exactly how the operand ``role`` is quantized under this recipe.
