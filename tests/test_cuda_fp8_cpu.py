@@ -1,0 +1,120 @@
+"""CPU-side checks of the FP8 kernel family (run in CI, no GPU needed): the built extension loads and
+reports its ops, the fake (meta) implementations give the kernels' shapes and dtypes, torch.compile
+traces the ops in one graph, and the extension's own argument checks raise before touching a GPU."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+import fp_recipes
+from fp_recipes.ops import backend
+
+BUILT = bool(glob.glob(os.path.join(os.path.dirname(fp_recipes.__file__), "_C*.so")))
+needs_ext = pytest.mark.skipif(not BUILT, reason="fp_recipes._C not built here (no nvcc / FP_RECIPES_NO_CUDA)")
+
+FP8_OPS = ("fp8_amax", "fp8_quantize", "fp8_current_scaling_quantize", "fp8_dequantize", "fp8_grouped_quantize",
+           "fp8_grouped_amax", "fp8_grouped_dequantize", "per_token_cast", "cast_back")
+
+
+@needs_ext
+def test_extension_loads_and_backend_info_reports_it():
+    assert backend.extension() is not None, backend.extension_error()
+    info = backend.backend_info()
+    assert info["extension"] is True
+    archs = info["built_archs"].split(";")
+    assert archs and all(a.rstrip("af").isdigit() for a in archs)
+    for name in FP8_OPS:
+        assert name in info["cuda_ops"], name
+    if not torch.cuda.is_available():
+        assert info["backend"] == "reference" and "no CUDA device" in info["summary"]
+
+
+@needs_ext
+def test_extension_argument_checks_raise_without_a_gpu():
+    ext = backend.extension()
+    with pytest.raises(ValueError, match="float8_e4m3fn or float8_e5m2"):
+        ext.fp8_quantize(0, 2, 4, 4, 0, 0, 0, 0, 0, 0, 0)  # output dtype float32
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        ext.fp8_amax(0, 3, 4, 0, 0)
+    with pytest.raises(ValueError, match="unknown dtype code"):
+        ext.fp8_amax(0, 17, 4, 0, 0)
+    with pytest.raises(ValueError, match="block_size 3 must be positive and divide hidden 16"):
+        ext.per_token_cast(0, 2, 2, 16, 0, False, False, 3, 0, 0, 0)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        ext.per_token_cast(0, 2, 2, 12, 0, False, False, 12, 0, 0, 0)
+    with pytest.raises(ValueError, match="ue8m0 scales require round_sf"):
+        ext.per_token_cast(0, 2, 2, 16, 1, False, True, 16, 0, 0, 0)
+    with pytest.raises(ValueError, match="no groups"):
+        ext.fp8_grouped_quantize(0, 2, 10, 0, 0, 0, 3, 0, 0, 0, 0)
+    assert ext.per_token_max_hidden(True) >= 65536
+
+
+def _meta(shape, dtype=torch.bfloat16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@needs_ext
+def test_fake_impls_give_kernel_shapes_and_dtypes():
+    from fp_recipes.ops import cuda_fp8 as cu
+
+    x = _meta((5, 24))
+    s = _meta((), torch.float32)
+    q = cu.fp8_quantize(x, s, "e5m2", rowwise=True, columnwise=True)
+    assert q.data.shape == (5, 24) and q.data.dtype == torch.float8_e5m2
+    assert q.data_t.shape == (24, 5) and q.data_t.dtype == torch.float8_e5m2
+    assert q.scale_inv.shape == () and q.amax.dtype == torch.float32 and q.scale is s
+    q = cu.fp8_quantize(x, s, "e4m3", rowwise=False, columnwise=True)
+    assert q.data is None and q.data_t.shape == (24, 5)
+    c = cu.fp8_current_scaling_quantize(x, "e4m3")
+    assert c.data.dtype == torch.float8_e4m3fn and c.data_t is None and c.scale.shape == ()
+    assert cu.fp8_dequantize(q.data_t, q.scale_inv, torch.float16).dtype == torch.float16
+    assert cu.fp8_amax(x).shape == ()
+    offsets = _meta((4,), torch.int64)
+    g = cu.fp8_grouped_quantize(x, offsets, _meta((3,), torch.float32), "e4m3")
+    assert g.data.shape == (5, 24) and g.scale_inv.shape == (3,) and g.amax.shape == (3,)
+    assert cu.fp8_grouped_amax(x, offsets).shape == (3,)
+    assert cu.fp8_grouped_dequantize(g.data, offsets, g.scale_inv, torch.bfloat16).dtype == torch.bfloat16
+    p = cu.per_token_cast(_meta((7, 64)), "e5m6", round_sf=True, scale_format="ue8m0", block_size=16)
+    assert p.data.shape == (7, 96) and p.data.dtype == torch.uint8
+    assert p.scales.shape == (7, 4) and p.scales.dtype == torch.uint8
+    p = cu.per_token_cast(_meta((7, 64), torch.float32), "e4m3")
+    assert p.data.shape == (7, 64) and p.data.dtype == torch.float8_e4m3fn
+    assert p.scales.shape == (7, 1) and p.scales.dtype == torch.float32
+    b = cu.cast_back(_meta((7, 96), torch.uint8), _meta((7, 4), torch.uint8), "e5m6", out_dtype=torch.float32,
+                     scale_format="ue8m0", block_size=16)
+    assert b.shape == (7, 64) and b.dtype == torch.float32
+
+
+@needs_ext
+def test_torch_compile_traces_the_ops_in_one_graph():
+    from fp_recipes.ops import cuda_fp8 as cu
+
+    def f(x, s, offsets, scales):
+        q = cu.fp8_quantize(x, s, "e4m3", rowwise=True, columnwise=True)
+        c = cu.fp8_current_scaling_quantize(x, "e5m2", use_power_2_scales=True)
+        d = cu.fp8_dequantize(q.data, q.scale_inv, torch.bfloat16)
+        g = cu.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+        p = cu.per_token_cast(x, "e5m6", round_sf=True, scale_format="ue8m0", block_size=8)
+        b = cu.cast_back(p.data, p.scales, "e5m6", out_dtype=torch.float32, scale_format="ue8m0", block_size=8)
+        return q.data_t, c.scale, d, g.amax, b
+
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True, backend="eager")(
+        _meta((16, 64)), _meta((), torch.float32), _meta((3,), torch.int64), _meta((2,), torch.float32))
+    assert [tuple(o.shape) for o in out] == [(64, 16), (), (16, 64), (2,), (16, 64)]
+    assert out[2].dtype == torch.bfloat16 and out[4].dtype == torch.float32
+
+
+@needs_ext
+def test_custom_op_refuses_cpu_tensors_with_a_clear_message():
+    import fp_recipes.ops.cuda_fp8  # noqa: F401  (registers the ops)
+
+    x = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="CUDA kernel.*reference for CPU tensors"):
+        torch.ops.fp_recipes.fp8_quantize(x, torch.ones(()), "e4m3", True, False)
+    with pytest.raises(ValueError, match="CUDA kernel"):
+        torch.ops.fp_recipes.per_token_cast(x, "e4m3", False, "fp32", 8)

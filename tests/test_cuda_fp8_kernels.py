@@ -1,0 +1,423 @@
+"""The FP8 / grouped FP8 / per-token CUDA kernels against their reference twins, byte for byte.
+
+Every case runs the kernel (through the op registered for fp_recipes.ops dispatch) and the twin from
+ops/ref_fp8.py / ops/ref_per_token.py on the SAME CUDA tensors, then compares the raw bytes of data,
+scales and amax (NaN included: both sides hold the canonical NaN). Needs a GPU (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fp_recipes import formats
+from fp_recipes.ops import ref_fp8, ref_per_token
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module")
+def cu():
+    from fp_recipes.ops import backend
+
+    assert backend.extension() is not None, backend.extension_error()
+    from fp_recipes.ops import cuda_fp8
+
+    return cuda_fp8
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.element_size() == 1 else t.reshape(-1).view(torch.uint8)
+
+
+def assert_same(got, want, what: str) -> None:
+    if want is None:
+        assert got is None, f"{what}: expected None"
+        return
+    assert got is not None, f"{what}: got None"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert got.device == want.device
+    gb, wb = as_bytes(got), as_bytes(want)
+    if not torch.equal(gb, wb):
+        bad = (gb != wb).nonzero()
+        i = int(bad[0, 0]) if bad.dim() > 1 else int(bad[0])
+        raise AssertionError(f"{what}: {bad.shape[0]} differing bytes, first at byte {i}: "
+                             f"got {int(gb.reshape(-1)[i])} want {int(wb.reshape(-1)[i])}")
+
+
+def make_input(shape, dtype, kind: str, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    n = math.prod(shape)
+    if kind == "zeros":
+        return torch.zeros(shape, dtype=dtype, device=DEV)
+    # A wide spread of magnitudes: normal, tiny (FP8 subnormal/underflow after scaling), large.
+    x = torch.randn(n, generator=g, device=DEV, dtype=torch.float32)
+    lo, hi = (-12, 12) if dtype == torch.float16 else (-24, 24)  # keep FP16 inputs mostly finite
+    mag = torch.exp2(torch.randint(lo, hi, (n,), generator=g, device=DEV).float())
+    x = x * mag
+    if kind == "huge":
+        lim = torch.finfo(dtype).max
+        x[::7] = lim
+        x[3::11] = -lim
+        x[5::13] = float("inf")
+        x[6::17] = float("-inf")
+    if kind == "nan":
+        x[n // 2] = float("nan")
+        if n > 4:
+            x[1::97] = float("inf")
+    x = x.to(dtype)
+    return x.reshape(shape)
+
+
+SHAPES = [(1, 1), (1, 17), (3, 5), (7, 129), (64, 64), (65, 63), (128, 4096), (1, 24581), (16500, 24),
+          (257, 1000)]
+
+
+# ---- encoder: every FP32 bit pattern -------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_encode_every_fp32_bit_pattern(cu, fmt):
+    """The hardware satfinite cvt must equal the reference encoder on all 2^32 inputs (scale 1)."""
+    chunk = 1 << 26
+    one = torch.ones((), dtype=torch.float32, device=DEV)
+    for start in range(0, 1 << 32, chunk):
+        bits = torch.arange(start, start + chunk, dtype=torch.int64, device=DEV)
+        x = formats.fp32_from_bits(bits).reshape(-1, 4096)
+        got = cu.fp8_quantize(x, one, fmt).data
+        want = formats.fp8_encode(x, fmt)
+        assert_same(got, want, f"{fmt} bits [{start:#x}, {start + chunk:#x})")
+
+
+# ---- per tensor, given scale ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp8_quantize_matches_reference(cu, dtype, fmt, shape):
+    for i, kind in enumerate(("normal", "zeros", "huge", "nan")):
+        x = make_input(shape, dtype, kind, seed=i)
+        for scale_val in (1.0, 0.3711, 2.0 ** 12, 3.5e-3):
+            scale = torch.tensor(scale_val, dtype=torch.float32, device=DEV)
+            for rowwise, columnwise in ((True, False), (False, True), (True, True)):
+                got = cu.fp8_quantize(x, scale, fmt, rowwise=rowwise, columnwise=columnwise)
+                want = ref_fp8.fp8_quantize(x, scale, fmt, rowwise=rowwise, columnwise=columnwise)
+                tag = f"{kind} scale={scale_val} rw={rowwise} cw={columnwise}"
+                assert_same(got.data, want.data, f"data {tag}")
+                assert_same(got.data_t, want.data_t, f"data_t {tag}")
+                assert_same(got.scale_inv, want.scale_inv, f"scale_inv {tag}")
+                assert_same(got.amax, want.amax, f"amax {tag}")
+                assert got.scale is scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_amax_matches_reference(cu, dtype):
+    for shape in SHAPES + [(0, 5), (4096, 4096)]:
+        for i, kind in enumerate(("normal", "zeros", "huge", "nan")):
+            x = make_input(shape, dtype, kind, seed=10 + i)
+            assert_same(cu.fp8_amax(x), ref_fp8.fp8_amax(x), f"amax {shape} {kind}")
+
+
+def test_fp8_quantize_unaligned_and_noncontiguous_inputs(cu):
+    base = make_input((1, 4097 * 33 + 1), torch.bfloat16, "normal", seed=3).reshape(-1)
+    x = base[1:].reshape(33, 4097)  # 2-byte offset: misaligned for 16-byte loads
+    scale = torch.tensor(0.75, device=DEV)
+    for cw in (False, True):
+        got = cu.fp8_quantize(x, scale, "e4m3", columnwise=cw)
+        want = ref_fp8.fp8_quantize(x, scale, "e4m3", columnwise=cw)
+        assert_same(got.data, want.data, "misaligned data")
+        assert_same(got.data_t, want.data_t, "misaligned data_t")
+        assert_same(got.amax, want.amax, "misaligned amax")
+    xt = make_input((96, 64), torch.float32, "normal", seed=4).t()  # non-contiguous: copied, same bytes
+    with pytest.warns(RuntimeWarning, match="not contiguous"):
+        got = cu.fp8_quantize(xt, scale, "e5m2", columnwise=True)
+    want = ref_fp8.fp8_quantize(xt, scale, "e5m2", columnwise=True)
+    assert_same(got.data, want.data, "noncontig data")
+    assert_same(got.data_t, want.data_t, "noncontig data_t")
+
+
+# ---- current scaling -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_current_scaling_matches_reference(cu, dtype, fmt):
+    tiny = torch.full((3, 40), 1e-40 if dtype == torch.float32 else 0.0, dtype=dtype, device=DEV)
+    cases = [make_input(s, dtype, k, seed=j) for j, (s, k) in enumerate(
+        [((1, 1), "normal"), ((65, 63), "normal"), ((257, 1000), "huge"), ((128, 4096), "nan"),
+         ((16500, 24), "normal"), ((7, 129), "zeros")])] + [tiny]
+    for x in cases:
+        for pow2 in (False, True):
+            for eps in (0.0, 1e-12, 3.0):
+                for rowwise, columnwise in ((True, False), (True, True), (False, True)):
+                    got = cu.fp8_current_scaling_quantize(x, fmt, use_power_2_scales=pow2, amax_epsilon=eps,
+                                                          rowwise=rowwise, columnwise=columnwise)
+                    want = ref_fp8.fp8_current_scaling_quantize(x, fmt, use_power_2_scales=pow2, amax_epsilon=eps,
+                                                                rowwise=rowwise, columnwise=columnwise)
+                    tag = f"{tuple(x.shape)} pow2={pow2} eps={eps} rw={rowwise} cw={columnwise}"
+                    for field in ("data", "data_t", "scale_inv", "amax", "scale"):
+                        assert_same(getattr(got, field), getattr(want, field), f"{field} {tag}")
+
+
+# ---- dequantize ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_fp8_dequantize_matches_reference(cu, fmt, out_dtype):
+    codes = torch.arange(256, dtype=torch.int64, device=DEV).to(torch.uint8)
+    for n in (256, 256 * 97 + 13, 1 << 20):
+        data = codes.repeat((n + 255) // 256)[:n]
+        data = (data.reshape(-1, 64) if n % 64 == 0 else data).view(formats.FP8_DTYPE[fmt])
+        for si in (1.0, 0.0078125, 3.3e-5, 1.7e30):
+            scale_inv = torch.tensor(si, device=DEV)
+            assert_same(cu.fp8_dequantize(data, scale_inv, out_dtype), ref_fp8.fp8_dequantize(data, scale_inv, out_dtype),
+                        f"dequant n={n} si={si}")
+
+
+# ---- grouped -------------------------------------------------------------------------------------
+
+def _member_sizes(g: int, seed: int, width: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, 40, (g,), generator=gen)
+    rows[torch.randint(0, g, (max(1, g // 5),), generator=gen)] = 0  # empty members
+    if g > 3:
+        rows[1] = 700  # a large member spanning many tiles
+    return [int(r) * width for r in rows]
+
+
+@pytest.mark.parametrize("num_groups", [1, 63, 64, 65, 256, 1000])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_grouped_quantize_matches_reference(cu, num_groups, dtype):
+    for width in (7168 if num_groups <= 65 else 256, 33):
+        sizes = _member_sizes(num_groups, num_groups * 7 + width, width)
+        n = sum(sizes)
+        offsets = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0).tolist()), dtype=torch.int64, device=DEV)
+        x = make_input((max(n, 1),), dtype, "normal", seed=num_groups)[:n]
+        if n > 10:
+            x[n // 3] = float("nan")
+            x[n // 2] = float("inf")
+        x2 = x.reshape(-1, width) if n else x
+        gen = torch.Generator(device=DEV).manual_seed(5)
+        scales = torch.exp2(torch.randint(-8, 8, (num_groups,), generator=gen, device=DEV).float()) * 1.37
+        for buf in (x, x2):
+            for fmt in ("e4m3", "e5m2"):
+                got = cu.fp8_grouped_quantize(buf, offsets, scales, fmt)
+                want = ref_fp8.fp8_grouped_quantize(buf, offsets, scales, fmt)
+                tag = f"G={num_groups} width={width} dim={buf.dim()} {fmt}"
+                assert_same(got.data, want.data, f"data {tag}")
+                assert_same(got.scale_inv, want.scale_inv, f"scale_inv {tag}")
+                assert_same(got.amax, want.amax, f"amax {tag}")
+                assert_same(cu.fp8_grouped_amax(buf, offsets), ref_fp8.fp8_grouped_amax(buf, offsets),
+                            f"grouped amax {tag}")
+                for od in DTYPES:
+                    assert_same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od),
+                                ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od),
+                                f"grouped dequant {od} {tag}")
+
+
+def test_fp8_grouped_members_equal_single_tensor_kernel(cu):
+    """Each member of a grouped cast equals the single-tensor kernel on that member alone."""
+    sizes = [0, 8192 * 3 + 5, 1, 0, 4097, 8192, 0]
+    offs = [0]
+    for s in sizes:
+        offs.append(offs[-1] + s)
+    x = make_input((offs[-1],), torch.bfloat16, "normal", seed=9)
+    offsets = torch.tensor(offs, dtype=torch.int64, device=DEV)
+    scales = torch.linspace(0.5, 4.0, len(sizes), device=DEV)
+    got = cu.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+    for i, (a, b) in enumerate(zip(offs[:-1], offs[1:])):
+        single = cu.fp8_quantize(x[a:b].reshape(1, -1).contiguous(), scales[i].clone(), "e4m3")
+        assert_same(got.data[a:b].reshape(1, -1), single.data, f"member {i} data")
+        assert_same(got.amax[i], single.amax, f"member {i} amax")
+
+
+def test_fp8_grouped_zero_groups_and_all_empty(cu):
+    x = torch.empty((0,), dtype=torch.bfloat16, device=DEV)
+    for g in (0, 3):
+        offsets = torch.zeros(g + 1, dtype=torch.int64, device=DEV)
+        scales = torch.ones(g, device=DEV) * 2
+        got = cu.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+        want = ref_fp8.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+        assert_same(got.data, want.data, "data")
+        assert_same(got.scale_inv, want.scale_inv, "scale_inv")
+        assert_same(got.amax, want.amax, "amax")
+
+
+def test_fp8_grouped_repeatable(cu):
+    """Same inputs, same bytes, run after run (a race would move the amax)."""
+    sizes = [4096 * 9 + 3] * 300
+    offsets = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int64, device=DEV)
+    x = make_input((offsets[-1].item(),), torch.float32, "normal", seed=1)
+    scales = torch.ones(300, device=DEV)
+    first = cu.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+    want = ref_fp8.fp8_grouped_amax(x, offsets)
+    for _ in range(20):
+        again = cu.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+        assert_same(again.amax, want, "amax")
+        assert_same(again.data, first.data, "data")
+
+
+# ---- per token -----------------------------------------------------------------------------------
+
+PT_SHAPES = [(1, 8), (3, 64), (17, 7168), (5, 8200), (300, 512), (2, 65536)]
+
+
+def _pt_input(shape, dtype, seed):
+    x = make_input(shape, dtype, "normal", seed=seed)
+    t = shape[0]
+    if t >= 3:
+        x[1] = 0  # amax floor
+        x[2, shape[1] // 2] = float("nan")
+    if t >= 5:
+        x[4, 3] = float("inf")
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt", ["e5m6", "e4m3"])
+@pytest.mark.parametrize("round_sf,scale_format", [(False, "fp32"), (True, "fp32"), (True, "ue8m0")])
+def test_per_token_cast_matches_reference(cu, dtype, fmt, round_sf, scale_format):
+    for j, shape in enumerate(PT_SHAPES):
+        x = _pt_input(shape, dtype, seed=j)
+        h = shape[1]
+        blocks = [None, 8, 128, 24, h // 2] + ([4, 1, 100] if fmt == "e4m3" else [])
+        for bs in blocks:
+            if bs is None:
+                pass
+            elif h % bs or (fmt == "e5m6" and bs % 8) or h // bs > 12288:
+                continue
+            got = cu.per_token_cast(x, fmt, round_sf=round_sf, scale_format=scale_format, block_size=bs)
+            want = ref_per_token.per_token_cast(x, fmt, round_sf=round_sf, scale_format=scale_format, block_size=bs)
+            tag = f"{shape} bs={bs}"
+            assert_same(got.data, want.data, f"data {tag}")
+            assert_same(got.scales, want.scales, f"scales {tag}")
+            for od in DTYPES:
+                back = cu.cast_back(got.data, got.scales, fmt, out_dtype=od, scale_format=scale_format, block_size=bs)
+                ref_back = ref_per_token.cast_back(want.data, want.scales, fmt, out_dtype=od,
+                                                   scale_format=scale_format, block_size=bs)
+                assert_same(back, ref_back, f"cast_back {od} {tag}")
+
+
+def test_per_token_e4m3_odd_hidden(cu):
+    x = make_input((9, 1001), torch.bfloat16, "normal", seed=2)
+    for bs in (None, 7, 143):
+        got = cu.per_token_cast(x, "e4m3", round_sf=True, block_size=bs)
+        want = ref_per_token.per_token_cast(x, "e4m3", round_sf=True, block_size=bs)
+        assert_same(got.data, want.data, f"data bs={bs}")
+        assert_same(got.scales, want.scales, f"scales bs={bs}")
+        assert_same(cu.cast_back(got.data, got.scales, "e4m3", block_size=bs),
+                    ref_per_token.cast_back(want.data, want.scales, "e4m3", block_size=bs), f"back bs={bs}")
+
+
+def test_per_token_bf16_amax_is_fp32(cu):
+    """Seed 000: a BF16 accumulator would underestimate the amax and move a round_sf scale."""
+    x = torch.full((4, 7168), 1.0, dtype=torch.bfloat16, device=DEV)
+    x[:, 5] = 65024.0 * 2.0 ** -3 * (1 + 2.0 ** -7)  # just above a power of two
+    got = cu.per_token_cast(x, "e5m6", round_sf=True, scale_format="ue8m0")
+    want = ref_per_token.per_token_cast(x, "e5m6", round_sf=True, scale_format="ue8m0")
+    assert_same(got.scales, want.scales, "ue8m0 scales")
+    assert_same(got.data, want.data, "data")
+
+
+# ---- dispatch, compile, errors -------------------------------------------------------------------
+
+def test_dispatch_runs_the_kernel(cu):
+    import fp_recipes
+    from fp_recipes import ops
+    from fp_recipes.ops import backend
+
+    info = fp_recipes.backend_info() if hasattr(fp_recipes, "backend_info") else backend.backend_info()
+    assert info["backend"] == "cuda"
+    for name in ("fp8_quantize", "fp8_current_scaling_quantize", "fp8_dequantize", "fp8_grouped_quantize",
+                 "fp8_grouped_amax", "fp8_grouped_dequantize", "per_token_cast", "cast_back", "fp8_amax"):
+        assert backend.cuda_impl(name) is getattr(cu, name)
+    x = make_input((64, 128), torch.bfloat16, "normal")
+    s = torch.tensor(0.5, device=DEV)
+    assert_same(ops.fp8_quantize(x, s, "e4m3").data, ref_fp8.fp8_quantize(x, s, "e4m3").data, "dispatch")
+
+
+def test_torch_compile_fullgraph(cu):
+    def f(x, s, offsets, scales):
+        q = cu.fp8_quantize(x, s, "e4m3", rowwise=True, columnwise=True)
+        c = cu.fp8_current_scaling_quantize(x, "e5m2", use_power_2_scales=True)
+        d = cu.fp8_dequantize(q.data, q.scale_inv, torch.bfloat16)
+        g = cu.fp8_grouped_quantize(x, offsets, scales, "e4m3")
+        p = cu.per_token_cast(x, "e5m6", round_sf=True, scale_format="ue8m0", block_size=128)
+        b = cu.cast_back(p.data, p.scales, "e5m6", out_dtype=torch.float32, scale_format="ue8m0", block_size=128)
+        return q.data_t, c.scale, d, g.amax, b, p.data
+
+    x = make_input((256, 1024), torch.bfloat16, "normal")
+    s = torch.tensor(0.25, device=DEV)
+    offsets = torch.tensor([0, 1024 * 100, 1024 * 100, 1024 * 256], dtype=torch.int64, device=DEV)
+    scales = torch.tensor([1.0, 2.0, 0.5], device=DEV)
+    eager = f(x, s, offsets, scales)
+    compiled = torch.compile(f, fullgraph=True)(x, s, offsets, scales)
+    for a, b in zip(eager, compiled):
+        assert_same(b, a, "compiled")
+
+
+def test_torch_compile_through_dispatch(cu):
+    from fp_recipes import ops
+
+    def f(x, s):
+        q = ops.fp8_quantize(x, s, "e4m3", columnwise=True)
+        return ops.fp8_dequantize(q.data, q.scale_inv, torch.float32), q.amax
+
+    x = make_input((128, 512), torch.float16, "normal")
+    s = torch.tensor(2.0, device=DEV)
+    eager = f(x, s)
+    compiled = torch.compile(f, fullgraph=True)(x, s)
+    for a, b in zip(eager, compiled):
+        assert_same(b, a, "compiled via dispatch")
+
+
+def test_errors_are_clear(cu):
+    x = make_input((8, 16), torch.bfloat16, "normal")
+    s = torch.tensor(1.0, device=DEV)
+    with pytest.raises(TypeError, match="dtype"):
+        cu.fp8_quantize(x.to(torch.int32), s, "e4m3")
+    with pytest.raises(ValueError, match="fmt"):
+        cu.fp8_quantize(x, s, "e3m4")
+    with pytest.raises(TypeError, match="float32"):
+        cu.fp8_quantize(x, s.double(), "e4m3")
+    with pytest.raises(ValueError, match="2-D"):
+        cu.fp8_quantize(x.reshape(-1), s, "e4m3")
+    with pytest.raises(ValueError, match="same device|is on"):
+        cu.fp8_quantize(x, s.cpu(), "e4m3")
+    # The raw custom op: CPU tensors and non-contiguous tensors are refused with a message.
+    with pytest.raises(ValueError, match="CUDA kernel"):
+        torch.ops.fp_recipes.fp8_quantize(x.cpu(), s.cpu(), "e4m3", True, False)
+    with pytest.raises(ValueError, match="contiguous"):
+        torch.ops.fp_recipes.fp8_quantize(x.t(), s, "e4m3", True, False)
+    # Grouped: bad offsets.
+    buf = make_input((100,), torch.float32, "normal")
+    scales = torch.ones(2, device=DEV)
+    for bad, msg in (([0, 60, 50], "non-decreasing"), ([0, 50, 99], "offsets\\[-1\\]"), ([1, 50, 100], "offsets\\[0\\]")):
+        with pytest.raises(ValueError, match=msg):
+            cu.fp8_grouped_quantize(buf, torch.tensor(bad, device=DEV), scales, "e4m3")
+    with pytest.raises(TypeError, match="int64"):
+        cu.fp8_grouped_quantize(buf, torch.tensor([0, 50, 100], device=DEV, dtype=torch.int32), scales, "e4m3")
+    with pytest.raises(ValueError, match="shape"):
+        cu.fp8_grouped_quantize(buf, torch.tensor([0, 50, 100], device=DEV), torch.ones(3, device=DEV), "e4m3")
+    # Per token.
+    with pytest.raises(ValueError, match="multiple of 8"):
+        cu.per_token_cast(make_input((2, 12), torch.float32, "normal"), "e5m6")
+    with pytest.raises(ValueError, match="round_sf"):
+        cu.per_token_cast(x, "e4m3", scale_format="ue8m0")
+    with pytest.raises(ValueError, match="divide"):
+        cu.per_token_cast(x, "e4m3", block_size=5)
+    # The extension's own checks (bypassing Python validation) raise too, never crash.
+    from fp_recipes.ops import backend
+
+    ext = backend.extension()
+    with pytest.raises(ValueError, match="float8"):
+        ext.fp8_quantize(x.data_ptr(), 2, 8, 16, s.data_ptr(), 0, 0, 0, s.data_ptr(), s.data_ptr(), 0)
+    with pytest.raises(ValueError, match="block_size"):
+        ext.per_token_cast(x.data_ptr(), 2, 8, 16, 0, False, False, 3, 0, 0, 0)
