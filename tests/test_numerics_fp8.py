@@ -236,3 +236,32 @@ def test_grouped_validation():
         ops.fp8_grouped_quantize(torch.ones(4, 3).t(), torch.tensor([0, 6, 12]), s, "e4m3")
     with pytest.raises(ValueError, match="1-D or 2-D"):
         ops.fp8_grouped_quantize(torch.ones(1, 2, 3), torch.tensor([0, 3, 6]), s, "e4m3")
+
+
+# ---- random odd shapes against an independent oracle ------------------------------------------------
+
+def _oracle_fp8(x: torch.Tensor, scale: float, fmt: str) -> torch.Tensor:
+    """Independent FP8 cast: FP32 product, clamp to +-max, torch's RN cast; NaN -> 0x7F."""
+    mx = 448.0 if fmt == "e4m3" else 57344.0
+    y = x.float() * torch.tensor(scale, dtype=torch.float32)
+    codes = torch.clamp(y, -mx, mx).to(torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2)
+    codes = codes.view(torch.uint8).clone()
+    codes[torch.isnan(y)] = 0x7F
+    return codes
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 9), st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       st.sampled_from(["e4m3", "e5m2"]), st.floats(2.0 ** -20, 2.0 ** 20), st.integers(0, 2 ** 31 - 1))
+def test_fp8_quantize_odd_shapes_vs_oracle(m, n, dtype, fmt, scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, n, generator=gen) * torch.exp2(torch.randint(-12, 12, (m, n), generator=gen).float())
+    x.view(-1)[torch.randint(0, m * n, (1,), generator=gen)] = float(torch.tensor([math.inf, -math.inf, math.nan,
+                                                                                   6e4, 0.0])[seed % 5])
+    x = x.to(dtype)
+    s = torch.tensor(scale, dtype=torch.float32)
+    r = ops.fp8_quantize(x, s, fmt, columnwise=True)
+    want = _oracle_fp8(x, s.item(), fmt)
+    assert torch.equal(u8(r.data), want) and torch.equal(u8(r.data_t), want.t())
+    finite_amax = x.float().abs().max()
+    assert torch.equal(r.amax, finite_amax) or (math.isnan(r.amax.item()) and torch.isnan(x).any())
