@@ -21,6 +21,14 @@ The FP8 NaN code is what the CUDA conversion ``cvt.rn.satfinite`` (``__nv_cvt_fl
 ``__NV_SATFINITE``) produces: the canonical NaN 0x7F whatever the input's sign. Torch's own
 ``.to(torch.float8_e4m3fn)`` does not saturate (448 < |x| becomes NaN) and keeps the sign of a NaN; never
 use it where bytes matter.
+
+RN arithmetic notes (how the references get IEEE results from torch): a single torch elementwise op on
+FP32 tensors (``a * b``, ``a / b``, ``a + b``) is one IEEE operation rounded to nearest even, on CPU
+and on CUDA (torch is not built with fast-math, and one op leaves nothing to fuse into an FMA). So the
+references write each contract step as its own op, in the contract's order, on FP32 tensors; they
+never use fused helpers (``addcmul``, ``lerp``, ``baddbmm``) or Python floats in mixed expressions where
+the order matters. FP32 -> BF16/FP16 ``.to()`` is one RN cast. Widening BF16/FP16 -> FP32 is exact.
+Powers of two are built from exponent bits (:func:`pow2`), never with ``exp2``/``pow``.
 """
 
 from __future__ import annotations
