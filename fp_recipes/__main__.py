@@ -15,7 +15,7 @@ import argparse
 import importlib
 import json
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
@@ -25,17 +25,50 @@ def _cmd_env(args: argparse.Namespace) -> int:
         sys.stdout.write(env.render_markdown())
         return 0
     rep = env.report()
+    recipe, recipe_error = _resolved_recipe()
+    rep["recipe"] = {
+        "config": recipe.to_config() if recipe is not None else None,
+        "provenance": recipe.provenance() if recipe is not None else None,
+        "error": recipe_error,
+    }
     if args.json:
         print(json.dumps(rep, indent=2))
     else:
         print(env.render_text())
+        print()
+        if recipe_error:
+            print(f"autocast() recipe (FP_RECIPES_RECIPE): ERROR: {recipe_error}")
+        else:
+            text = recipe.describe() if recipe is not None else "none (quantization off)"
+            print(f"autocast() recipe (FP_RECIPES_RECIPE): {text}")
     bad = [r["name"] for r in rep["variables"] if r["status"].startswith("error")]
-    if args.strict and (rep["unknown"] or bad):
+    if args.strict and (rep["unknown"] or bad or recipe_error):
         problems = [u["name"] for u in rep["unknown"]] + bad
+        if recipe_error:
+            problems.append("the recipe autocast() would build")
         print(f"fp_recipes env --strict: {len(problems)} problem(s): {', '.join(problems)}",
               file=sys.stderr)
         return 1
     return 0
+
+
+def _resolved_recipe() -> "tuple[Optional[Any], Optional[str]]":
+    """What ``autocast()`` would use now: (recipe or None for 'none', None) or (None, the error)."""
+    import warnings
+
+    from fp_recipes.recipes import recipe_from_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the table above already reports unknown/deprecated names
+        try:
+            recipe = recipe_from_env()
+        except ValueError as exc:
+            errors = getattr(exc, "errors", None)
+            if callable(errors):  # a pydantic ValidationError: keep only the messages
+                msgs = [e["msg"].removeprefix("Value error, ") for e in errors()]
+                return None, "; ".join(msgs)
+            return None, str(exc)
+    return recipe, None
 
 
 def _cmd_demo(args: argparse.Namespace, rest: List[str]) -> int:

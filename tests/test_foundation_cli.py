@@ -107,3 +107,31 @@ def test_module_entry_point_runs():
     bad = subprocess.run([sys.executable, "-m", "fp_recipes", "nope"], cwd=ROOT,
                          capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_env_shows_the_recipe_autocast_would_build(monkeypatch, capsys):
+    monkeypatch.setenv("FP_RECIPES_RECIPE", "nvfp4")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "autocast() recipe (FP_RECIPES_RECIPE): NVFP4BlockScaling" in out
+    assert "[env NVTE_NVFP4_DISABLE_RHT=1]" in out
+    assert main(["env", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)["recipe"]
+    assert rec["config"]["recipe"] == "nvfp4" and rec["config"]["disable_rht"] is True
+    assert rec["provenance"]["disable_rht"] == "env NVTE_NVFP4_DISABLE_RHT=1"
+    monkeypatch.setenv("FP_RECIPES_RECIPE", "none")
+    assert main(["env"]) == 0
+    assert "none (quantization off)" in capsys.readouterr().out
+
+
+def test_env_strict_fails_on_a_recipe_that_cannot_be_built(monkeypatch, capsys):
+    monkeypatch.setenv("FP_RECIPES_RECIPE", "nvfp4")
+    monkeypatch.setenv("NVTE_NVFP4_4OVER6", "all")  # 4over6 on activations needs RHT off
+    assert main(["env"]) == 0
+    assert main(["env", "--strict"]) == 1
+    out = capsys.readouterr().out
+    assert "ERROR: nvfp4_4over6='all' (from env NVTE_NVFP4_4OVER6=all)" in out
+    assert "validation error" not in out  # the message, not pydantic's wrapping
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    assert main(["env", "--strict"]) == 0
