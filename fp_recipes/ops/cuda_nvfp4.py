@@ -56,8 +56,9 @@ def _require_contiguous(x: torch.Tensor, what: str) -> None:
 
 
 def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """Kernels load 16 bytes at a time: a tensor whose storage offset breaks the alignment is copied."""
-    return x if x.data_ptr() % 16 == 0 else x.clone()
+    """Kernels load 16 bytes at a time: a tensor whose storage offset breaks the alignment is copied
+    (inside the custom ops, where tensors are real: data_ptr() does not trace)."""
+    return x if x.numel() == 0 or x.data_ptr() % 16 == 0 else x.clone()
 
 
 _EMPTY_SHAPE = (0,)
@@ -81,6 +82,7 @@ def _empty_e4m3(device: torch.device) -> torch.Tensor:
 def _amax_op(x: torch.Tensor) -> torch.Tensor:
     _require_cuda(x, "nvfp4_amax")
     _require_contiguous(x, "nvfp4_amax")
+    x = _aligned(x)
     out = torch.empty((), dtype=torch.float32, device=x.device)
     m, n = x.shape
     stream, dev = _launch_ctx(x)
@@ -97,6 +99,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
 def _row_amax_op(x: torch.Tensor) -> torch.Tensor:
     _require_cuda(x, "nvfp4_row_amax")
     _require_contiguous(x, "nvfp4_row_amax")
+    x = _aligned(x)
     m, n = x.shape
     out = torch.empty((m,), dtype=torch.float32, device=x.device)
     stream, dev = _launch_ctx(x)
@@ -131,6 +134,7 @@ def _quantize_op(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, c
     what = "nvfp4_quantize"
     _require_cuda(x, what)
     _require_contiguous(x, what)
+    x = _aligned(x)
     m, n = x.shape
     dev_t = x.device
     stream, dev = _launch_ctx(x)
@@ -227,7 +231,7 @@ def nvfp4_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| as FP32 0-dim (NaN anywhere -> NaN); see ref_nvfp4.nvfp4_amax."""
     _check_x(x, "nvfp4_amax")
     _require_cuda(x, "nvfp4_amax")
-    return _amax_op(_aligned(x.contiguous()))
+    return _amax_op(x.contiguous())
 
 
 @backend.register_cuda_impl("nvfp4_row_amax")
@@ -235,7 +239,7 @@ def nvfp4_row_amax(x: torch.Tensor) -> torch.Tensor:
     """Per-row max |x| as FP32 (M,); see ref_nvfp4.nvfp4_row_amax."""
     _check_x(x, "nvfp4_row_amax")
     _require_cuda(x, "nvfp4_row_amax")
-    return _row_amax_op(_aligned(x.contiguous()))
+    return _row_amax_op(x.contiguous())
 
 
 @backend.register_cuda_impl("nvfp4_quantize")
@@ -250,7 +254,7 @@ def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, roww
     _require_cuda(x, "nvfp4_quantize")
     if amax is not None:
         amax = amax.contiguous()
-    res = _quantize_op(_aligned(x.contiguous()), amax, bool(rowwise), bool(columnwise), bool(block_2d),
+    res = _quantize_op(x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d),
                        bool(row_scaled), bool(four_over_six), int(e4m3_max), err_mode == "MSE",
                        bool(err_fast_math), bool(rht), bool(stochastic_rounding), seed & _MASK32, seed >> 32,
                        offset & _MASK32, offset >> 32)
