@@ -221,14 +221,34 @@ def test_linear_empty_tokens_and_leading_dims():
 
 
 def test_nvfp4_shape_errors_are_clear():
-    mod = Linear(40, 16)  # 40 is not a multiple of 16
+    mod = Linear(40, 16)  # 40 features: not a multiple of 16
     with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
         with pytest.raises(ValueError, match="multiple of 16"):
             mod(torch.randn(16, 40))
-    mod = Linear(32, 16)
+    mod = Linear(32, 24)  # 24 output features: the 2-D weight tiles need a multiple of 16
     with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
-        with pytest.raises(ValueError, match="first dim"):
-            mod(torch.randn(24, 32))  # 24 tokens: the columnwise copy needs a multiple of 16
+        with pytest.raises(ValueError, match="weight"):
+            mod(torch.randn(16, 32))
+
+
+@pytest.mark.parametrize("tokens", [1, 24, 37])
+def test_nvfp4_odd_token_counts_are_padded(tokens):
+    """Tokens are zero-padded to a multiple of 16 for NVFP4: identical to padding by hand."""
+    torch.manual_seed(8)
+    recipe = NVFP4BlockScaling(disable_stochastic_rounding=True)
+    mod = Linear(32, 16)
+    x = torch.randn(tokens, 32, requires_grad=True)
+    xp = torch.nn.functional.pad(x.detach(), (0, 0, 0, (-tokens) % 16)).requires_grad_(True)
+    dy = torch.randn(tokens, 16)
+    with fp_recipes.autocast(recipe=recipe):
+        y = mod(x)
+        yp = mod(xp)
+    assert y.shape == (tokens, 16) and torch.equal(y, yp[:tokens])
+    y.backward(dy)
+    w_grad = mod.weight.grad.clone()
+    mod.zero_grad()
+    yp.backward(torch.nn.functional.pad(dy, (0, 0, 0, (-tokens) % 16)))
+    assert torch.equal(x.grad, xp.grad[:tokens]) and torch.equal(w_grad, mod.weight.grad)
 
 
 def test_wrong_feature_count_is_clear():

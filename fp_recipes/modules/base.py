@@ -31,7 +31,7 @@ from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, Qua
                                 ScalingKind, TensorKind)
 from .amax_reduction import reducer
 
-__all__ = ["backward_operands", "GemmQuantizers", "QuantizedLinearFunction", "QuantizedModule", "quantized_linear",
+__all__ = ["backward_operands", "GemmQuantizers", "pad_tokens", "token_multiple", "QuantizedLinearFunction", "QuantizedModule", "quantized_linear",
            "quantize_operand"]
 
 _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
@@ -192,11 +192,29 @@ class QuantizedLinearFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
+def token_multiple(qs: GemmQuantizers) -> int:
+    """The multiple the token count must have: 16 when an NVFP4 activation or grad_output is blocked
+    along the tokens (columnwise copy for wgrad, or 2-D tiles), else 1."""
+    for tensor in (TensorKind.ACTIVATION, TensorKind.GRAD_OUTPUT):
+        spec = qs.specs[tensor]
+        if spec.scaling is ScalingKind.NVFP4 and (spec.columnwise or spec.block_2d):
+            return 16
+    return 1
+
+
+def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero rows appended up to a multiple (autograd-aware). Zero tokens change no amax and add
+    nothing to wgrad; their outputs are sliced off, so their gradients are zero."""
+    extra = (-x.shape[0]) % multiple
+    return torch.nn.functional.pad(x, (0, 0, 0, extra)) if extra else x
+
+
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      qs: Optional[GemmQuantizers]) -> torch.Tensor:
     """``F.linear`` with the operands quantized by ``qs`` (None: exactly ``F.linear``).
 
-    Any leading dims of ``x`` are flattened into tokens and restored. This is the entry point for
+    Any leading dims of ``x`` are flattened into tokens and restored; a token count that NVFP4 cannot
+    block is zero-padded for the GEMMs and the padding sliced off again. This is the entry point for
     tensor-parallel wrappers: it communicates nothing."""
     if qs is None:
         return torch.nn.functional.linear(x, weight, bias)
@@ -204,7 +222,11 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight expects {weight.shape[1]} "
                          f"(weight shape {tuple(weight.shape)})")
     lead = x.shape[:-1]
-    y = QuantizedLinearFunction.apply(x.reshape(-1, x.shape[-1]), weight, bias, qs)
+    x2 = x.reshape(-1, x.shape[-1])
+    tokens = x2.shape[0]
+    y = QuantizedLinearFunction.apply(pad_tokens(x2, token_multiple(qs)), weight, bias, qs)
+    if y.shape[0] != tokens:
+        y = y[:tokens]
     return y.reshape(*lead, weight.shape[0])
 
 

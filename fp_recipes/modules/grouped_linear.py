@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from ..gemm import gemm, grouped_gemm
 from ..quantizers.roles import ModuleKind
-from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands,
-                   quantize_operand)
+from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
+                   quantize_operand, token_multiple)
 from .linear import _factory, reset_linear_parameters
 
 __all__ = ["GroupedLinear"]
@@ -151,7 +151,16 @@ class GroupedLinear(QuantizedModule):
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
             return torch.cat(outs, dim=0)
-        return _GroupedLinearFunction.apply(x, splits, sets, *weights, *biases)
+        multiple = max(token_multiple(qs) for qs in sets)
+        if multiple == 1 or all(m % multiple == 0 for m in splits):
+            return _GroupedLinearFunction.apply(x, splits, sets, *weights, *biases)
+        # NVFP4 blocks the tokens of each expert in 16s: pad every expert's rows, slice them off after
+        parts = torch.split(x, list(splits))
+        padded = [pad_tokens(p, multiple) for p in parts]
+        y = _GroupedLinearFunction.apply(torch.cat(padded), tuple(p.shape[0] for p in padded), sets,
+                                         *weights, *biases)
+        outs = torch.split(y, [p.shape[0] for p in padded])
+        return torch.cat([o[:m] for o, m in zip(outs, splits)])
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self._num_gemms}, in_features={self.in_features}, "
