@@ -407,6 +407,8 @@ def test_bad_arguments():
         R.nvfp4_dequantize(q.data, q.scale[:, :1], q.amax)
     with pytest.raises(ValueError, match="row_scaled=True"):
         R.nvfp4_dequantize(q.data, q.scale, q.amax, row_scaled=True)
+    with pytest.raises(TypeError, match="out_dtype"):
+        R.nvfp4_dequantize(q.data, q.scale, q.amax, out_dtype=torch.int32)
 
 
 def test_one_row_tensor_rowwise():

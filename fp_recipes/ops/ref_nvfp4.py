@@ -484,6 +484,8 @@ def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     if data.device != scale.device or data.device != amax.device:
         raise ValueError(f"{what}: data ({data.device}), scale ({scale.device}) and amax ({amax.device}) "
                          "must be on one device")
+    if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"{what}: out_dtype {out_dtype} is not supported; allowed: float32, bfloat16, float16")
     a = amax.unsqueeze(-1) if row_scaled else amax.reshape(())
     factor = (_e4m3_f32(scale) * a) * _recip(_c(6.0 * e4m3_max, a))  # (R, C/16)
     q = formats.e2m1_decode(formats.unpack_e2m1(data)).reshape(rows, -1, BLOCK)
