@@ -357,3 +357,74 @@ def test_import_never_reads_the_environment():
     # the first thing to complain is the recipe construction (the unknown-name warning, raised
     # as an error by the filter above)
     assert out.stdout.strip() == "UnknownEnvVarWarning"
+
+
+# ------------------------------------------------------------------ precedence, as a property
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# field -> (env variable, [(raw env value, typed value)], [argument values])
+_PROPERTY_FIELDS = {
+    DelayedScaling: {
+        "margin": ("FP_RECIPES_DELAYED_MARGIN", [("1", 1), ("5", 5)], [0, 2]),
+        "amax_history_len": ("FP_RECIPES_DELAYED_AMAX_HISTORY_LEN", [("4", 4)], [1, 1024, 8]),
+        "amax_compute_algo": ("FP_RECIPES_DELAYED_AMAX_COMPUTE_ALGO",
+                              [("MOST_RECENT", "most_recent"), ("max", "max")],
+                              ["max", "most_recent"]),
+        "reduce_amax": ("FP_RECIPES_DELAYED_REDUCE_AMAX", [("off", False), ("1", True)],
+                        [True, False]),
+        "fp8_format": ("FP_RECIPES_FP8_FORMAT", [("e4m3", "E4M3")], ["HYBRID", "E5M2"]),
+        "backward_override": ("NVTE_BACKWARD_OVERRIDE", [("dequantized", "dequantized")],
+                              [None, "high_precision"]),
+    },
+    NVFP4BlockScaling: {
+        # disable_rht stays on so every combination of the others is valid
+        "disable_stochastic_rounding": ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
+                                        [("yes", True), ("0", False)], [False, True]),
+        "disable_2d_quantization": ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", [("TRUE", True)],
+                                    [False]),
+        "row_scaled_activation": ("NVTE_NVFP4_ROW_SCALED_ACTIVATION", [("1", True)],
+                                  [False, True]),
+        "nvfp4_4over6": ("NVTE_NVFP4_4OVER6", [("all", "all"), ("Weights", "weights")],
+                         ["none", "activations"]),
+        "nvfp4_4over6_e4m3_use_256": ("NVTE_NVFP4_4OVER6_E4M3_USE_256", [("none", "none")],
+                                      ["weights", "all"]),
+        "nvfp4_4over6_err_mode": ("NVTE_NVFP4_4OVER6_ERR_MODE", [("mse", "MSE")], ["MAE", "mse"]),
+        "nvfp4_4over6_err_use_fast_math": ("NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH", [("on", True)],
+                                           [False]),
+    },
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("cls", list(_PROPERTY_FIELDS), ids=lambda c: c.__name__)
+def test_precedence_property(monkeypatch, cls, data):
+    """Each field: argument if given, else the env value if set, else the default; provenance
+    says which."""
+    fields = _PROPERTY_FIELDS[cls]
+    for var, _, _ in fields.values():
+        monkeypatch.delenv(var, raising=False)
+    kwargs, expected, sources = {}, {}, {}
+    if cls is NVFP4BlockScaling:
+        kwargs["disable_rht"] = True
+    for field, (var, env_values, arg_values) in fields.items():
+        env_choice = data.draw(st.sampled_from([None] + env_values), label=f"env {var}")
+        arg_choice = data.draw(st.sampled_from(["<unset>"] + arg_values), label=f"arg {field}")
+        if env_choice is not None:
+            monkeypatch.setenv(var, env_choice[0])
+        if arg_choice != "<unset>":
+            kwargs[field] = arg_choice
+            expected[field], sources[field] = arg_choice, "argument"
+        elif env_choice is not None:
+            expected[field], sources[field] = env_choice[1], f"env {var}={env_choice[0]}"
+        else:
+            expected[field] = cls.model_fields[field].default
+            sources[field] = "default"
+    r = cls(**kwargs)
+    for field in fields:
+        got = _value(getattr(r, field))
+        want = _value(expected[field])
+        assert (got.upper() if isinstance(got, str) else got) == (
+            want.upper() if isinstance(want, str) else want), field
+        assert r.provenance()[field] == sources[field]
