@@ -402,6 +402,11 @@ def test_errors_are_clear(cu):
     for bad, msg in (([0, 60, 50], "non-decreasing"), ([0, 50, 99], "offsets\\[-1\\]"), ([1, 50, 100], "offsets\\[0\\]")):
         with pytest.raises(ValueError, match=msg):
             cu.fp8_grouped_quantize(buf, torch.tensor(bad, device=DEV), scales, "e4m3")
+    good = torch.tensor([0, 50, 100], device=DEV)
+    cu.fp8_grouped_quantize(buf, good, scales, "e4m3")  # validated once, then cached for this tensor version
+    good[1] = 101  # an in-place change must be seen
+    with pytest.raises(ValueError, match="non-decreasing"):
+        cu.fp8_grouped_quantize(buf, good, scales, "e4m3")
     with pytest.raises(TypeError, match="int64"):
         cu.fp8_grouped_quantize(buf, torch.tensor([0, 50, 100], device=DEV, dtype=torch.int32), scales, "e4m3")
     with pytest.raises(ValueError, match="shape"):

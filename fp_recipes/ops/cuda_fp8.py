@@ -16,6 +16,7 @@ Kernels run on the current stream of the input's device. Results are byte-identi
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -97,6 +98,22 @@ def _contiguous(t: torch.Tensor, op: str, name: str) -> torch.Tensor:
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+# Offsets tensors already validated, with the version counter and element count they were checked
+# against: an unchanged offsets tensor reused for many calls (the MoE case: quantize, amax, dequantize
+# with the same splits) costs one device-to-host check, not one per call.
+_validated_offsets: "weakref.WeakKeyDictionary[torch.Tensor, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _validated_groups(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: str) -> int:
+    key = (offsets._version, numel, offsets.data_ptr())
+    hit = _validated_offsets.get(offsets)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    g = _check_offsets(offsets, numel, ref, what)  # one small device-to-host copy, like the twin
+    _validated_offsets[offsets] = (key, g)
+    return g
 
 
 def _empty(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -197,7 +214,7 @@ def _(data, scale_inv, out_dtype):
 def _fp8_grouped_quantize_op(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
                              fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     device = _require_cuda("fp8_grouped_quantize", x=x, offsets=offsets, scales=scales)
-    g = _check_offsets(offsets, x.numel(), x, "fp8_grouped_quantize")  # one small D2H copy, like the twin
+    g = _validated_groups(offsets, x.numel(), x, "fp8_grouped_quantize")
     dt = FP8_DTYPE[fmt]
     data = torch.empty(x.shape, dtype=dt, device=device)
     scale_inv = torch.empty((g,), dtype=torch.float32, device=device)
@@ -219,7 +236,7 @@ def _(x, offsets, scales, fmt):
 @torch.library.custom_op("fp_recipes::fp8_grouped_amax", mutates_args=())
 def _fp8_grouped_amax_op(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     device = _require_cuda("fp8_grouped_amax", x=x, offsets=offsets)
-    g = _check_offsets(offsets, x.numel(), x, "fp8_grouped_amax")
+    g = _validated_groups(offsets, x.numel(), x, "fp8_grouped_amax")
     amax = torch.empty((g,), dtype=torch.float32, device=device)
     with torch.cuda.device(device):
         _ext().fp8_grouped_amax(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), offsets.data_ptr(), g, _ptr(amax),
@@ -236,7 +253,7 @@ def _(x, offsets):
 def _fp8_grouped_dequantize_op(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
                                out_dtype: torch.dtype) -> torch.Tensor:
     device = _require_cuda("fp8_grouped_dequantize", data=data, offsets=offsets, scale_inv=scale_inv)
-    g = _check_offsets(offsets, data.numel(), data, "fp8_grouped_dequantize")
+    g = _validated_groups(offsets, data.numel(), data, "fp8_grouped_dequantize")
     out = torch.empty(data.shape, dtype=out_dtype, device=device)
     with torch.cuda.device(device):
         _ext().fp8_grouped_dequantize(_ptr(data), DTYPE_CODE[data.dtype], data.numel(), offsets.data_ptr(), g,

@@ -1,0 +1,92 @@
+"""Driver for compute-sanitizer (memcheck / racecheck / synccheck): runs every FP8-family kernel once on
+small but awkward shapes (tails, misaligned bases, >64 groups with empty members, per-token units of 1)
+and checks the bytes against the reference twins. Not a pytest module: run it directly, e.g.
+``compute-sanitizer --tool memcheck --kernel-name regex:fp_recipes python tests/sanitize_fp8.py``."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+
+from fp_recipes.ops import cuda_fp8 as cu  # noqa: E402
+from fp_recipes.ops import ref_fp8, ref_per_token  # noqa: E402
+
+
+def same(a, b, what):
+    if a is None and b is None:
+        return
+    ab = a.contiguous().view(torch.uint8) if a.element_size() == 1 else a.contiguous().reshape(-1).view(torch.uint8)
+    bb = b.contiguous().view(torch.uint8) if b.element_size() == 1 else b.contiguous().reshape(-1).view(torch.uint8)
+    if not torch.equal(ab, bb):
+        raise SystemExit(f"MISMATCH: {what}")
+
+
+def main():
+    dev = "cuda"
+    torch.manual_seed(0)
+    s = torch.tensor(0.37, device=dev)
+    count = 0
+    for dt in (torch.bfloat16, torch.float32):
+        for shape in ((1, 1), (67, 131), (128, 8192 + 64)):
+            x = (torch.randn(shape, device=dev) * 100).to(dt)
+            x.view(-1)[x.numel() // 2] = float("nan") if shape[0] == 67 else 0.0
+            for cw in (False, True):
+                got = cu.fp8_quantize(x, s, "e4m3", columnwise=cw)
+                want = ref_fp8.fp8_quantize(x, s, "e4m3", columnwise=cw)
+                for f in ("data", "data_t", "scale_inv", "amax"):
+                    same(getattr(got, f), getattr(want, f), f"quantize {dt} {shape} cw={cw} {f}")
+                got = cu.fp8_current_scaling_quantize(x, "e5m2", use_power_2_scales=True, columnwise=cw)
+                want = ref_fp8.fp8_current_scaling_quantize(x, "e5m2", use_power_2_scales=True, columnwise=cw)
+                for f in ("data", "data_t", "scale_inv", "amax", "scale"):
+                    same(getattr(got, f), getattr(want, f), f"current {dt} {shape} cw={cw} {f}")
+                count += 2
+            q = cu.fp8_quantize(x, s, "e4m3")
+            same(cu.fp8_dequantize(q.data, q.scale_inv, torch.bfloat16),
+                 ref_fp8.fp8_dequantize(q.data, q.scale_inv, torch.bfloat16), "dequant")
+            same(cu.fp8_amax(x), ref_fp8.fp8_amax(x), "amax")
+            count += 2
+    # misaligned base (scalar paths)
+    base = torch.randn(5 * 1000 + 1, device=dev).to(torch.bfloat16)
+    xm = base[1:].reshape(5, 1000)
+    same(cu.fp8_quantize(xm, s, "e4m3", columnwise=True).data_t, ref_fp8.fp8_quantize(xm, s, "e4m3", columnwise=True).data_t,
+         "misaligned")
+    # grouped: 70 members, some empty, sizes not multiples of anything
+    sizes = [(i * 37) % 1100 if i % 9 else 0 for i in range(70)]
+    offs = [0]
+    for z in sizes:
+        offs.append(offs[-1] + z)
+    offsets = torch.tensor(offs, dtype=torch.int64, device=dev)
+    xg = torch.randn(offs[-1], device=dev).to(torch.bfloat16)
+    scales = torch.rand(70, device=dev) + 0.5
+    got = cu.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
+    want = ref_fp8.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
+    for f in ("data", "scale_inv", "amax"):
+        same(getattr(got, f), getattr(want, f), f"grouped {f}")
+    same(cu.fp8_grouped_amax(xg, offsets), ref_fp8.fp8_grouped_amax(xg, offsets), "grouped amax")
+    same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32),
+         ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32), "grouped dequant")
+    count += 3
+    # per token
+    for fmt, h, bs in (("e5m6", 7168, None), ("e5m6", 256, 24), ("e4m3", 1000, 8), ("e4m3", 100, 4), ("e4m3", 512, None)):
+        if bs is not None and h % bs:
+            continue
+        x = torch.randn(9, h, device=dev).to(torch.bfloat16)
+        x[3] = 0
+        for rsf, sfmt in ((False, "fp32"), (True, "ue8m0")):
+            got = cu.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs)
+            want = ref_per_token.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs)
+            same(got.data, want.data, f"per-token {fmt} {h} {bs} data")
+            same(got.scales, want.scales, f"per-token {fmt} {h} {bs} scales")
+            same(cu.cast_back(got.data, got.scales, fmt, scale_format=sfmt, block_size=bs),
+                 ref_per_token.cast_back(want.data, want.scales, fmt, scale_format=sfmt, block_size=bs),
+                 f"cast_back {fmt} {h} {bs}")
+            count += 2
+    torch.cuda.synchronize()
+    print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
+
+
+if __name__ == "__main__":
+    main()
