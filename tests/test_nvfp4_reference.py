@@ -658,3 +658,46 @@ def test_sr_extremes():
     for seed in range(5):
         q = R.nvfp4_quantize(x, amax=torch.tensor(5.25), stochastic_rounding=True, seed=seed)
         assert _sr_codes(q)[0].tolist() == [7, 1, 2, 0, 0xF, 8, 6, 5] + [3] * 8  # exact values never move
+
+
+# ---- randomized: specials and options against the scalar model -----------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_SPECIALS = [0.0, -0.0, 1e-40, -3e-39, 1e30, -3.3e38, INF, -INF, NAN, 0.25, 5.0, -6.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.sampled_from([1, 2, 16]),
+    blocks=st.integers(1, 3),
+    seed=st.integers(0, 2**31 - 1),
+    n_special=st.integers(0, 4),
+    mode=st.sampled_from(["plain", "4over6", "2d", "2d4over6", "row"]),
+    err=st.sampled_from(["MAE", "MSE"]),
+    fast=st.booleans(),
+    e=st.sampled_from([448, 256]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_random_with_specials_matches_model(rows, blocks, seed, n_special, mode, err, fast, e, dtype):
+    if mode.startswith("2d") and rows % 16:
+        rows = 16
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 16 * blocks, generator=g) * torch.exp(torch.randn(rows, 1, generator=g) * 4)
+    flat = x.view(-1)
+    for k in torch.randint(0, flat.numel(), (n_special,), generator=g).tolist():
+        flat[k] = _SPECIALS[int(torch.randint(0, len(_SPECIALS), (1,), generator=g))]
+    x = x.to(dtype)
+    fos = "4over6" in mode
+    kw = dict(four_over_six=fos, e4m3_max=e, err_mode=err, err_fast_math=fast)
+    xn = x.float().numpy()
+    if mode.startswith("2d"):
+        q = R.nvfp4_quantize(x, block_2d=True, columnwise=True, **kw)
+        codes, scales, _ = sm.quantize_2d(xn, e=e, four_over_six=fos, mode=err, fast=fast)
+        np.testing.assert_array_equal(u8(q.data_t), sm.pack(codes.T))
+    else:
+        q = R.nvfp4_quantize(x, row_scaled=(mode == "row"), **kw)
+        codes, scales, _ = sm.quantize_1d(xn, e=e, row_scaled=(mode == "row"), four_over_six=fos, mode=err,
+                                          fast=fast)
+    np.testing.assert_array_equal(u8(q.scale), scales.astype(np.uint8))
+    np.testing.assert_array_equal(u8(q.data), sm.pack(codes))
