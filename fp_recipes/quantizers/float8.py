@@ -208,8 +208,9 @@ class Float8Quantizer(Quantizer):
         """The scale :meth:`update_scale` would set (steps 1-2), without touching the state."""
         h = self.amax_history
         amax_ref = h.max() if self.spec.amax_compute_algo == "max" else h[0]
-        fmax = torch.tensor(self.fmt_max, dtype=torch.float32, device=h.device)
-        div = torch.tensor(2.0 ** self.spec.margin, dtype=torch.float32, device=h.device)
+        # torch.full fills on the device: no blocking host-to-device copy (which would sync the stream)
+        fmax = torch.full((), self.fmt_max, dtype=torch.float32, device=h.device)
+        div = torch.full((), 2.0 ** self.spec.margin, dtype=torch.float32, device=h.device)
         new = (fmax / amax_ref) / div
         new = torch.where(torch.isinf(new), torch.full_like(new, formats.FP32_MAX), new)
         ok = (amax_ref > 0) & torch.isfinite(amax_ref)
