@@ -35,6 +35,7 @@ Backends:
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
@@ -357,6 +358,11 @@ def gemm(a: Operand, b: Operand, *, transpose_a: bool = False, transpose_b: bool
 # ----------------------------------------------------------------------------------------------
 
 
+# Which FP8 grouped GEMM runs where both work: "auto" (one torch._scaled_grouped_mm when eligible),
+# "grouped_mm" (the same), or "loop" (one torch._scaled_mm per group: no concatenation copies).
+GROUPED_FP8_BACKEND = "auto"
+
+
 def _scaled_grouped_fprop(a_list: Sequence[_Fp8Operand], b_list: Sequence[_Fp8Operand],
                           out_dtype: torch.dtype) -> Optional[torch.Tensor]:
     """One ``torch._scaled_grouped_mm`` launch for the "2-D x 3-D" shape (rows split by group, one
@@ -377,8 +383,9 @@ def _scaled_grouped_fprop(a_list: Sequence[_Fp8Operand], b_list: Sequence[_Fp8Op
     rows = [o.data.shape[0] for o in a_list]
     a_cat = torch.cat([o.data for o in a_list], dim=0) if len(a_list) > 1 else a_list[0].data
     b_stack = torch.stack([o.data for o in b_list], dim=0)  # (G, N, K)
-    counts = torch.tensor(rows, device=dev, dtype=torch.int64)
-    offs = torch.cumsum(counts, 0).to(torch.int32)
+    # built on the host and copied without a stream sync
+    counts = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
+    offs = torch.tensor(list(itertools.accumulate(rows)), dtype=torch.int32).to(dev, non_blocking=True)
     sa = torch.stack([o.scale_inv for o in a_list]).repeat_interleave(counts, output_size=sum(rows))
     sb = torch.stack([o.scale_inv for o in b_list]).unsqueeze(1).expand(len(b_list), n).contiguous()
     return torch._scaled_grouped_mm(a_cat, b_stack.transpose(-2, -1), sa, sb, offs=offs,
@@ -400,7 +407,7 @@ def grouped_gemm(a_list: Sequence[Operand], b_list: Sequence[Operand], *, transp
     if biases is not None and len(biases) != len(a_list):
         raise ValueError(f"grouped_gemm: {len(biases)} biases for {len(a_list)} groups")
     no_bias = biases is None or all(x is None for x in biases)
-    if concat and no_bias and not transpose_a and a_list and \
+    if GROUPED_FP8_BACKEND != "loop" and concat and no_bias and not transpose_a and a_list and \
             all(_kind(x) == "fp8" for x in list(a_list) + list(b_list)):
         fa = [_fp8_operand(x, False) for x in a_list]
         fb = [_fp8_operand(x, transpose_b) for x in b_list]
