@@ -66,6 +66,7 @@ class EnvVar:
     use: str = "recipe"
     alias_of: Optional[str] = None
     te_name: bool = False  # same name and meaning as in TransformerEngine
+    hint: str = "text"  # what a "text" variable holds
 
     @property
     def allowed(self) -> str:
@@ -77,7 +78,7 @@ class EnvVar:
             return f"integer >= {int(self.minimum)}" if self.minimum is not None else "integer"
         if self.kind == "float":
             return f"number >= {self.minimum:g}" if self.minimum is not None else "number"
-        return "text"
+        return self.hint
 
     @property
     def sets(self) -> str:
@@ -192,7 +193,7 @@ TABLE: Tuple[EnvVar, ...] = (
            "(recipe_from_env); none turns quantization off.", use="select",
            choices=("none", "delayed", "current", "nvfp4", "per_token")),
     EnvVar("FP_RECIPES_CUDA_ARCHS", "text", "Build: ';'-separated CUDA archs for fp_recipes._C "
-           "(default 90a;100a).", use="build"),
+           "(default 90a;100a).", use="build", hint="';'-separated archs, e.g. 90a;100a"),
     EnvVar("FP_RECIPES_NO_CUDA", "bool", "Build: skip the CUDA extension on purpose.", use="build"),
     EnvVar("FP_RECIPES_NVCC_THREADS", "int", "Build: parallel nvcc jobs (default: CPU count).",
            use="build", minimum=1),
