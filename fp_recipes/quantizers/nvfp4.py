@@ -19,6 +19,8 @@ from ..ops.ref_nvfp4 import BLOCK, E4M3_BOUNDS
 from .base import QuantizedTensor, Quantizer, check_input
 from .roles import QFormat, QuantizerSpec, ScalingKind
 
+__all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
+
 _STATE_VERSION = 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
