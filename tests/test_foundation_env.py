@@ -335,6 +335,10 @@ def test_build_variables_parse():
     with pytest.raises(EnvVarError):
         BY_NAME["FP_RECIPES_NVCC_THREADS"].parse("0")
     assert BY_NAME["FP_RECIPES_CUDA_ARCHS"].parse("90a;100a") == "90a;100a"
+    assert BY_NAME["FP_RECIPES_CUDA_ARCHS"].parse("90") == "90"
+    for bad in ("sm_90", "90a;hopper", ";"):
+        with pytest.raises(EnvVarError, match="FP_RECIPES_CUDA_ARCHS"):
+            BY_NAME["FP_RECIPES_CUDA_ARCHS"].parse(bad)
 
 
 def test_import_never_reads_the_environment():

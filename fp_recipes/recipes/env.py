@@ -51,7 +51,7 @@ class UnknownEnvVarWarning(UserWarning):
 class EnvVar:
     """One row of the table.
 
-    ``kind``: bool | choice | int | float | text. ``use``: recipe (sets ``field`` of ``recipes``),
+    ``kind``: bool | choice | int | float | archs | text. ``use``: recipe (sets ``field`` of ``recipes``),
     select (picks the recipe ``autocast()`` uses) or build (read by setup.py when compiling).
     ``alias_of``: this name is a deprecated spelling of that variable.
     """
@@ -122,6 +122,10 @@ class EnvVar:
             if fvalue is not None and math.isfinite(fvalue) and (
                     self.minimum is None or fvalue >= self.minimum):
                 return fvalue
+        elif self.kind == "archs":  # setup.py's rule: digits, optionally ending in a/f
+            archs = [a.strip() for a in text.split(";") if a.strip()]
+            if archs and all(a.rstrip("af").isdigit() for a in archs):
+                return text
         elif self.kind == "text":
             return text
         raise EnvVarError(f"environment variable {self.name}={raw!r} is not allowed; "
@@ -192,7 +196,7 @@ TABLE: Tuple[EnvVar, ...] = (
     EnvVar("FP_RECIPES_RECIPE", "choice", "The recipe autocast() uses when given none "
            "(recipe_from_env); none turns quantization off.", use="select",
            choices=("none", "delayed", "current", "nvfp4", "per_token")),
-    EnvVar("FP_RECIPES_CUDA_ARCHS", "text", "Build: ';'-separated CUDA archs for fp_recipes._C "
+    EnvVar("FP_RECIPES_CUDA_ARCHS", "archs", "Build: ';'-separated CUDA archs for fp_recipes._C "
            "(default 90a;100a).", use="build", hint="';'-separated archs, e.g. 90a;100a"),
     EnvVar("FP_RECIPES_NO_CUDA", "bool", "Build: skip the CUDA extension on purpose.", use="build"),
     EnvVar("FP_RECIPES_NVCC_THREADS", "int", "Build: parallel nvcc jobs (default: CPU count).",
