@@ -2,7 +2,8 @@
 
 Every op is defined first as a pure-torch reference in :mod:`fp_recipes.ops.reference` (the contract);
 a CUDA kernel registers under the same name and signature (:func:`backend.register_cuda_impl`).
-``fp_recipes.ops.<name>(...)`` dispatches on the device of the first tensor argument.
+``fp_recipes.ops.<name>(...)`` dispatches on the device of the first tensor argument. A reference
+marked with :func:`device_agnostic` (cheap scalar math) runs as is on every device.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import backend, reference
+from ._marks import device_agnostic  # noqa: F401  (re-exported)
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -29,6 +31,10 @@ def dispatch(name: str) -> Callable[..., Any]:
     ref = getattr(reference, name, None)
     if ref is None or name not in reference.__all__:
         raise AttributeError(f"fp_recipes.ops has no op {name!r}; known: {sorted(reference.__all__)}")
+
+    if getattr(ref, "device_agnostic", False):
+        # Cheap scalar math whose torch code *is* the implementation on every device.
+        return ref
 
     @functools.wraps(ref)
     def run(*args: Any, **kwargs: Any) -> Any:

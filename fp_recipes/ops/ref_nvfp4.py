@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from fp_recipes import formats
+from fp_recipes.ops._marks import device_agnostic
 
 __all__ = [
     "nvfp4_amax",
@@ -493,6 +494,7 @@ def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     return out.to(out_dtype)
 
 
+@device_agnostic
 def nvfp4_gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: int = 448,
                      e4m3_max_b: int = 448) -> torch.Tensor:
     """alpha = RN(RN(amax_a * amax_b) * RN(1/(36 * E_a * E_b))), FP32, for the GEMM epilogue.
