@@ -82,15 +82,25 @@ def _step(m, recipe, x, dy):
     return y
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def _device_slack(tol: torch.Tensor, ref: torch.Tensor, device: str) -> torch.Tensor:
+    """On CUDA the FP8 fprop uses cuBLASLt fast accumulation, whose Hopper tensor-core accumulator keeps
+    only ~14 significant bits between promotions (DeepSeek-V3 report): allow 2^-10 of |ref| more."""
+    return tol if device == "cpu" else tol + 2.0 ** -10 * ref.abs()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(RECIPES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_matches_reference(name, dtype):
+def test_linear_matches_reference(name, dtype, device):
     torch.manual_seed(1)
     recipe = RECIPES[name]()
     m, k, n = 32, 64, 48
-    mod = Linear(k, n)
-    x = (torch.randn(m, k) * 2).to(dtype).requires_grad_(True)
-    dy = (torch.randn(m, n) * 1e-3).to(dtype)
+    mod = Linear(k, n, device=device)
+    x = (torch.randn(m, k) * 2).to(dtype).to(device).requires_grad_(True)
+    dy = (torch.randn(m, n) * 1e-3).to(dtype).to(device)
     _step(mod, recipe, x, dy)  # warm-up: builds quantizers, moves delayed scales off 1.0
     qs = mod.quantizer_sets[0]
     x.grad = None
@@ -102,9 +112,10 @@ def test_linear_matches_reference(name, dtype):
     y.backward(dy)
     (y_ref, y_tol), (dx_ref, dx_tol), (dw_ref, dw_tol) = _reference(qs, x, mod.weight, mod.bias, dy, snaps)
     assert y.dtype == dtype and x.grad.dtype == dtype and mod.weight.grad.dtype == torch.float32
-    assert_close_gemm(y.detach(), y_ref, y_tol + 2 ** -23 * mod.bias.detach().double().abs(), f"{name} y")
-    assert_close_gemm(x.grad, dx_ref, dx_tol, f"{name} dgrad")
-    assert_close_gemm(mod.weight.grad, dw_ref, dw_tol, f"{name} wgrad")
+    y_tol = _device_slack(y_tol + 2 ** -23 * mod.bias.detach().double().abs(), y_ref, device)
+    assert_close_gemm(y.detach(), y_ref, y_tol, f"{name} y")
+    assert_close_gemm(x.grad, dx_ref, _device_slack(dx_tol, dx_ref, device), f"{name} dgrad")
+    assert_close_gemm(mod.weight.grad, dw_ref, _device_slack(dw_tol, dw_ref, device), f"{name} wgrad")
     db_ref = dy.double().sum(0)
     assert torch.allclose(mod.bias.grad.double(), db_ref, rtol=0, atol=m * 2 ** -20 * dy.abs().max().item())
 
@@ -272,19 +283,31 @@ def _copy_grouped_into_linears(g: GroupedLinear):
     return lins
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", [None, "delayed_hybrid", "current", "nvfp4_rn_1d_nohadamard",
-                                  "nvfp4_bwd_dequantized"])
-def test_grouped_equals_loop_of_linear(name):
-    """Same weights, same recipe: GroupedLinear gives exactly the loop of Linear (same GEMMs per group)."""
+                                  "nvfp4_bwd_dequantized", "nvfp4"])
+def test_grouped_equals_loop_of_linear(name, device):
+    """Same weights, same recipe: GroupedLinear gives exactly the loop of Linear (same GEMMs per group).
+    NVFP4 with odd splits pads each expert's tokens like Linear pads its own. On CUDA the grouped
+    forward may run as one torch._scaled_grouped_mm (different accumulation order): compared with the
+    GEMM bound there instead of bit equality."""
     torch.manual_seed(5)
     num, k, n = 4, 32, 16
-    splits = [16, 0, 48, 32] if name and name.startswith("nvfp4") else [5, 0, 17, 30]
-    grp = GroupedLinear(num, k, n)
-    lins = _copy_grouped_into_linears(grp)
-    x = torch.randn(sum(splits), k, requires_grad=True)
+    splits = [5, 0, 17, 30]
+    grp = GroupedLinear(num, k, n, device=device)
+    lins = [lin.to(device) for lin in _copy_grouped_into_linears(grp)]
+    x = torch.randn(sum(splits), k, device=device, requires_grad=True)
     x2 = x.detach().clone().requires_grad_(True)
-    dy = torch.randn(sum(splits), n)
+    dy = torch.randn(sum(splits), n, device=device)
     recipe = RECIPES[name]() if name else None
+    if recipe is not None:  # build the quantizers (a forward only), then align the SR streams
+        with fp_recipes.autocast(recipe=recipe):
+            grp(x, splits)
+            [lin(xi) for lin, xi in zip(lins, torch.split(x2, splits))]
+        for g, lin in enumerate(lins):
+            src, dst = grp.quantizer_sets[g].grad_output, lin.quantizer_sets[0].grad_output
+            if hasattr(src, "seed"):
+                dst.seed, dst.offset = src.seed, src.offset
     for step in range(2):
         x.grad = x2.grad = None
         grp.zero_grad()
@@ -295,12 +318,14 @@ def test_grouped_equals_loop_of_linear(name):
             y2 = torch.cat([lin(xi) for lin, xi in zip(lins, torch.split(x2, splits))])
         y.backward(dy)
         y2.backward(dy)
-        assert torch.equal(y, y2), f"step {step}"
-        assert torch.equal(x.grad, x2.grad)
+        same = torch.equal if device == "cpu" else \
+            (lambda a, b: torch.allclose(a, b, rtol=2 ** -6, atol=1e-3 * b.abs().max().item()))
+        assert same(y, y2), f"step {step}"
+        assert same(x.grad, x2.grad)
         for i, lin in enumerate(lins):
-            assert torch.equal(getattr(grp, f"weight{i}").grad, lin.weight.grad)
-            assert torch.equal(getattr(grp, f"bias{i}").grad, lin.bias.grad)
-    assert torch.equal(grp.weight1.grad, torch.zeros(n, k))  # the empty expert
+            assert same(getattr(grp, f"weight{i}").grad, lin.weight.grad)
+            assert same(getattr(grp, f"bias{i}").grad, lin.bias.grad)
+    assert torch.equal(grp.weight1.grad, torch.zeros(n, k, device=device))  # the empty expert
 
 
 def test_grouped_many_groups_and_all_empty():

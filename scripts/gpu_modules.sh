@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# H6 (modules) GPU check in one device call, after `source .device/setup.sh`:
+# the module/GEMM tests on CUDA, the Linear/GroupedLinear benchmark, and the demo on the GPU.
+# Everything goes to $OUT; each stage has its own time limit so a slow one cannot swallow the rest.
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_modules_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+LIM_TEST=${LIM_TEST:-100}
+LIM_BENCH=${LIM_BENCH:-200}
+LIM_DEMO=${LIM_DEMO:-40}
+BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
+{
+  echo "== nvidia-smi -L"; nvidia-smi -L
+  python3 -c "import fp_recipes.ops.backend as b; i=b.backend_info(); print(i['summary'], i['cuda_ops'])"
+  echo "== pytest -m cuda (modules + gemm on CUDA)"
+  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 -x \
+      tests/test_modules_gemm.py tests/test_modules_linear.py 2>&1 | tail -n 60
+  echo "pytest rc=$?"
+  echo "== benchmark"
+  timeout "$LIM_BENCH" python3 benchmarks/bench_linear.py $BENCH_ARGS --json "$OUT/linear.json"
+  echo "bench rc=$?"
+  echo "== demo"
+  timeout "$LIM_DEMO" python3 -m fp_recipes demo --steps 40 --json "$OUT/demo.json"
+  echo "demo rc=$?"
+} 2>&1 | tee "$OUT/log.txt"
