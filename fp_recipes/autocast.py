@@ -176,9 +176,10 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         self._depths: List[int] = []  # stack heights at entry (re-entrant use as a decorator)
 
     def __enter__(self) -> AutocastState:
-        recipe = _resolve_recipe(self.recipe) if self.enabled else self.recipe
-        if recipe is not None and not self.enabled:
-            _resolve_recipe(recipe)  # still type-check what the caller passed
+        if self.enabled:
+            recipe = _resolve_recipe(self.recipe)  # None when FP_RECIPES_RECIPE=none
+        else:
+            recipe = None if self.recipe is None else _resolve_recipe(self.recipe)  # type check
         enabled = self.enabled and recipe is not None
         state = AutocastState(
             enabled=enabled,
