@@ -265,3 +265,35 @@ def test_sr_state_in_extra_state():
     with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
         mod2(torch.randn(16, 32))
     assert mod2.quantizer_sets[0].grad_output.seed != g.seed
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_batched_scale_update_is_update_scale_bit_for_bit(algo):
+    """The reducer updates many Float8Quantizers in one batch; it must equal update_scale() exactly,
+    including zero/NaN/Inf/subnormal amaxes (scale kept, FLT_MAX on overflow)."""
+    from fp_recipes.modules.amax_reduction import batched_update_scales
+    from fp_recipes.quantizers.float8 import Float8Quantizer
+    from fp_recipes.quantizers.roles import QuantizerRole, QuantizerSpec
+
+    torch.manual_seed(0)
+    specials = [0.0, float("nan"), float("inf"), 1e-45, 3e38, 1.0]
+    batch, single = [], []
+    for i in range(12):
+        spec = QuantizerSpec(role=QuantizerRole("linear", "activation", i), fmt="e4m3" if i % 2 else "e5m2",
+                             scaling="delayed", amax_history_len=4, margin=i % 3, amax_compute_algo=algo)
+        h = torch.rand(4) * 10
+        if i < len(specials):
+            h[0] = specials[i]
+        if i == 7:
+            h.zero_()
+        for lst in (batch, single):
+            q = Float8Quantizer(spec)
+            q.amax_history.copy_(h)
+            q.scale.fill_(0.5 + i)
+            lst.append(q)
+    batched_update_scales(batch)
+    for q in single:
+        q.update_scale()
+    for a, b in zip(batch, single):
+        assert torch.equal(a.scale.view(torch.int32), b.scale.view(torch.int32))
+        assert torch.equal(a.amax_history.nan_to_num(-1), b.amax_history.nan_to_num(-1))

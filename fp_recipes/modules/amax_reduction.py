@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-__all__ = ["AmaxReducer", "reducer", "reduce_and_update"]
+__all__ = ["AmaxReducer", "batched_update_scales", "reducer", "reduce_and_update"]
 
 _COUNTERS: Dict[str, int] = {"all_reduce": 0}
 
@@ -50,8 +50,55 @@ def reduce_and_update(quantizers: List[Any], group: Any) -> None:
         _COUNTERS["all_reduce"] += 1
         for q, v in zip(reduced, amaxes.unbind(0)):
             q.amax_history[0].copy_(v)
+    batched_update_scales(quantizers)
+
+
+def _batch_key(q: Any):
+    from ..quantizers.float8 import Float8Quantizer
+
+    if type(q) is not Float8Quantizer:
+        return None
+    h = q.amax_history
+    return (q.fmt_max, q.spec.margin, q.spec.amax_compute_algo, h.numel(), h.device)
+
+
+def batched_update_scales(quantizers: List[Any]) -> None:
+    """``q.update_scale()`` for every quantizer, with the Float8Quantizers of one kind updated together
+    in a handful of kernels instead of ~15 per quantizer (the delayed-scaling step overhead on a GPU).
+
+    The batched rule is Float8Quantizer.update_scale's, op for op (same FP32 ops, same order):
+    amax_ref = max(history) or history[0]; new = (fmt_max / amax_ref) / 2^margin with +Inf -> FLT_MAX;
+    keep the old scale unless amax_ref > 0 and finite; roll the history by -1; zero slot 0.
+    tests/test_modules_delayed.py checks it against update_scale() bit for bit."""
+    from .. import formats
+
+    groups: Dict[Any, List[Any]] = {}
     for q in quantizers:
-        q.update_scale()
+        key = _batch_key(q)
+        if key is None or len(quantizers) == 1:
+            q.update_scale()
+        else:
+            groups.setdefault(key, []).append(q)
+    for (fmt_max, margin, algo, length, device), qs in groups.items():
+        if len(qs) == 1:
+            qs[0].update_scale()
+            continue
+        hist = torch.stack([q.amax_history for q in qs])  # (Q, L)
+        old = torch.stack([q.scale for q in qs])  # (Q,)
+        amax_ref = hist.amax(dim=1) if algo == "max" else hist[:, 0]
+        if algo == "max":
+            # torch.max propagates NaN like Tensor.max() does in update_scale
+            amax_ref = torch.where(torch.isnan(hist).any(dim=1), torch.full_like(amax_ref, float("nan")), amax_ref)
+        fmax = torch.full((), fmt_max, dtype=torch.float32, device=device)
+        div = torch.full((), 2.0 ** margin, dtype=torch.float32, device=device)
+        new = (fmax / amax_ref) / div
+        new = torch.where(torch.isinf(new), torch.full_like(new, formats.FP32_MAX), new)
+        ok = (amax_ref > 0) & torch.isfinite(amax_ref)
+        scales = torch.where(ok, new, old)
+        rolled = torch.roll(hist, -1, 1) if length > 1 else hist.clone()
+        rolled[:, 0] = 0.0
+        torch._foreach_copy_([q.scale for q in qs], list(scales.unbind(0)))
+        torch._foreach_copy_([q.amax_history for q in qs], list(rolled.unbind(0)))
 
 
 class AmaxReducer:
