@@ -32,6 +32,9 @@ RECIPES = {
                                                          nvfp4_4over6_err_use_fast_math=True),
     "nvfp4_bwd_dequantized": lambda: NVFP4BlockScaling(backward_override="dequantized"),
     "nvfp4_bwd_hp": lambda: NVFP4BlockScaling(backward_override="high_precision"),
+    "per_token_e5m6": lambda: fp_recipes.recipes.PerTokenScaling(),
+    "per_token_e4m3_ue8m0": lambda: fp_recipes.recipes.PerTokenScaling(fmt="e4m3", round_sf=True,
+                                                                        scale_format="ue8m0"),
 }
 
 
