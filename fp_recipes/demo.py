@@ -49,7 +49,7 @@ class DemoModel(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for blk in self.blocks:
             x = x + blk["down"](torch.nn.functional.gelu(blk["up"](x)))
-        expert = (x.detach().float() @ self.router).argmax(-1)
+        expert = (x.detach().float() @ self.router.float()).argmax(-1)
         order = torch.argsort(expert, stable=True)
         splits = torch.bincount(expert, minlength=self.router.shape[1]).tolist()
         moe = torch.empty_like(x)
@@ -103,7 +103,7 @@ def _train_one(name: str, recipe: Any, steps: int, batch: int, dtype: torch.dtyp
     import fp_recipes
 
     torch.manual_seed(seed)
-    model = DemoModel(device=device)
+    model = DemoModel(device=device).to(dtype)  # bfloat16: parameters too, a pure-BF16 baseline
     teacher = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator(device="cpu").manual_seed(seed + 1)
@@ -137,8 +137,7 @@ def run_demo(steps: int = 80, batch: int = 128, device: Optional[str] = None,
     from .ops.backend import backend_info
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dtype is None:
-        dtype = "bfloat16" if dev.type == "cuda" else "float32"
+    dtype = dtype or "float32"
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     if batch % 16:
         raise SystemExit(f"fp_recipes demo: --batch must be a multiple of 16 (NVFP4 blocks), got {batch}")
@@ -180,7 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--batch", type=int, default=128, help="tokens per step, a multiple of 16")
     parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                        help="activation dtype (default: bfloat16 on GPU, float32 on CPU)")
+                        help="dtype of activations and parameters (default float32)")
     parser.add_argument("--recipes", default=None,
                         help="comma-separated subset of delayed,current,nvfp4,nvfp4_4over6")
     parser.add_argument("--seed", type=int, default=0)
