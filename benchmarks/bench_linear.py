@@ -149,9 +149,11 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
 
 
 def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_label: str) -> List[Dict[str, Any]]:
+    """Time each case; print each row as soon as it is measured (a time limit keeps what ran)."""
     rows = []
     base_ms = None
     for label, step in cases:
+        t_case = time.perf_counter()
         try:
             t = _time_steps(step, warmup, iters)
         except Exception as exc:
@@ -166,6 +168,9 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
         row = {"case": label, **t, "tflops": flops / (t["median_ms"] * 1e-3) / 1e12}
         rows.append(row)
         torch.cuda.synchronize()
+        print(f"  {label:<56} {t['median_ms']:8.3f} ms  {row['tflops']:6.0f} TFLOP/s"
+              + (f"  {base_ms / t['median_ms']:.2f}x bf16" if base_ms else "")
+              + f"  ({time.perf_counter() - t_case:.0f} s incl. warm-up/compile)", flush=True)
     for row in rows:
         if "median_ms" in row and base_ms:
             row["speedup_vs_bf16"] = base_ms / row["median_ms"]
@@ -206,24 +211,30 @@ def main(argv: Optional[List[str]] = None) -> int:
                                "backend": info["summary"], "python": platform.python_version(),
                                "linear": [], "grouped": []}
 
+    def save() -> None:
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as fh:
+                json.dump(results, fh, indent=2)
+
     m = k = n = 8192
+    print(f"\nLinear M=K=N={m}")
     rows = _run(_linear_cases(m, k, n, recipes), 3 * 2.0 * m * k * n, args.warmup, iters, "bf16 nn.Linear")
     _print(f"Linear fwd+bwd, M=K=N={m}, BF16 in/out", rows)
     results["linear"].append({"m": m, "k": k, "n": n, "rows": rows})
+    save()
     torch.cuda.empty_cache()
 
     experts, kk, nn_ = 8, 7168, 2048
     for m_total in ([16384] if args.quick else [16384, 32768, 65536]):
+        print(f"\nGroupedLinear {experts} experts, M={m_total}, K={kk}, N={nn_}")
         grows = _run(_grouped_cases(m_total, experts, kk, nn_, recipes), 3 * 2.0 * m_total * kk * nn_,
                      args.warmup, iters, "bf16 torch._grouped_mm (autograd)")
         _print(f"GroupedLinear fwd+bwd, {experts} experts, M={m_total} (even split), K={kk}, N={nn_}", grows)
         results["grouped"].append({"m_total": m_total, "experts": experts, "k": kk, "n": nn_, "rows": grows})
+        save()
         torch.cuda.empty_cache()
-
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -7,9 +7,9 @@ OUT=${OUT:-/tmp/gpu_modules_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-LIM_TEST=${LIM_TEST:-100}
-LIM_BENCH=${LIM_BENCH:-200}
-LIM_DEMO=${LIM_DEMO:-40}
+LIM_TEST=${LIM_TEST:-80}
+LIM_BENCH=${LIM_BENCH:-190}
+LIM_DEMO=${LIM_DEMO:-30}
 BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
 {
   echo "== nvidia-smi -L"; nvidia-smi -L
