@@ -15,7 +15,7 @@ BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
   echo "== nvidia-smi -L"; nvidia-smi -L
   python3 -c "import fp_recipes.ops.backend as b; i=b.backend_info(); print(i['summary'], i['cuda_ops'])"
   echo "== pytest -m cuda (modules + gemm on CUDA)"
-  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 -x \
+  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
       tests/test_modules_gemm.py tests/test_modules_linear.py 2>&1 | tail -n 60
   echo "pytest rc=$?"
   echo "== benchmark"
