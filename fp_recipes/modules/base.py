@@ -130,7 +130,20 @@ def backward_operands(qs: GemmQuantizers, x: torch.Tensor, weight: torch.Tensor,
         xd = qx if isinstance(qx, torch.Tensor) else qx.dequantize(torch.float32).reshape(x.shape)
         wd = qw if isinstance(qw, torch.Tensor) else qw.dequantize(torch.float32).reshape(weight.shape)
         return xd, wd
-    return qx, qw
+    return columnwise_only(qx), columnwise_only(qw)
+
+
+def columnwise_only(q: Any) -> Any:
+    """The backward GEMMs read only the columnwise copy of x and W: keep just that one (halves the
+    saved activation memory). Anything without a columnwise copy is kept whole."""
+    name = type(q).__name__
+    if name == "Float8Tensor" and q.data_t is not None and q.data is not None:
+        return type(q)(None, q.scale_inv, q.amax, q.fmt, q.orig_dtype, q.shape, data_t=q.data_t)
+    if name == "NVFP4Tensor" and q.data_t is not None and q.data is not None:
+        return type(q)(None, None, None, q.data_t, q.scale_t, q.amax_t, row_scaled=q.row_scaled,
+                       e4m3_max=q.e4m3_max, four_over_six=q.four_over_six, rht_columnwise=q.rht_columnwise,
+                       orig_dtype=q.orig_dtype, shape=q.shape)
+    return q
 
 
 class QuantizedLinearFunction(torch.autograd.Function):
