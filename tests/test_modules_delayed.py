@@ -297,3 +297,18 @@ def test_batched_scale_update_is_update_scale_bit_for_bit(algo):
     for a, b in zip(batch, single):
         assert torch.equal(a.scale.view(torch.int32), b.scale.view(torch.int32))
         assert torch.equal(a.amax_history.nan_to_num(-1), b.amax_history.nan_to_num(-1))
+
+
+def test_module_to_keeps_quantizer_bound_to_fp32_buffers():
+    mod = Linear(16, 16)
+    recipe = DelayedScaling(amax_history_len=2)
+    with fp_recipes.autocast(recipe=recipe):
+        mod(torch.randn(4, 16) * 3)
+    mod.to(torch.bfloat16)
+    q = mod.quantizer_sets[0].activation
+    assert mod.qstate_activation0_scale.dtype == torch.float32
+    assert q.scale is mod.qstate_activation0_scale and q.amax_history is mod.qstate_activation0_amax_history
+    with fp_recipes.autocast(recipe=recipe):
+        y = mod(torch.randn(4, 16, dtype=torch.bfloat16) * 5)
+    assert y.dtype == torch.bfloat16
+    assert mod.qstate_activation0_amax_history[-1].item() > 0  # the update went into the module's buffer

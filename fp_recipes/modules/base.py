@@ -344,8 +344,13 @@ class QuantizedModule(torch.nn.Module):
         for g, tensor, q in self._iter_quantizers():
             for attr in _delayed_attrs(q):
                 name = _buffer_name(tensor, g, attr)
-                if name in self._buffers and self._buffers[name] is not getattr(q, attr):
-                    setattr(q, attr, self._buffers[name])
+                buf = self._buffers.get(name)
+                if buf is None:
+                    continue
+                if buf.dtype != torch.float32:  # model.half()/.bfloat16(): scaling state stays FP32
+                    buf = self._buffers[name] = buf.float()
+                if buf is not getattr(q, attr):
+                    setattr(q, attr, buf)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
