@@ -152,9 +152,16 @@ def test_per_token_scale_format_ue8m0_from_env(monkeypatch):
     assert r.scale_format.value == "ue8m0" and r.round_sf
 
 
+def _row_scaled_disables(monkeypatch):
+    """What a TE launch script with row-scaled activations sets: RHT, 2-D and SR off."""
+    for var in ("NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION",
+                "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"):
+        monkeypatch.setenv(var, "1")
+
+
 def test_row_scaled_from_env(monkeypatch):
     monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
-    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    _row_scaled_disables(monkeypatch)
     r = NVFP4BlockScaling()
     assert r.row_scaled_activation
     assert r.provenance()["row_scaled_activation"] == "env NVTE_NVFP4_ROW_SCALED_ACTIVATION=1"
@@ -226,7 +233,7 @@ def test_set_after_import_in_process(monkeypatch):
 # ------------------------------------------------------------------ deprecated alias
 def test_alias_alone_warns_and_applies(monkeypatch):
     monkeypatch.setenv("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "1")
-    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    _row_scaled_disables(monkeypatch)
     with pytest.warns(EnvVarDeprecationWarning, match="NVTE_NVFP4_ROW_SCALED_ACTIVATION") as rec:
         r = NVFP4BlockScaling()
     assert r.row_scaled_activation
@@ -238,7 +245,7 @@ def test_alias_alone_warns_and_applies(monkeypatch):
 def test_alias_agreeing_warns_only(monkeypatch):
     monkeypatch.setenv("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "true")
     monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
-    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    _row_scaled_disables(monkeypatch)
     with pytest.warns(EnvVarDeprecationWarning):
         r = NVFP4BlockScaling()
     assert r.row_scaled_activation
@@ -251,7 +258,8 @@ def test_alias_disagreeing_is_an_error(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EnvVarDeprecationWarning)
         with pytest.raises(ValueError) as info:
-            NVFP4BlockScaling(disable_rht=True)
+            NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True,
+                              disable_stochastic_rounding=True)
         with pytest.raises(EnvVarError):
             resolve_env("NVFP4BlockScaling")
     msg = str(info.value)
@@ -382,11 +390,12 @@ _PROPERTY_FIELDS = {
                               [None, "high_precision"]),
     },
     NVFP4BlockScaling: {
-        # disable_rht stays on so every combination of the others is valid
+        # disable_rht stays on (an argument) so 4over6 on activations is always valid; row scaling
+        # with 2-D or SR left on is invalid, and the test then checks the error instead
         "disable_stochastic_rounding": ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING",
                                         [("yes", True), ("0", False)], [False, True]),
         "disable_2d_quantization": ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", [("TRUE", True)],
-                                    [False]),
+                                    [False, True]),
         "row_scaled_activation": ("NVTE_NVFP4_ROW_SCALED_ACTIVATION", [("1", True)],
                                   [False, True]),
         "nvfp4_4over6": ("NVTE_NVFP4_4OVER6", [("all", "all"), ("Weights", "weights")],
@@ -400,12 +409,24 @@ _PROPERTY_FIELDS = {
 }
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _row_scaled_clash(values):
+    """The option a row-scaled recipe rejects first (RHT is off in the property test), or None."""
+    if not values["row_scaled_activation"]:
+        return None
+    if not values["disable_2d_quantization"]:
+        return "disable_2d_quantization"
+    if not values["disable_stochastic_rounding"]:
+        return "disable_stochastic_rounding"
+    return None
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 @pytest.mark.parametrize("cls", list(_PROPERTY_FIELDS), ids=lambda c: c.__name__)
 def test_precedence_property(monkeypatch, cls, data):
     """Each field: argument if given, else the env value if set, else the default; provenance
-    says which."""
+    says which. Combination checks see the resolved values: a row-scaled NVFP4 recipe with 2-D or
+    SR left on (by any source) is rejected, and the error names that source."""
     fields = _PROPERTY_FIELDS[cls]
     for var, _, _ in fields.values():
         monkeypatch.delenv(var, raising=False)
@@ -425,6 +446,15 @@ def test_precedence_property(monkeypatch, cls, data):
         else:
             expected[field] = cls.model_fields[field].default
             sources[field] = "default"
+    clash = _row_scaled_clash(expected) if cls is NVFP4BlockScaling else None
+    if clash is not None:
+        with pytest.raises(ValueError) as info:
+            cls(**kwargs)
+        msg = str(info.value)
+        for field in ("row_scaled_activation", clash):
+            where = "" if sources[field] == "argument" else f" (from {sources[field]})"
+            assert f"{field}={expected[field]}{where}" in msg, (field, msg)
+        return
     r = cls(**kwargs)
     for field in fields:
         got = _value(getattr(r, field))

@@ -122,9 +122,18 @@ def _covers(scope, tensor):
 def nvfp4_valid(o):
     # RHT lands on the activation's wgrad copy unless disabled or the backward is high precision;
     # row scaling and 4over6 on activations cannot share a tensor with it.
-    rht_on_activation = not o["disable_rht"] and o["backward_override"] is None
-    return not (rht_on_activation and (o["row_scaled_activation"]
-                                       or _covers(o["nvfp4_4over6"], "activation")))
+    quantized_backward = o["backward_override"] is None
+    rht_on_activation = not o["disable_rht"] and quantized_backward
+    if rht_on_activation and (o["row_scaled_activation"]
+                              or _covers(o["nvfp4_4over6"], "activation")):
+        return False
+    # Row scaling also needs 2-D quantization off, and stochastic rounding off whenever gradients
+    # are quantized (TransformerEngine's rule).
+    if o["row_scaled_activation"] and (not o["disable_2d_quantization"]
+                                       or (quantized_backward
+                                           and not o["disable_stochastic_rounding"])):
+        return False
+    return True
 
 
 def nvfp4_oracle(o, role):
@@ -165,6 +174,10 @@ def nvfp4_recipes():
             with pytest.raises(ValueError):
                 NVFP4BlockScaling(**o)
     assert 1000 < len(built) < len(NVFP4_OPTIONS)
+    # row-scaled recipes stay covered: with RHT/2D/SR off, and with SR on under a backward override
+    row_scaled = [o for o, _ in built if o["row_scaled_activation"]]
+    assert any(o["disable_stochastic_rounding"] for o in row_scaled)
+    assert any(not o["disable_stochastic_rounding"] and o["backward_override"] for o in row_scaled)
     return built
 
 

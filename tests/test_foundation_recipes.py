@@ -42,7 +42,7 @@ FIELDS = {
         "disable_rht": (False, True),
         "disable_stochastic_rounding": (False, True),
         "disable_2d_quantization": (False, True),
-        "row_scaled_activation": (False, None),  # needs disable_rht: tested separately
+        "row_scaled_activation": (False, None),  # needs RHT/2D/SR off: tested separately
         "nvfp4_4over6": (FourOverSixScope.NONE, FourOverSixScope.WEIGHTS),
         "nvfp4_4over6_e4m3_use_256": (FourOverSixScope.ALL, FourOverSixScope.NONE),
         "nvfp4_4over6_err_mode": (ErrMode.MAE, ErrMode.MSE),
@@ -185,7 +185,8 @@ VARIANTS = [
     DelayedScaling(fp8_format="E5M2", margin=2, amax_history_len=7, amax_compute_algo="most_recent",
                    reduce_amax=False, backward_override="high_precision"),
     Float8CurrentScaling(use_power_2_scales=True, amax_epsilon=1e-3),
-    NVFP4BlockScaling(disable_rht=True, row_scaled_activation=True, nvfp4_4over6="all",
+    NVFP4BlockScaling(disable_rht=True, disable_2d_quantization=True,
+                      disable_stochastic_rounding=True, row_scaled_activation=True, nvfp4_4over6="all",
                       nvfp4_4over6_e4m3_use_256="weights", nvfp4_4over6_err_mode="MSE",
                       nvfp4_4over6_err_use_fast_math=True),
     PerTokenScaling(fmt="e4m3", round_sf=True, scale_format="ue8m0"),
@@ -232,16 +233,75 @@ def test_kind_queries():
 
 
 # ------------------------------------------------------------------ incompatible combinations
+ROW_SCALED_OK = dict(row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True,
+                     disable_stochastic_rounding=True)  # what a TE user porting a script sets
+
+
+def test_row_scaled_valid_only_with_rht_2d_sr_off():
+    r = NVFP4BlockScaling(**ROW_SCALED_OK)
+    assert r.row_scaled_activation
+    # Each of the three disable flags alone is required.
+    for flag in ("disable_rht", "disable_2d_quantization", "disable_stochastic_rounding"):
+        with pytest.raises(ValueError, match=f"{flag}=False"):
+            NVFP4BlockScaling(**{**ROW_SCALED_OK, flag: False})
+    # Turning row scaling off makes every default valid again.
+    assert NVFP4BlockScaling(**{**ROW_SCALED_OK, "row_scaled_activation": False})
+
+
 def test_row_scaled_needs_rht_off():
+    kw = dict(ROW_SCALED_OK, disable_rht=False)
     with pytest.raises(ValueError) as info:
-        NVFP4BlockScaling(row_scaled_activation=True)
+        NVFP4BlockScaling(**kw)
     msg = str(info.value)
     assert "row_scaled_activation=True" in msg and "disable_rht=False" in msg
-    assert "Fix" in msg and "NVTE_NVFP4_DISABLE_RHT=1" in msg
-    assert NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True).row_scaled_activation
+    assert "Fix" in msg and "NVTE_NVFP4_DISABLE_RHT=1" in msg and "row_scaled_activation=False" in msg
     # With a high-precision backward there is no wgrad copy, hence no RHT to clash with.
     for override in ("dequantized", "high_precision"):
-        assert NVFP4BlockScaling(row_scaled_activation=True, backward_override=override)
+        assert NVFP4BlockScaling(**kw, backward_override=override).row_scaled_activation
+
+
+def test_row_scaled_needs_2d_off():
+    kw = dict(ROW_SCALED_OK, disable_2d_quantization=False)
+    with pytest.raises(ValueError) as info:
+        NVFP4BlockScaling(**kw)
+    msg = str(info.value)
+    assert "row_scaled_activation=True" in msg and "disable_2d_quantization=False" in msg
+    assert "Fix" in msg and "disable_2d_quantization=True" in msg
+    assert "NVTE_NVFP4_DISABLE_2D_QUANTIZATION=1" in msg and "row_scaled_activation=False" in msg
+    # A high-precision backward does not help: the fprop weight would still be in 16x16 tiles.
+    for override in ("dequantized", "high_precision"):
+        with pytest.raises(ValueError, match="disable_2d_quantization=False"):
+            NVFP4BlockScaling(**kw, backward_override=override)
+
+
+def test_row_scaled_needs_sr_off_unless_backward_override():
+    kw = dict(ROW_SCALED_OK, disable_stochastic_rounding=False)
+    with pytest.raises(ValueError) as info:
+        NVFP4BlockScaling(**kw)
+    msg = str(info.value)
+    assert "row_scaled_activation=True" in msg and "disable_stochastic_rounding=False" in msg
+    assert "Fix" in msg and "disable_stochastic_rounding=True" in msg
+    assert "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1" in msg and "row_scaled_activation=False" in msg
+    assert "backward_override" in msg
+    # No quantized gradients with a high-precision backward, hence no stochastic rounding.
+    for override in ("dequantized", "high_precision"):
+        r = NVFP4BlockScaling(**kw, backward_override=override)
+        assert r.row_scaled_activation and not r.disable_stochastic_rounding
+
+
+def test_row_scaled_rules_checked_in_order_rht_2d_sr():
+    """With several conflicts the first error is RHT, then 2-D, then SR; each message says all
+    three must be off so one fix round is enough."""
+    for kw, first in [(dict(row_scaled_activation=True), "disable_rht=False"),
+                      (dict(row_scaled_activation=True, disable_rht=True),
+                       "disable_2d_quantization=False"),
+                      (dict(row_scaled_activation=True, disable_rht=True,
+                            disable_2d_quantization=True), "disable_stochastic_rounding=False")]:
+        with pytest.raises(ValueError) as info:
+            NVFP4BlockScaling(**kw)
+        msg = str(info.value)
+        assert first in msg
+        assert "RHT, 2-D quantization and stochastic rounding all off" in msg
 
 
 @pytest.mark.parametrize("scope", ["activations", "all"])
@@ -263,6 +323,28 @@ def test_combination_error_names_env_source(monkeypatch):
     monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
     with pytest.raises(ValueError, match=r"from env NVTE_NVFP4_ROW_SCALED_ACTIVATION=1"):
         NVFP4BlockScaling()
+
+
+@pytest.mark.parametrize("var,field", [
+    ("NVTE_NVFP4_DISABLE_RHT", "disable_rht"),
+    ("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "disable_2d_quantization"),
+    ("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "disable_stochastic_rounding"),
+])
+def test_row_scaled_errors_name_env_sources(monkeypatch, var, field):
+    """All four options from the environment, one disable flag set to 0: the error says where both
+    clashing values came from."""
+    monkeypatch.setenv("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "1")
+    for other in ("NVTE_NVFP4_DISABLE_RHT", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION",
+                  "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"):
+        monkeypatch.setenv(other, "0" if other == var else "1")
+    with pytest.raises(ValueError) as info:
+        NVFP4BlockScaling()
+    msg = str(info.value)
+    assert "row_scaled_activation=True (from env NVTE_NVFP4_ROW_SCALED_ACTIVATION=1)" in msg
+    assert f"{field}=False (from env {var}=0)" in msg
+    monkeypatch.setenv(var, "1")
+    r = NVFP4BlockScaling()
+    assert r.row_scaled_activation and r.provenance()[field] == f"env {var}=1"
 
 
 def test_per_token_ue8m0_needs_round_sf():

@@ -145,7 +145,9 @@ TABLE: Tuple[EnvVar, ...] = (
     EnvVar("NVTE_NVFP4_DISABLE_2D_QUANTIZATION", "bool", "Quantize weights in 1x16 blocks instead "
            "of 16x16 tiles.", field="disable_2d_quantization", recipes=NVFP4, te_name=True),
     EnvVar("NVTE_NVFP4_ROW_SCALED_ACTIVATION", "bool", "Give the activation's rowwise (fprop) copy "
-           "one global amax per row (token) instead of one per tensor.",
+           "one global amax per row (token) instead of one per tensor. As in TransformerEngine, "
+           "it needs NVTE_NVFP4_DISABLE_RHT, NVTE_NVFP4_DISABLE_2D_QUANTIZATION and "
+           "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING set to 1.",
            field="row_scaled_activation", recipes=NVFP4, te_name=True),
     EnvVar("NVTE_NVFP4_PER_TOKEN_ACTIVATION", "bool", "Older name of "
            "NVTE_NVFP4_ROW_SCALED_ACTIVATION: accepted with a deprecation warning; setting both to "

@@ -3,8 +3,9 @@
 The plan follows TransformerEngine's NVFP4 recipe: weights in 16x16 tiles, activations and output
 gradients in 1x16 blocks; stochastic rounding on output gradients; the random Hadamard transform
 on the columnwise (wgrad) copies of activations and output gradients; optional row-scaled
-activations and 4over6 block scale selection. Runs everywhere: natively on sm_100+, exactly
-emulated elsewhere (Hopper included).
+activations (which, as in TE, need RHT, 2-D quantization and stochastic rounding off) and
+4over6 block scale selection. Runs everywhere: natively on sm_100+, exactly emulated elsewhere
+(Hopper included).
 """
 
 from __future__ import annotations
@@ -93,16 +94,38 @@ class NVFP4BlockScaling(Recipe):
     def _check_combinations(self) -> None:
         # The activation is the only row-scaled and (besides weights) the only 4over6 tensor that
         # can meet RHT: on its columnwise copy, which exists unless backward_override is set.
-        # 2D applies only to weights and stochastic rounding only to gradients, so they never
-        # meet row scaling or 4over6 on the same tensor.
         act = TensorKind.ACTIVATION
         fix_rht = ("set disable_rht=True (NVTE_NVFP4_DISABLE_RHT=1) or backward_override="
                    "'dequantized'/'high_precision' (NVTE_BACKWARD_OVERRIDE)")
+        needs = ("row-scaled activations need RHT, 2-D quantization and stochastic rounding all "
+                 "off, as in TransformerEngine")
         if self.row_scaled_activation and self._rht_columnwise(act):
             raise ValueError(
                 f"{self._origin('row_scaled_activation')} cannot be combined with "
                 f"{self._origin('disable_rht')}: the random Hadamard transform on the activation's "
-                f"wgrad copy needs a per-tensor amax. Fix: {fix_rht}, or row_scaled_activation=False")
+                f"wgrad copy needs a per-tensor amax ({needs}). Fix: {fix_rht}, or "
+                f"row_scaled_activation=False")
+        # 2-D tiles land only on weights and stochastic rounding only on output gradients, so
+        # neither shares a tensor with the row-scaled activation. The recipe still rejects both,
+        # for TransformerEngine parity (a ported TE script sets all three disable flags) and
+        # because row-scaled mode is an fprop-only mode whose GEMMs are tested against plain 1x16,
+        # round-to-nearest operands. Without quantized gradients (backward_override) there is no
+        # stochastic rounding to reject.
+        if self.row_scaled_activation and not self.disable_2d_quantization:
+            raise ValueError(
+                f"{self._origin('row_scaled_activation')} cannot be combined with "
+                f"{self._origin('disable_2d_quantization')}: 16x16 weight tiles are not supported "
+                f"with row-scaled activations ({needs}). Fix: set disable_2d_quantization=True "
+                f"(NVTE_NVFP4_DISABLE_2D_QUANTIZATION=1), or row_scaled_activation=False")
+        if (self.row_scaled_activation and not self.disable_stochastic_rounding
+                and self._has_backward_copies):
+            raise ValueError(
+                f"{self._origin('row_scaled_activation')} cannot be combined with "
+                f"{self._origin('disable_stochastic_rounding')}: stochastic rounding of the output "
+                f"gradients is not supported with row-scaled activations ({needs}). Fix: set "
+                f"disable_stochastic_rounding=True (NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1) or "
+                f"backward_override='dequantized'/'high_precision' (NVTE_BACKWARD_OVERRIDE), or "
+                f"row_scaled_activation=False")
         if self._four_over_six(act) and self._rht_columnwise(act):
             raise ValueError(
                 f"{self._origin('nvfp4_4over6')} applies 4over6 to activations, which cannot be "
