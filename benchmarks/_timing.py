@@ -1,6 +1,7 @@
 """Timing helpers shared by the quantization benchmarks (bench_quantize.py, bench_quantize_nvfp4.py).
 
-Method: CUDA events around every call, median over many calls after a warm-up; inputs rotate over
+Method: the kernels' GPU time from replaying a CUDA graph of back-to-back calls (median over replays),
+and CUDA events around every eager call (median, after a warm-up) as a second number; inputs rotate over
 enough independent buffers that their total exceeds the L2 cache several times, so each call reads
 from device memory; bandwidth counts bytes read plus bytes written (the fewest the op must move).
 The device-to-device copy bandwidth is measured the same way in the same run as the ceiling.
@@ -53,6 +54,56 @@ def median_ms(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, warmup: int 
     return statistics.median(time_calls(fn, arg_sets, warmup=warmup, iters=iters))
 
 
+def graph_ms(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, calls: int = 12, replays: int = 10) -> Optional[float]:
+    """GPU milliseconds per call from replaying a CUDA graph of `calls` back-to-back calls (rotating
+    over arg_sets): the kernels' own time, without host gaps between launches. None if the callable
+    cannot be captured (it synchronizes, say)."""
+    try:
+        for a in arg_sets[: min(len(arg_sets), 3)]:
+            fn(*a)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(calls):
+                fn(*arg_sets[i % len(arg_sets)])
+        g.replay()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - reported by the caller as "no graph"
+        print(f"    (no CUDA graph: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})")
+        torch.cuda.synchronize()
+        return None
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del g
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+@dataclass
+class Timing:
+    """ms: the reported time (graph replay when available, else per-call events); eager_ms: per-call
+    CUDA events around eager calls (includes any host-side gap the op leaves on the GPU)."""
+
+    ms: float
+    eager_ms: float
+    method: str
+
+
+def measure(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, warmup: int = 5, iters: int = 50,
+            graph: bool = True) -> Timing:
+    eager = median_ms(fn, arg_sets, warmup=warmup, iters=iters)
+    g = graph_ms(fn, arg_sets) if graph else None
+    if g is None:
+        return Timing(eager, eager, "events")
+    return Timing(g, eager, "graph")
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
@@ -89,7 +140,12 @@ class Table:
         self.rows: list[Row] = []
         self.notes: list[str] = []
 
-    def add(self, case: str, impl: str, shape: str, nbytes: int, ms: float, note: str = "", **extra) -> Row:
+    def add(self, case: str, impl: str, shape: str, nbytes: int, ms, note: str = "", **extra) -> Row:
+        if isinstance(ms, Timing):
+            extra.update(eager_ms=ms.eager_ms, eager_gbps=gbps(nbytes, ms.eager_ms), method=ms.method)
+            if ms.method == "graph":
+                note = (note + " " if note else "") + f"[eager {gbps(nbytes, ms.eager_ms):.0f} GB/s]"
+            ms = ms.ms
         g = gbps(nbytes, ms)
         row = Row(case, impl, shape, nbytes, ms, g, 100.0 * g / self.copy_gbps, note, extra)
         self.rows.append(row)

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _timing import Table, copy_bandwidth, median_ms, rotation_count  # noqa: E402
+from _timing import Table, copy_bandwidth, measure, median_ms, rotation_count  # noqa: E402
 
 DEFAULT_JSON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "quantize.json")
 E4M3 = torch.float8_e4m3fn
@@ -92,30 +92,30 @@ def run_fp8(table: Table, quick: bool, compile_: bool) -> None:
         args = [(x, scale) for x in xs]
         print(f"FP8 per-tensor, bf16 {s}:", flush=True)
         table.add("fp8 cast+amax (delayed)", "fp_recipes", s, 3 * n,
-                  median_ms(lambda x, sc: cu.fp8_quantize(x, sc, "e4m3"), args, iters=iters))
+                  measure(lambda x, sc: cu.fp8_quantize(x, sc, "e4m3"), args, iters=iters))
         table.add("fp8 cast+amax rowwise+colwise", "fp_recipes", s, 4 * n,
-                  median_ms(lambda x, sc: cu.fp8_quantize(x, sc, "e4m3", columnwise=True), args, iters=iters))
+                  measure(lambda x, sc: cu.fp8_quantize(x, sc, "e4m3", columnwise=True), args, iters=iters))
         table.add("fp8 current scaling", "fp_recipes", s, 3 * n,
-                  median_ms(lambda x, sc: cu.fp8_current_scaling_quantize(x, "e4m3"), args, iters=iters),
+                  measure(lambda x, sc: cu.fp8_current_scaling_quantize(x, "e4m3"), args, iters=iters),
                   note="2 launches: amax, then cast (reads x twice)")
         table.add("fp8 current scaling pow2+colwise", "fp_recipes", s, 4 * n,
-                  median_ms(lambda x, sc: cu.fp8_current_scaling_quantize(x, "e4m3", use_power_2_scales=True,
+                  measure(lambda x, sc: cu.fp8_current_scaling_quantize(x, "e4m3", use_power_2_scales=True,
                                                                           columnwise=True), args, iters=iters))
         qs = [(cu.fp8_quantize(x, scale, "e4m3").data, scale) for x in xs]
         table.add("fp8 dequantize -> bf16", "fp_recipes", s, 3 * n,
-                  median_ms(lambda q, sc: cu.fp8_dequantize(q, sc, torch.bfloat16), qs, iters=iters))
+                  measure(lambda q, sc: cu.fp8_dequantize(q, sc, torch.bfloat16), qs, iters=iters))
         table.add("fp8 cast+amax (delayed)", "eager reference twin", s, 3 * n,
                   median_ms(lambda x, sc: ref_fp8.fp8_quantize(x, sc, "e4m3"), args, warmup=1, iters=3))
         if compile_:
             def compiled_delayed():
                 f = _compiled_cast_amax()
                 table.add("fp8 cast+amax (delayed)", "torch.compile clamp+to", s, 3 * n,
-                          median_ms(f, args, iters=iters), note="(x*s).clamp(+-448).to(e4m3) + amax, inductor")
+                          measure(f, args, iters=iters), note="(x*s).clamp(+-448).to(e4m3) + amax, inductor")
 
             def torchao_current():
                 f = _torchao_dynamic(rowwise=False)
                 table.add("fp8 current scaling", "torchao compiled", s, 3 * n,
-                          median_ms(lambda x, sc: f(x), args, iters=iters),
+                          measure(lambda x, sc: f(x), args, iters=iters),
                           note="hp_tensor_to_float8_dynamic tensorwise, torch.compile")
 
             _try(table, "torch.compile cast", compiled_delayed)
@@ -147,15 +147,15 @@ def run_per_token(table: Table, quick: bool, compile_: bool) -> None:
     ]
     for label, fmt, rsf, sfmt, bs, nbytes in cases:
         table.add(label, "fp_recipes", s, nbytes,
-                  median_ms(lambda x: cu.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs),
+                  measure(lambda x: cu.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs),
                             args, iters=iters))
     q = [cu.per_token_cast(x, "e5m6", round_sf=True, scale_format="ue8m0") for x in xs]
     table.add("cast_back e5m6 -> bf16", "fp_recipes", s, 3 * n // 2 + 2 * n + t,
-              median_ms(lambda p: cu.cast_back(p.data, p.scales, "e5m6", scale_format="ue8m0"),
+              measure(lambda p: cu.cast_back(p.data, p.scales, "e5m6", scale_format="ue8m0"),
                         [(p,) for p in q], iters=iters))
     q8 = [cu.per_token_cast(x, "e4m3") for x in xs]
     table.add("cast_back e4m3 -> bf16", "fp_recipes", s, 3 * n + 4 * t,
-              median_ms(lambda p: cu.cast_back(p.data, p.scales, "e4m3"), [(p,) for p in q8], iters=iters))
+              measure(lambda p: cu.cast_back(p.data, p.scales, "e4m3"), [(p,) for p in q8], iters=iters))
     table.add("per-token e5m6 row, ue8m0", "eager reference twin", s, 2 * n + 3 * n // 2 + t,
               median_ms(lambda x: ref_per_token.per_token_cast(x, "e5m6", round_sf=True, scale_format="ue8m0"),
                         args, warmup=1, iters=3))
@@ -163,7 +163,7 @@ def run_per_token(table: Table, quick: bool, compile_: bool) -> None:
         def torchao_rowwise():
             f = _torchao_dynamic(rowwise=True)
             table.add("per-token e4m3 row, fp32 sf", "torchao compiled", s, 3 * n + 4 * t,
-                      median_ms(f, args, iters=iters), note="hp_tensor_to_float8_dynamic axiswise dim -1, compiled")
+                      measure(f, args, iters=iters), note="hp_tensor_to_float8_dynamic axiswise dim -1, compiled")
 
         _try(table, "torchao rowwise", torchao_rowwise)
     del xs, q, q8
@@ -190,11 +190,11 @@ def run_grouped(table: Table, quick: bool, compile_: bool) -> None:
     n = hidden * total_rows
     xs = _inputs((total_rows, hidden), torch.bfloat16, 3 * n)
     scale = torch.tensor(0.5, device="cuda")
-    single_q = median_ms(lambda x: cu.fp8_quantize(x, scale, "e4m3"), [(x,) for x in xs], iters=iters)
+    single_q = measure(lambda x: cu.fp8_quantize(x, scale, "e4m3"), [(x,) for x in xs], iters=iters)
     single_row = table.add("grouped baseline: single tensor", "fp_recipes", f"{total_rows}x{hidden}", 3 * n, single_q,
                            note="fp8_quantize on the same total bytes")
     qs = [cu.fp8_quantize(x, scale, "e4m3").data for x in xs]
-    single_dq = median_ms(lambda q: cu.fp8_dequantize(q, scale, torch.bfloat16), [(q,) for q in qs], iters=iters)
+    single_dq = measure(lambda q: cu.fp8_dequantize(q, scale, torch.bfloat16), [(q,) for q in qs], iters=iters)
     single_dq_row = table.add("grouped baseline: single dequant", "fp_recipes", f"{total_rows}x{hidden}", 3 * n,
                               single_dq)
     for num_groups in (8, 64, 256):
@@ -205,14 +205,14 @@ def run_grouped(table: Table, quick: bool, compile_: bool) -> None:
         shape = f"G={num_groups} rows {min(splits)}..{max(splits)}"
         cu.fp8_grouped_quantize(xs[0], offsets, scales, "e4m3")  # validates offsets once (cached)
         row = table.add("fp8 grouped cast+amax", "fp_recipes", shape, 3 * n,
-                        median_ms(lambda x: cu.fp8_grouped_quantize(x, offsets, scales, "e4m3"), [(x,) for x in xs],
+                        measure(lambda x: cu.fp8_grouped_quantize(x, offsets, scales, "e4m3"), [(x,) for x in xs],
                                   iters=iters))
-        row.note = f"{100.0 * row.gbps / single_row.gbps:.1f}% of single-tensor GB/s"
+        row.note = f"{100.0 * row.gbps / single_row.gbps:.1f}% of single-tensor GB/s {row.note}"
         gq = [cu.fp8_grouped_quantize(x, offsets, scales, "e4m3") for x in xs]
         row = table.add("fp8 grouped dequantize -> bf16", "fp_recipes", shape, 3 * n,
-                        median_ms(lambda r: cu.fp8_grouped_dequantize(r.data, offsets, r.scale_inv, torch.bfloat16),
+                        measure(lambda r: cu.fp8_grouped_dequantize(r.data, offsets, r.scale_inv, torch.bfloat16),
                                   [(r,) for r in gq], iters=iters))
-        row.note = f"{100.0 * row.gbps / single_dq_row.gbps:.1f}% of single-tensor GB/s"
+        row.note = f"{100.0 * row.gbps / single_dq_row.gbps:.1f}% of single-tensor GB/s {row.note}"
         if num_groups == 64:
             table.add("fp8 grouped cast+amax", "eager reference twin", shape, 3 * n,
                       median_ms(lambda x: ref_fp8.fp8_grouped_quantize(x, offsets, scales, "e4m3"), [(x,) for x in xs],

@@ -23,7 +23,7 @@ if has sanitize; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
     echo "== compute-sanitizer --tool $tool (fp_recipes kernels)"
-    timeout ${SAN_TIMEOUT:-100} "$CS" --tool "$tool" --kernel-name regex:fp_recipes --error-exitcode 9 \
+    timeout ${SAN_TIMEOUT:-100} "$CS" --tool "$tool" --kernel-name kns=fp_recipes --error-exitcode 9 \
       python3 tests/sanitize_fp8.py 2>&1 | tee "$OUT/log_sanitize_$tool.txt" | tail -6
     echo "rc=$? ($tool)"
   done

@@ -46,6 +46,13 @@ def assert_same(got, want, what: str) -> None:
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
     assert got.device == want.device
+    if got.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        # NaN payloads are not part of any contract (GPU arithmetic and fills canonicalize them in
+        # different ways); a NaN must meet a NaN, every other value must match bit for bit.
+        both_nan = torch.isnan(got) & torch.isnan(want)
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{what}: NaN positions differ"
+        got = torch.where(both_nan, torch.zeros_like(got), got)
+        want = torch.where(both_nan, torch.zeros_like(want), want)
     gb, wb = as_bytes(got), as_bytes(want)
     if not torch.equal(gb, wb):
         bad = (gb != wb).nonzero()
@@ -70,7 +77,7 @@ def make_input(shape, dtype, kind: str, seed: int = 0) -> torch.Tensor:
         x[3::11] = -lim
         x[5::13] = float("inf")
         x[6::17] = float("-inf")
-    if kind == "nan":
+    if kind == "nan" and n > 0:
         x[n // 2] = float("nan")
         if n > 4:
             x[1::97] = float("inf")
@@ -266,7 +273,7 @@ def test_fp8_grouped_repeatable(cu):
 
 # ---- per token -----------------------------------------------------------------------------------
 
-PT_SHAPES = [(1, 8), (3, 64), (17, 7168), (5, 8200), (300, 512), (2, 65536)]
+PT_SHAPES = [(1, 8), (3, 64), (17, 7168), (5, 8200), (300, 512), (2, 32768)]
 
 
 def _pt_input(shape, dtype, seed):

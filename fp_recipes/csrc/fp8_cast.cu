@@ -402,19 +402,15 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dequantize: out = cast(RN(fp32(q) * scale_inv)). Vector = 16 FP8 bytes.
-constexpr int64_t kDqTile = int64_t(kThreads) * kUnroll * 16;
+// Dequantize: out = cast(RN(fp32(q) * scale_inv)). Each thread turns 16/sizeof(OutT) FP8 bytes into one
+// 16-byte store, so that every store instruction of a warp covers whole contiguous sectors.
+constexpr int kDqUnroll = 8;
 
 template <typename OutT>
-__device__ __forceinline__ void store16(OutT* dst, const float* v);
-
-template <>
-__device__ __forceinline__ void store16<float>(float* dst, const float* v) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    __stcs(reinterpret_cast<float4*>(dst) + q, make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]));
-  }
-}
+struct DqVec {
+  static constexpr int kElems = 16 / sizeof(OutT);  // 8 for 16-bit outputs, 4 for FP32
+  static constexpr int64_t kTile = int64_t(kThreads) * kDqUnroll * kElems;
+};
 
 template <typename OutT>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
@@ -422,48 +418,53 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
 }
 
-template <>
-__device__ __forceinline__ void store16<__half>(__half* dst, const float* v) {
+template <Fp8Fmt F, typename OutT>
+__device__ __forceinline__ uint4 dequant_vec(uint2 w, float si) {
+  float v[8];
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    __stcs(reinterpret_cast<uint4*>(dst) + q,
-           make_uint4(pack2<__half>(v[8 * q], v[8 * q + 1]), pack2<__half>(v[8 * q + 2], v[8 * q + 3]),
-                      pack2<__half>(v[8 * q + 4], v[8 * q + 5]), pack2<__half>(v[8 * q + 6], v[8 * q + 7])));
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = decode_fp8x2<F>(static_cast<uint16_t>((j < 2 ? w.x : w.y) >> (16 * (j % 2))));
+    v[2 * j] = __fmul_rn(f.x, si);
+    v[2 * j + 1] = __fmul_rn(f.y, si);
   }
+  return make_uint4(pack2<OutT>(v[0], v[1]), pack2<OutT>(v[2], v[3]), pack2<OutT>(v[4], v[5]),
+                    pack2<OutT>(v[6], v[7]));
 }
 
-template <>
-__device__ __forceinline__ void store16<__nv_bfloat16>(__nv_bfloat16* dst, const float* v) {
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    __stcs(reinterpret_cast<uint4*>(dst) + q,
-           make_uint4(pack2<__nv_bfloat16>(v[8 * q], v[8 * q + 1]),
-                      pack2<__nv_bfloat16>(v[8 * q + 2], v[8 * q + 3]),
-                      pack2<__nv_bfloat16>(v[8 * q + 4], v[8 * q + 5]),
-                      pack2<__nv_bfloat16>(v[8 * q + 6], v[8 * q + 7])));
-  }
+template <Fp8Fmt F>
+__device__ __forceinline__ float4 dequant_vec4(uint32_t w, float si) {
+  const float2 a = decode_fp8x2<F>(static_cast<uint16_t>(w));
+  const float2 b = decode_fp8x2<F>(static_cast<uint16_t>(w >> 16));
+  return make_float4(__fmul_rn(a.x, si), __fmul_rn(a.y, si), __fmul_rn(b.x, si), __fmul_rn(b.y, si));
 }
 
 template <Fp8Fmt F, typename OutT, bool kVec>
 __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ q, OutT* __restrict__ out, int64_t ts,
                                              int64_t te, float si) {
-  if (kVec && te - ts == kDqTile) {
-    uint4 in[kUnroll];
+  constexpr int E = DqVec<OutT>::kElems;
+  if (kVec && te - ts == DqVec<OutT>::kTile) {
+    if constexpr (E == 8) {
+      uint2 in[kDqUnroll];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      in[k] = __ldcs(reinterpret_cast<const uint4*>(q + ts + (int64_t(k) * kThreads + threadIdx.x) * 16));
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const uint32_t w[4] = {in[k].x, in[k].y, in[k].z, in[k].w};
-      float v[16];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 f = decode_fp8x2<F>(static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2))));
-        v[2 * j] = __fmul_rn(f.x, si);
-        v[2 * j + 1] = __fmul_rn(f.y, si);
+      for (int k = 0; k < kDqUnroll; ++k) {
+        in[k] = __ldcs(reinterpret_cast<const uint2*>(q + ts + (int64_t(k) * kThreads + threadIdx.x) * E));
       }
-      store16<OutT>(out + ts + (int64_t(k) * kThreads + threadIdx.x) * 16, v);
+#pragma unroll
+      for (int k = 0; k < kDqUnroll; ++k) {
+        __stcs(reinterpret_cast<uint4*>(out + ts + (int64_t(k) * kThreads + threadIdx.x) * E),
+               dequant_vec<F, OutT>(in[k], si));
+      }
+    } else {
+      uint32_t in[kDqUnroll];
+#pragma unroll
+      for (int k = 0; k < kDqUnroll; ++k) {
+        in[k] = __ldcs(reinterpret_cast<const unsigned int*>(q + ts + (int64_t(k) * kThreads + threadIdx.x) * E));
+      }
+#pragma unroll
+      for (int k = 0; k < kDqUnroll; ++k) {
+        __stcs(reinterpret_cast<float4*>(out + ts + (int64_t(k) * kThreads + threadIdx.x) * E),
+               dequant_vec4<F>(in[k], si));
+      }
     }
   } else {
     for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
@@ -477,6 +478,7 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const uint8_t* __rest
                                                            const int64_t* __restrict__ offsets, int64_t G,
                                                            const float* __restrict__ scale_inv,
                                                            OutT* __restrict__ out) {
+  constexpr int64_t kDqTile = DqVec<OutT>::kTile;
   int64_t t0, t1;
   block_tile_range((n + kDqTile - 1) / kDqTile, t0, t1);
   if (t0 >= t1) return;
@@ -678,7 +680,7 @@ void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const f
     dispatch_fmt(fmt, [&](auto ftag) {
       dispatch_bool(aligned16(data) && aligned16(out), [&](auto vec) {
         auto kernel = dequant_kernel<decltype(ftag)::value, OutT, false, decltype(vec)::value>;
-        const int64_t grid = persistent_grid(kernel, (n + kDqTile - 1) / kDqTile);
+        const int64_t grid = persistent_grid(kernel, (n + DqVec<OutT>::kTile - 1) / DqVec<OutT>::kTile);
         kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(data), n, nullptr, 1, scale_inv,
                                               static_cast<OutT*>(out));
         check_launch("fp8 dequant_kernel");
@@ -750,7 +752,7 @@ void launch_fp8_grouped_dequantize(const void* data, DType fp8_dtype, int64_t n,
     dispatch_fmt(fmt, [&](auto ftag) {
       dispatch_bool(aligned16(data) && aligned16(out), [&](auto vec) {
         auto kernel = dequant_kernel<decltype(ftag)::value, OutT, true, decltype(vec)::value>;
-        const int64_t grid = persistent_grid(kernel, (n + kDqTile - 1) / kDqTile);
+        const int64_t grid = persistent_grid(kernel, (n + DqVec<OutT>::kTile - 1) / DqVec<OutT>::kTile);
         kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(data), n, offsets, num_groups,
                                               scale_inv, static_cast<OutT*>(out));
         check_launch("fp8 grouped dequant_kernel");

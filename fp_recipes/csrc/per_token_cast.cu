@@ -105,41 +105,48 @@ __device__ __forceinline__ void load_unit(Unit8<T>& u, const T* __restrict__ p, 
   }
 }
 
+constexpr int kMaxNT = 512;
+
+// Dynamic shared memory: [nblk block keys, padded to 16 bytes][E5M6: the packed row, H*3/2 bytes].
+__host__ __device__ inline int blk_words(int nblk) { return (nblk + 3) & ~3; }
+
 template <typename T, PerTokenFmt FMT, int UNIT, int NU>
-__global__ void per_token_cast_kernel(const T* __restrict__ x, int64_t H, int64_t bs, bool round_sf,
-                                      bool ue8m0, bool vec, uint8_t* __restrict__ data,
-                                      void* __restrict__ scales) {
-  extern __shared__ uint32_t blk[];  // per block of channels: amax key, then sf_inv bits
+__global__ void __launch_bounds__(kMaxNT) per_token_cast_kernel(const T* __restrict__ x, int H, int bs, bool round_sf,
+                                                                bool ue8m0, bool vec, uint8_t* __restrict__ data,
+                                                                void* __restrict__ scales) {
+  extern __shared__ uint4 smem_vec[];
+  uint32_t* blk = reinterpret_cast<uint32_t*>(smem_vec);  // per block of channels: amax key, then sf_inv bits
   const int NT = blockDim.x;
+  const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
-  const int64_t nblk = H / bs;
-  const int64_t units = H / UNIT;
-  const int64_t unit_per_blk = bs / UNIT;
+  const int nblk = H / bs;
+  const int units = H / UNIT;
+  const unsigned upb = unsigned(bs / UNIT);  // units per block of channels
   const T* xr = x + row * H;
-  for (int64_t b = threadIdx.x; b < nblk; b += NT) blk[b] = 0u;
+  for (int b = tid; b < nblk; b += NT) blk[b] = 0u;
 
   // Load the token (all loads issued before the barrier).
   Unit8<T> raw8[UNIT == 8 ? NU : 1];
   float raw1[UNIT == 1 ? NU : 1];
 #pragma unroll
   for (int k = 0; k < NU; ++k) {
-    const int64_t u = int64_t(k) * NT + threadIdx.x;
+    const int u = k * NT + tid;
     if (u < units) {
       if constexpr (UNIT == 8) {
         load_unit<T>(raw8[k], xr + u * 8, vec);
       } else {
-        raw1[k] = pt_to_f32(xr[u]);
+        raw1[k] = pt_to_f32(__ldcs(xr + u));
       }
     }
   }
   __syncthreads();  // slots zeroed
 
   // Block amaxes: lanes sharing a block reduce by shuffles, one atomic per segment.
-  const int seg = (unit_per_blk % 32 == 0) ? 32 : ((32 % unit_per_blk == 0) ? int(unit_per_blk) : 1);
-  const int lane = threadIdx.x % 32;
+  const int seg = (upb % 32u == 0u) ? 32 : ((32u % upb == 0u) ? int(upb) : 1);
+  const int lane = tid % 32;
 #pragma unroll
   for (int k = 0; k < NU; ++k) {
-    const int64_t u = int64_t(k) * NT + threadIdx.x;
+    const int u = k * NT + tid;
     uint32_t key = 0;
     if (u < units) {
       if constexpr (UNIT == 8) {
@@ -149,15 +156,15 @@ __global__ void per_token_cast_kernel(const T* __restrict__ x, int64_t H, int64_
         key = abs_key(raw1[k]);
       }
     }
-    if (int64_t(k) * NT < units) {  // warp-uniform: some lane of the CTA has a unit here
+    if (k * NT < units) {  // CTA-uniform
       for (int off = 1; off < seg; off <<= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));
-      if (u < units && (lane & (seg - 1)) == 0) atomicMax(&blk[u / unit_per_blk], key);
+      if (u < units && (lane & (seg - 1)) == 0) atomicMax(&blk[unsigned(u) / upb], key);
     }
   }
   __syncthreads();
 
   // Scales, and sf_inv into the slot.
-  for (int64_t b = threadIdx.x; b < nblk; b += NT) {
+  for (int b = tid; b < nblk; b += NT) {
     const BlockScale s = block_scale<FMT>(blk[b], round_sf);
     if (ue8m0) {
       static_cast<uint8_t*>(scales)[row * nblk + b] = static_cast<uint8_t>(s.e + 127);
@@ -169,21 +176,20 @@ __global__ void per_token_cast_kernel(const T* __restrict__ x, int64_t H, int64_
   __syncthreads();
 
   // Cast.
+  uint32_t* stage = blk + blk_words(nblk);  // E5M6: the packed row, written out with 16-byte stores
 #pragma unroll
   for (int k = 0; k < NU; ++k) {
-    const int64_t u = int64_t(k) * NT + threadIdx.x;
+    const int u = k * NT + tid;
     if (u >= units) continue;
-    const float si = __uint_as_float(blk[u / unit_per_blk]);
+    const float si = __uint_as_float(blk[unsigned(u) / upb]);
     if constexpr (FMT == PerTokenFmt::kE5M6) {
-      static_assert(UNIT == 8 || FMT != PerTokenFmt::kE5M6, "E5M6 packs 8 codes");
       uint32_t h[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) h[j] = encode_e5m6(__fmul_rn(raw8[k].get(j), si));
       const uint3 w = pack_e5m6x8(h);
-      uint32_t* dst = reinterpret_cast<uint32_t*>(data + row * (H / 2 * 3) + u * 12);
-      __stcs(dst, w.x);
-      __stcs(dst + 1, w.y);
-      __stcs(dst + 2, w.z);
+      stage[3 * u] = w.x;
+      stage[3 * u + 1] = w.y;
+      stage[3 * u + 2] = w.z;
     } else if constexpr (UNIT == 8) {
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
@@ -195,6 +201,17 @@ __global__ void per_token_cast_kernel(const T* __restrict__ x, int64_t H, int64_
       __stcs(reinterpret_cast<uint2*>(data + row * H + u * 8), make_uint2(w[0], w[1]));
     } else {
       data[row * H + u] = encode_fp8<Fp8Fmt::kE4M3>(__fmul_rn(raw1[k], si));
+    }
+  }
+  if constexpr (FMT == PerTokenFmt::kE5M6) {
+    __syncthreads();
+    const int row_bytes = H / 2 * 3;
+    uint8_t* dst = data + row * row_bytes;
+    if ((row_bytes & 15) == 0 && (reinterpret_cast<std::uintptr_t>(data) & 15u) == 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(stage);
+      for (int i = tid; i < row_bytes / 16; i += NT) __stcs(reinterpret_cast<uint4*>(dst) + i, src[i]);
+    } else {
+      for (int i = tid; i < row_bytes / 4; i += NT) __stcs(reinterpret_cast<uint32_t*>(dst) + i, stage[i]);
     }
   }
 }
@@ -283,7 +300,6 @@ void check_per_token_shape(PerTokenFmt fmt, int64_t tokens, int64_t hidden, int6
   }
 }
 
-constexpr int64_t kMaxNT = 1024;
 constexpr int kMaxNU = 8;
 
 }  // namespace
@@ -304,21 +320,27 @@ void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_
               (unit8 ? "" : " (when hidden or block_size is not a multiple of 8)") + ", got " +
               std::to_string(hidden));
   require(tokens <= 0x7FFFFFFF, "per-token cast: too many tokens");
-  int64_t nt = 128;
-  while (nt < kMaxNT && (units + nt - 1) / nt > kMaxNU) nt *= 2;
+  // Prefer at most 4 units per thread (more warps, fewer registers); 8 only at the largest CTA.
+  int nt = 128;
+  while (nt < kMaxNT && (units + nt - 1) / nt > 4) nt *= 2;
   const int64_t per = (units + nt - 1) / nt;
   const int nu = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : 8;
-  const size_t smem = sizeof(uint32_t) * size_t(hidden / block_size);
-  require(smem <= 48 * 1024, "per-token cast: too many scale blocks per token (" +
-                                 std::to_string(hidden / block_size) + "; at most 12288)");
+  const int64_t nblk = hidden / block_size;
+  require(nblk <= 12288, "per-token cast: too many scale blocks per token (" + std::to_string(nblk) + "; at most 12288)");
+  const size_t smem = sizeof(uint32_t) * size_t(blk_words(int(nblk))) +
+                      (fmt == PerTokenFmt::kE5M6 ? size_t(hidden) / 2 * 3 : 0);
   pt_dispatch_float(in_dtype, "per_token_cast input", [&](auto tag) {
     using T = decltype(tag);
     const bool vec = aligned16(x) && (hidden * sizeof(T)) % 16 == 0;
     pt_dispatch_fmt(fmt, [&](auto ftag) {
       constexpr PerTokenFmt F = decltype(ftag)::value;
       auto launch = [&](auto kernel) {
-        kernel<<<unsigned(tokens), unsigned(nt), smem, stream>>>(static_cast<const T*>(x), hidden, block_size,
-                                                                 round_sf, ue8m0_scales, vec,
+        if (smem > 48 * 1024) {
+          check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                     "cudaFuncSetAttribute(per_token_cast_kernel smem)");
+        }
+        kernel<<<unsigned(tokens), unsigned(nt), smem, stream>>>(static_cast<const T*>(x), int(hidden),
+                                                                 int(block_size), round_sf, ue8m0_scales, vec,
                                                                  static_cast<uint8_t*>(data), scales);
         check_launch("per_token_cast_kernel");
       };

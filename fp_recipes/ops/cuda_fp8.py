@@ -16,6 +16,7 @@ Kernels run on the current stream of the input's device. Results are byte-identi
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Optional
 
@@ -78,6 +79,21 @@ def _require_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
     return device
 
 
+def _on(device: torch.device):
+    """The device's context only when it is not already current (the switch costs microseconds)."""
+    if device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+def _call(op, impl, *args):
+    """Eager calls skip the dispatcher (its overhead is comparable to a small kernel); traced code
+    (torch.compile) sees the custom op."""
+    if torch.compiler.is_compiling() or not args[0].is_cuda:  # traced, or meta/fake tensors
+        return op(*args)
+    return impl(*args)
+
+
 def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
@@ -100,19 +116,22 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-# Offsets tensors already validated, with the version counter and element count they were checked
-# against: an unchanged offsets tensor reused for many calls (the MoE case: quantize, amax, dequantize
-# with the same splits) costs one device-to-host check, not one per call.
-_validated_offsets: "weakref.WeakKeyDictionary[torch.Tensor, tuple]" = weakref.WeakKeyDictionary()
+# Offsets tensors already validated, keyed by id() with a weak reference to the tensor and the version
+# counter / element count they were checked against: an unchanged offsets tensor reused for many calls
+# (the MoE case: quantize, amax, dequantize with the same splits) costs one device-to-host check, not
+# one per call. (A WeakKeyDictionary cannot be used: it compares tensors with ==.)
+_validated_offsets: dict = {}
 
 
 def _validated_groups(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: str) -> int:
-    key = (offsets._version, numel, offsets.data_ptr())
-    hit = _validated_offsets.get(offsets)
-    if hit is not None and hit[0] == key:
-        return hit[1]
+    key = (offsets._version, numel, offsets.data_ptr(), offsets.numel())
+    hit = _validated_offsets.get(id(offsets))
+    if hit is not None and hit[0]() is offsets and hit[1] == key:
+        return hit[2]
     g = _check_offsets(offsets, numel, ref, what)  # one small device-to-host copy, like the twin
-    _validated_offsets[offsets] = (key, g)
+    ident = id(offsets)
+    wr = weakref.ref(offsets, lambda _r, ident=ident: _validated_offsets.pop(ident, None))
+    _validated_offsets[ident] = (wr, key, g)
     return g
 
 
@@ -126,13 +145,15 @@ def _scalar(device: torch.device) -> torch.Tensor:
 
 # ---- custom ops: FP8 per tensor ------------------------------------------------------------------
 
-@torch.library.custom_op("fp_recipes::fp8_amax", mutates_args=())
-def _fp8_amax_op(x: torch.Tensor) -> torch.Tensor:
+def _fp8_amax_impl(x: torch.Tensor) -> torch.Tensor:
     device = _require_cuda("fp8_amax", x=x)
     amax = _scalar(device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_amax(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), amax.data_ptr(), _stream(device))
     return amax
+
+
+_fp8_amax_op = torch.library.custom_op("fp_recipes::fp8_amax", mutates_args=())(_fp8_amax_impl)
 
 
 @_fp8_amax_op.register_fake
@@ -140,8 +161,7 @@ def _(x):
     return x.new_empty((), dtype=torch.float32)
 
 
-@torch.library.custom_op("fp_recipes::fp8_quantize", mutates_args=())
-def _fp8_quantize_op(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
+def _fp8_quantize_impl(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
                      columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     device = _require_cuda("fp8_quantize", x=x, scale=scale)
     m, n = x.shape
@@ -149,11 +169,14 @@ def _fp8_quantize_op(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bo
     data = torch.empty((m, n), dtype=dt, device=device) if rowwise else _empty(device, dt)
     data_t = torch.empty((n, m), dtype=dt, device=device) if columnwise else _empty(device, dt)
     scale_inv, amax = _scalar(device), _scalar(device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[dt],
                             _ptr(data) if rowwise else 0, _ptr(data_t) if columnwise else 0,
                             scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax
+
+
+_fp8_quantize_op = torch.library.custom_op("fp_recipes::fp8_quantize", mutates_args=())(_fp8_quantize_impl)
 
 
 @_fp8_quantize_op.register_fake
@@ -165,8 +188,7 @@ def _(x, scale, fmt, rowwise, columnwise):
     return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
 
 
-@torch.library.custom_op("fp_recipes::fp8_current_scaling_quantize", mutates_args=())
-def _fp8_current_op(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
+def _fp8_current_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
                     columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                torch.Tensor]:
     device = _require_cuda("fp8_current_scaling_quantize", x=x)
@@ -175,12 +197,15 @@ def _fp8_current_op(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_ep
     data = torch.empty((m, n), dtype=dt, device=device) if rowwise else _empty(device, dt)
     data_t = torch.empty((n, m), dtype=dt, device=device) if columnwise else _empty(device, dt)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_current_scaling_quantize(
             _ptr(x), DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[dt], bool(use_power_2_scales), float(amax_epsilon),
             _ptr(data) if rowwise else 0, _ptr(data_t) if columnwise else 0, scale.data_ptr(),
             scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax, scale
+
+
+_fp8_current_op = torch.library.custom_op("fp_recipes::fp8_current_scaling_quantize", mutates_args=())(_fp8_current_impl)
 
 
 @_fp8_current_op.register_fake
@@ -193,14 +218,16 @@ def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
     return data, data_t, s[0], s[1], s[2]
 
 
-@torch.library.custom_op("fp_recipes::fp8_dequantize", mutates_args=())
-def _fp8_dequantize_op(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def _fp8_dequantize_impl(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     device = _require_cuda("fp8_dequantize", data=data, scale_inv=scale_inv)
     out = torch.empty(data.shape, dtype=out_dtype, device=device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_dequantize(_ptr(data), DTYPE_CODE[data.dtype], data.numel(), scale_inv.data_ptr(), _ptr(out),
                               DTYPE_CODE[out_dtype], _stream(device))
     return out
+
+
+_fp8_dequantize_op = torch.library.custom_op("fp_recipes::fp8_dequantize", mutates_args=())(_fp8_dequantize_impl)
 
 
 @_fp8_dequantize_op.register_fake
@@ -210,8 +237,7 @@ def _(data, scale_inv, out_dtype):
 
 # ---- custom ops: grouped -------------------------------------------------------------------------
 
-@torch.library.custom_op("fp_recipes::fp8_grouped_quantize", mutates_args=())
-def _fp8_grouped_quantize_op(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
+def _fp8_grouped_quantize_impl(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
                              fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     device = _require_cuda("fp8_grouped_quantize", x=x, offsets=offsets, scales=scales)
     g = _validated_groups(offsets, x.numel(), x, "fp8_grouped_quantize")
@@ -219,11 +245,14 @@ def _fp8_grouped_quantize_op(x: torch.Tensor, offsets: torch.Tensor, scales: tor
     data = torch.empty(x.shape, dtype=dt, device=device)
     scale_inv = torch.empty((g,), dtype=torch.float32, device=device)
     amax = torch.empty((g,), dtype=torch.float32, device=device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_grouped_quantize(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), offsets.data_ptr(), g,
                                     _ptr(scales), DTYPE_CODE[dt], _ptr(data), _ptr(scale_inv), _ptr(amax),
                                     _stream(device))
     return data, scale_inv, amax
+
+
+_fp8_grouped_quantize_op = torch.library.custom_op("fp_recipes::fp8_grouped_quantize", mutates_args=())(_fp8_grouped_quantize_impl)
 
 
 @_fp8_grouped_quantize_op.register_fake
@@ -233,15 +262,17 @@ def _(x, offsets, scales, fmt):
             x.new_empty((g,), dtype=torch.float32))
 
 
-@torch.library.custom_op("fp_recipes::fp8_grouped_amax", mutates_args=())
-def _fp8_grouped_amax_op(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _fp8_grouped_amax_impl(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     device = _require_cuda("fp8_grouped_amax", x=x, offsets=offsets)
     g = _validated_groups(offsets, x.numel(), x, "fp8_grouped_amax")
     amax = torch.empty((g,), dtype=torch.float32, device=device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_grouped_amax(_ptr(x), DTYPE_CODE[x.dtype], x.numel(), offsets.data_ptr(), g, _ptr(amax),
                                 _stream(device))
     return amax
+
+
+_fp8_grouped_amax_op = torch.library.custom_op("fp_recipes::fp8_grouped_amax", mutates_args=())(_fp8_grouped_amax_impl)
 
 
 @_fp8_grouped_amax_op.register_fake
@@ -249,16 +280,18 @@ def _(x, offsets):
     return x.new_empty((offsets.shape[0] - 1,), dtype=torch.float32)
 
 
-@torch.library.custom_op("fp_recipes::fp8_grouped_dequantize", mutates_args=())
-def _fp8_grouped_dequantize_op(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
+def _fp8_grouped_dequantize_impl(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
                                out_dtype: torch.dtype) -> torch.Tensor:
     device = _require_cuda("fp8_grouped_dequantize", data=data, offsets=offsets, scale_inv=scale_inv)
     g = _validated_groups(offsets, data.numel(), data, "fp8_grouped_dequantize")
     out = torch.empty(data.shape, dtype=out_dtype, device=device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().fp8_grouped_dequantize(_ptr(data), DTYPE_CODE[data.dtype], data.numel(), offsets.data_ptr(), g,
                                       _ptr(scale_inv), _ptr(out), DTYPE_CODE[out_dtype], _stream(device))
     return out
+
+
+_fp8_grouped_dequantize_op = torch.library.custom_op("fp_recipes::fp8_grouped_dequantize", mutates_args=())(_fp8_grouped_dequantize_impl)
 
 
 @_fp8_grouped_dequantize_op.register_fake
@@ -274,18 +307,20 @@ def _per_token_shapes(t: int, h: int, fmt: str, block: int, scale_format: str):
     return data_shape, data_dtype, (t, h // block), scale_dtype
 
 
-@torch.library.custom_op("fp_recipes::per_token_cast", mutates_args=())
-def _per_token_cast_op(x: torch.Tensor, fmt: str, round_sf: bool, scale_format: str,
+def _per_token_cast_impl(x: torch.Tensor, fmt: str, round_sf: bool, scale_format: str,
                        block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     device = _require_cuda("per_token_cast", x=x)
     t, h = x.shape
     ds, dd, ss, sd = _per_token_shapes(t, h, fmt, block_size, scale_format)
     data = torch.empty(ds, dtype=dd, device=device)
     scales = torch.empty(ss, dtype=sd, device=device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().per_token_cast(_ptr(x), DTYPE_CODE[x.dtype], t, h, PER_TOKEN_FMT_CODE[fmt], bool(round_sf),
                               scale_format == "ue8m0", block_size, _ptr(data), _ptr(scales), _stream(device))
     return data, scales
+
+
+_per_token_cast_op = torch.library.custom_op("fp_recipes::per_token_cast", mutates_args=())(_per_token_cast_impl)
 
 
 @_per_token_cast_op.register_fake
@@ -295,18 +330,20 @@ def _(x, fmt, round_sf, scale_format, block_size):
     return x.new_empty(ds, dtype=dd), x.new_empty(ss, dtype=sd)
 
 
-@torch.library.custom_op("fp_recipes::cast_back", mutates_args=())
-def _cast_back_op(data: torch.Tensor, scales: torch.Tensor, fmt: str, out_dtype: torch.dtype, scale_format: str,
+def _cast_back_impl(data: torch.Tensor, scales: torch.Tensor, fmt: str, out_dtype: torch.dtype, scale_format: str,
                   block_size: int) -> torch.Tensor:
     device = _require_cuda("cast_back", data=data, scales=scales)
     data = _aligned(data)
     t = data.shape[0]
     h = data.shape[1] * 2 // 3 if fmt == "e5m6" else data.shape[1]
     out = torch.empty((t, h), dtype=out_dtype, device=device)
-    with torch.cuda.device(device):
+    with _on(device):
         _ext().per_token_cast_back(_ptr(data), _ptr(scales), PER_TOKEN_FMT_CODE[fmt], scale_format == "ue8m0", t, h,
                                    block_size, _ptr(out), DTYPE_CODE[out_dtype], _stream(device))
     return out
+
+
+_cast_back_op = torch.library.custom_op("fp_recipes::cast_back", mutates_args=())(_cast_back_impl)
 
 
 @_cast_back_op.register_fake
@@ -323,7 +360,7 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODE or DTYPE_CODE[x.dtype] > 2:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise TypeError(f"fp8_amax: x must be a float32/float16/bfloat16 tensor, got {got}")
-    return torch.ops.fp_recipes.fp8_amax(_contiguous(x, "fp8_amax", "x"))
+    return _call(_fp8_amax_op, _fp8_amax_impl, _contiguous(x, "fp8_amax", "x"))
 
 
 @backend.register_cuda_impl("fp8_quantize")
@@ -334,7 +371,7 @@ def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: boo
     fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
     scale = _check_fp32(scale, "scale", what, x, ())
     _check_copies(rowwise, columnwise, what)
-    data, data_t, scale_inv, amax = torch.ops.fp_recipes.fp8_quantize(
+    data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_impl, 
         _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
@@ -350,7 +387,7 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
     _check_copies(rowwise, columnwise, what)
     if not (amax_epsilon >= 0.0):
         raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
-    data, data_t, scale_inv, amax, scale = torch.ops.fp_recipes.fp8_current_scaling_quantize(
+    data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_impl, 
         _contiguous(x, what, "x"), fmt, bool(use_power_2_scales), float(amax_epsilon), bool(rowwise),
         bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
@@ -364,7 +401,7 @@ def fp8_dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
     _check_fp8_data(data, what)
     scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, ())
     check_out_dtype(out_dtype, what)
-    return torch.ops.fp_recipes.fp8_dequantize(_contiguous(data, what, "data"), scale_inv, out_dtype)
+    return _call(_fp8_dequantize_op, _fp8_dequantize_impl, _contiguous(data, what, "data"), scale_inv, out_dtype)
 
 
 def _check_grouped(x: torch.Tensor, offsets: torch.Tensor, what: str) -> None:
@@ -387,7 +424,7 @@ def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.T
     fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
     _check_grouped(x, offsets, what)
     scales = _check_fp32(scales, "scales", what, x, (offsets.numel() - 1,))
-    data, scale_inv, amax = torch.ops.fp_recipes.fp8_grouped_quantize(
+    data, scale_inv, amax = _call(_fp8_grouped_quantize_op, _fp8_grouped_quantize_impl, 
         x, _contiguous(offsets, what, "offsets"), _contiguous(scales, what, "scales"), fmt)
     return FP8GroupedQuantized(data=data, scale_inv=scale_inv, amax=amax)
 
@@ -397,7 +434,7 @@ def fp8_grouped_amax(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     what = "fp8_grouped_amax"
     check_float_input(x, what, dims=(1, 2))
     _check_grouped(x, offsets, what)
-    return torch.ops.fp_recipes.fp8_grouped_amax(x, _contiguous(offsets, what, "offsets"))
+    return _call(_fp8_grouped_amax_op, _fp8_grouped_amax_impl, x, _contiguous(offsets, what, "offsets"))
 
 
 @backend.register_cuda_impl("fp8_grouped_dequantize")
@@ -410,7 +447,7 @@ def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv:
     _check_grouped(data, offsets, what)
     scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, (offsets.numel() - 1,))
     check_out_dtype(out_dtype, what)
-    return torch.ops.fp_recipes.fp8_grouped_dequantize(
+    return _call(_fp8_grouped_dequantize_op, _fp8_grouped_dequantize_impl, 
         data, _contiguous(offsets, what, "offsets"), _contiguous(scale_inv, what, "scale_inv"), out_dtype)
 
 
@@ -446,7 +483,7 @@ def per_token_cast(x: torch.Tensor, fmt: str, *, round_sf: bool = False, scale_f
                           "CUDA kernel's limits; running the pure-torch reference")
         return ref_per_token.per_token_cast(x, fmt, round_sf=round_sf, scale_format=scale_format,
                                             block_size=block_size)
-    data, scales = torch.ops.fp_recipes.per_token_cast(_contiguous(x, what, "x"), fmt, bool(round_sf),
+    data, scales = _call(_per_token_cast_op, _per_token_cast_impl, _contiguous(x, what, "x"), fmt, bool(round_sf),
                                                        scale_format, block)
     return PerTokenQuantized(data=data, scales=scales)
 
@@ -482,7 +519,7 @@ def cast_back(data: torch.Tensor, scales: torch.Tensor, fmt: str, *, out_dtype: 
     if tuple(scales.shape) != (t, h // block):
         raise ValueError(f"{what}: scales must have shape {(t, h // block)} for hidden {h} and block "
                          f"{block_size}, got {tuple(scales.shape)}")
-    return torch.ops.fp_recipes.cast_back(_contiguous(data, what, "data"), _contiguous(scales, what, "scales"),
+    return _call(_cast_back_op, _cast_back_impl, _contiguous(data, what, "data"), _contiguous(scales, what, "scales"),
                                           fmt, out_dtype, scale_format, block)
 
 
