@@ -24,7 +24,9 @@ LIM_SAN=${LIM_SAN:-70}
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
-    timeout "$LIM_SAN" "$SAN" --tool "$tool" --target-processes all python3 tests/sanitize_nvfp4.py 2>&1 \
+    quick=0; [ "$tool" = racecheck ] && quick=1
+    SANITIZE_QUICK=$quick timeout "$LIM_SAN" "$SAN" --tool "$tool" --target-processes all \
+        python3 tests/sanitize_nvfp4.py 2>&1 \
         | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -n 25
     echo "$tool rc=$?"
   done

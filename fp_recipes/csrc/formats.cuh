@@ -135,19 +135,28 @@ __host__ __device__ __forceinline__ float e2m1_decode(uint32_t code) {
 // unscaled element, never from a product (a NaN product's sign is not portable).
 __device__ __forceinline__ uint32_t e2m1_sign(float x) { return (__float_as_uint(x) >> 28) & 0x8u; }
 
-// Round-to-nearest-even E2M1 magnitude index (0..7) in software (Hopper has no FP4 conversion
-// instruction). Saturates to 6 (Inf included); NaN -> 7.
-__device__ __forceinline__ uint32_t e2m1_mag_rn_sw(float y) {
-  const float a = fabsf(y);
-  // Each midpoint rounds to the neighbour with an even index: 0.25->0, 0.75->1, 1.25->1,
-  // 1.75->2, 2.5->2, 3.5->4, 5->4 (strict '>' where the lower neighbour is even).
-  uint32_t idx = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
-                 static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
-                 static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
-                 static_cast<uint32_t>(a > 5.0f);
-  if (a != a) idx = 7u;
-  return idx;
+// Round-to-nearest-even E2M1 in software (Hopper has no FP4 conversion instruction), a few
+// instructions per element: a = min(|y|, 8) (fminf turns NaN into 8, so NaN and Inf saturate like
+// any |y| >= 6); the E2M1 quantum in a's binade is 0.5 below 2, 1 in [2, 4) and 2 from 4 on, which is
+// the FP32 ulp of the magic number M = 2^22, 2^23 or 2^24: RN(a + M) rounds a onto the E2M1 grid with
+// FP32's ties-to-even, and E2M1 index parity equals that ulp count's parity in every binade. The
+// count of ulps above M is the index within the binade; min(., 7) saturates (7 and 8 -> 6).
+struct E2M1Rounded {
+  uint32_t idx;  // magnitude index 0..7
+  float mag;     // its value {0, 0.5, ..., 6}
+};
+
+__device__ __forceinline__ E2M1Rounded e2m1_round_rn(float y) {
+  const float a = fminf(fabsf(y), 8.0f);
+  const uint32_t mbits = a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000000u : 0x4B800000u);
+  const float s = __fadd_rn(a, __uint_as_float(mbits));
+  E2M1Rounded r;
+  r.idx = min(__float_as_uint(s) - mbits + ((mbits - 0x4A800000u) >> 22), 7u);
+  r.mag = fminf(__fsub_rn(s, __uint_as_float(mbits)), 6.0f);
+  return r;
 }
+
+__device__ __forceinline__ uint32_t e2m1_mag_rn_sw(float y) { return e2m1_round_rn(y).idx; }
 
 // Two codes packed as one byte (element a -> low nibble): magnitudes of the scaled values ya, yb,
 // signs of the unscaled elements xa, xb. On sm_100-family targets the hardware conversion

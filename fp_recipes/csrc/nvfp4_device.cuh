@@ -25,6 +25,7 @@ struct TensorScale {
   float mult;   // RN(S_enc * RN(1/6)): the block-scale multiplier
   float amax;   // the amax itself (4over6 strict error path)
   float six_e;  // 6E, exact
+  float zh, zl;  // RN(1/6E) and RN(1/6E - zh) for div_6e (0 when E is neither 448 nor 256)
 };
 
 __device__ __forceinline__ TensorScale make_tensor_scale(float amax, float e4m3_max) {
@@ -36,7 +37,29 @@ __device__ __forceinline__ TensorScale make_tensor_scale(float amax, float e4m3_
   t.s_dec = __fdiv_rn(1.0f, s);
   t.mult = __fmul_rn(s, __fdiv_rn(1.0f, 6.0f));
   t.amax = amax;
+  if (e4m3_max == 448.0f) {
+    t.zh = __uint_as_float(0x39C30C31u);  // RN(1/2688)
+    t.zl = __uint_as_float(0xACF3CF3Du);  // RN(1/2688 - zh)
+  } else if (e4m3_max == 256.0f) {
+    t.zh = __uint_as_float(0x3A2AAAABu);  // RN(1/1536)
+    t.zl = __uint_as_float(0xADAAAAABu);  // RN(1/1536 - zh)
+  } else {
+    t.zh = t.zl = 0.0f;
+  }
   return t;
+}
+
+// RN(w / 6E) without a division: fma(w, zh, RN(w * zl)) (Brisebarre, Muller & Raina, "Accelerating
+// correctly rounded floating-point division when the divisor is known in advance", 2004). For
+// 6E = 2688 and 1536 scripts/nvfp4_check_div6e.py checks every FP32 significand exhaustively (0
+// mismatches); the identity holds while w and w*zl are normal, so zero-free |w| < 2^-80, Inf and NaN
+// take the true division (zero is exact either way up to the sign of a zero quotient, which no error
+// term can see: |RN(+-0 - x)| and its square do not depend on it).
+__device__ __forceinline__ float div_6e(float w, const TensorScale& t) {
+  const float aw = fabsf(w);
+  if (t.zh != 0.0f && aw <= FLT_MAX && (aw >= 0x1p-80f || aw == 0.0f))
+    return __fmaf_rn(w, t.zh, __fmul_rn(w, t.zl));
+  return __fdiv_rn(w, t.six_e);
 }
 
 // Step 3: E4M3 code of the block decode scale.
@@ -46,7 +69,7 @@ __device__ __forceinline__ uint32_t plain_scale_code(float bamax, const TensorSc
 
 // Step 4: enc = min(RN(1 / RN(fp32(sf) * S_dec)), FLT_MAX); a zero sf gives FLT_MAX.
 __device__ __forceinline__ float block_enc(float sf, float s_dec) {
-  return fmin_bound(__fdiv_rn(1.0f, __fmul_rn(sf, s_dec)), FLT_MAX);
+  return fmin_bound(__frcp_rn(__fmul_rn(sf, s_dec)), FLT_MAX);
 }
 
 // Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
@@ -102,23 +125,27 @@ __device__ __forceinline__ uint2 encode16_sr(const float (&x)[16], float enc, co
 }
 
 // ---- 4over6 -----------------------------------------------------------------------------------
-// Error of one candidate for one element, accumulated in element order by the caller.
-// Strict: val = RN(RN(RN(q * sf) * amax) / 6E); d = RN(val - x).
+// kFos: 0 off, 1 strict MAE, 2 fast MAE, 3 strict MSE, 4 fast MSE (compile-time: the error path is
+// the inner loop).
+__host__ __device__ constexpr bool fos_fast(int fos) { return fos == 2 || fos == 4; }
+__host__ __device__ constexpr bool fos_mse(int fos) { return fos >= 3; }
+inline int fos_mode(bool on, bool fast, bool mse) { return on ? (1 + (fast ? 1 : 0) + (mse ? 2 : 0)) : 0; }
+
+// Error of one candidate for one element (q: the signed E2M1 value), accumulated in element order by
+// the caller. Strict: val = RN(RN(RN(q * sf) * amax) / 6E); d = RN(val - x).
 // Fast math: the FP16 product fp16(q) x fp16(sf) is exact (q has 2 significant bits, sf 4, and
 // |q*sf| <= 2688 with the smallest non-zero product 2^-10 a normal FP16), so its FP32 product is
 // the same number; orig = RN(x * S); d = RN(cand - orig).
-template <bool kFast>
-__device__ __forceinline__ float fos_elem_err(uint32_t code, float sf, float x, float orig,
-                                              const TensorScale& t, bool mse) {
-  const float q = e2m1_decode(code);
+template <int kFos>
+__device__ __forceinline__ float fos_elem_err(float q, float sf, float x, float orig, const TensorScale& t) {
   float d;
-  if (kFast) {
+  if (fos_fast(kFos)) {
     d = __fsub_rn(__fmul_rn(q, sf), orig);
   } else {
-    const float val = __fdiv_rn(__fmul_rn(__fmul_rn(q, sf), t.amax), t.six_e);
+    const float val = div_6e(__fmul_rn(__fmul_rn(q, sf), t.amax), t);
     d = __fsub_rn(val, x);
   }
-  return mse ? __fmul_rn(d, d) : fabsf(d);
+  return fos_mse(kFos) ? __fmul_rn(d, d) : fabsf(d);
 }
 
 struct FosCandidates {
@@ -137,27 +164,26 @@ __device__ __forceinline__ FosCandidates fos_candidates(float bamax, const Tenso
   return c;
 }
 
-// Codes of both candidates for 16 elements plus their summed errors (element order).
-template <bool kFast>
+// Codes of both candidates for 16 elements plus their summed errors (element order). The E2M1
+// value of each code comes straight from the rounding (no decode); its sign is the element's.
+template <int kFos>
 __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCandidates& c,
-                                             const TensorScale& t, bool mse, uint2& q4, uint2& q6,
-                                             float& err4, float& err6) {
+                                             const TensorScale& t, uint2& q4, uint2& q6, float& err4,
+                                             float& err6) {
   const float sf4 = nvfp4_e4m3_decode(c.sf4), sf6 = nvfp4_e4m3_decode(c.sf6);
   uint32_t w4[2] = {0u, 0u}, w6[2] = {0u, 0u};
   float e4 = 0.0f, e6 = 0.0f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float xa = x[2 * k], xb = x[2 * k + 1];
-    const uint32_t p4 = e2m1x2_encode_rn(__fmul_rn(xa, c.enc4), __fmul_rn(xb, c.enc4), xa, xb);
-    const uint32_t p6 = e2m1x2_encode_rn(__fmul_rn(xa, c.enc6), __fmul_rn(xb, c.enc6), xa, xb);
-    w4[k / 4] |= p4 << (8 * (k % 4));
-    w6[k / 4] |= p6 << (8 * (k % 4));
-    const float oa = kFast ? __fmul_rn(xa, t.s_enc) : 0.0f;
-    const float ob = kFast ? __fmul_rn(xb, t.s_enc) : 0.0f;
-    e4 = __fadd_rn(e4, fos_elem_err<kFast>(p4 & 0xFu, sf4, xa, oa, t, mse));
-    e4 = __fadd_rn(e4, fos_elem_err<kFast>(p4 >> 4, sf4, xb, ob, t, mse));
-    e6 = __fadd_rn(e6, fos_elem_err<kFast>(p6 & 0xFu, sf6, xa, oa, t, mse));
-    e6 = __fadd_rn(e6, fos_elem_err<kFast>(p6 >> 4, sf6, xb, ob, t, mse));
+  for (int j = 0; j < 16; ++j) {
+    const float xj = x[j];
+    const uint32_t sbit = __float_as_uint(xj) & 0x80000000u;
+    const E2M1Rounded r4 = e2m1_round_rn(__fmul_rn(xj, c.enc4));
+    const E2M1Rounded r6 = e2m1_round_rn(__fmul_rn(xj, c.enc6));
+    w4[j / 8] |= (r4.idx | (sbit >> 28)) << (4 * (j % 8));
+    w6[j / 8] |= (r6.idx | (sbit >> 28)) << (4 * (j % 8));
+    const float orig = fos_fast(kFos) ? __fmul_rn(xj, t.s_enc) : 0.0f;
+    e4 = __fadd_rn(e4, fos_elem_err<kFos>(__uint_as_float(__float_as_uint(r4.mag) | sbit), sf4, xj, orig, t));
+    e6 = __fadd_rn(e6, fos_elem_err<kFos>(__uint_as_float(__float_as_uint(r6.mag) | sbit), sf6, xj, orig, t));
   }
   q4 = make_uint2(w4[0], w4[1]);
   q6 = make_uint2(w6[0], w6[1]);
@@ -168,11 +194,11 @@ __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCand
 // Map-to-4 only when strictly better (ties and NaN keep map-to-6).
 __device__ __forceinline__ bool fos_pick4(float err4, float err6) { return err4 < err6; }
 
-// One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (no 2-D, any mode).
+// One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
 template <int kFos>
-__device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t,
-                                                  bool mse, bool sr, uint64_t b, uint64_t seed,
-                                                  uint64_t offset, uint2& q, uint32_t& sf) {
+__device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t, bool sr,
+                                                  uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
+                                                  uint32_t& sf) {
   uint32_t bits = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) bits = max(bits, abs_bits(x[i]));
@@ -189,7 +215,7 @@ __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const Te
     const FosCandidates c = fos_candidates(bamax, t);
     uint2 q4, q6;
     float e4, e6;
-    fos_encode16<kFos == 2>(x, c, t, mse, q4, q6, e4, e6);
+    fos_encode16<kFos>(x, c, t, q4, q6, e4, e6);
     const bool use4 = fos_pick4(e4, e6);
     q = use4 ? q4 : q6;
     sf = use4 ? c.sf4 : c.sf6;

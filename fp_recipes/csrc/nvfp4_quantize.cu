@@ -31,22 +31,34 @@ struct KParams {
   uint64_t seed, offset;
 };
 
-// Rowwise, 1-D blocks, one thread per 1x16 block; consecutive threads take consecutive blocks.
+// Rowwise, 1-D blocks: a grid-stride loop over 1x16 blocks, two blocks in flight per thread;
+// consecutive threads take consecutive blocks (coalesced 16-byte loads).
 template <typename T, int kFos>
 __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
   const int64_t blocks_per_row = p.N / 16;
   const int64_t total = p.M * blocks_per_row;
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (g >= total) return;
-  float x[16];
-  load16(static_cast<const T*>(p.x) + g * 16, x);
-  const float amax = p.row_scaled ? __ldg(p.amax + g / blocks_per_row) : __ldg(p.amax);
-  const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
-  uint2 q;
-  uint32_t sf;
-  quantize_block_1d<kFos>(x, t, p.mse, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf);
-  reinterpret_cast<uint2*>(p.data)[g] = q;
-  p.scale[g] = static_cast<uint8_t>(sf);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const T* src = static_cast<const T*>(p.x);
+  TensorScale t_all;
+  if (!p.row_scaled) t_all = make_tensor_scale(__ldg(p.amax), p.e4m3_max);
+  for (int64_t g0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g0 < total; g0 += 2 * stride) {
+    float x[2][16];
+    const int64_t g[2] = {g0, g0 + stride};
+    const bool has1 = g[1] < total;
+    load16(src + g[0] * 16, x[0]);
+    if (has1) load16(src + g[1] * 16, x[1]);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      if (u == 1 && !has1) break;
+      const TensorScale t =
+          p.row_scaled ? make_tensor_scale(__ldg(p.amax + g[u] / blocks_per_row), p.e4m3_max) : t_all;
+      uint2 q;
+      uint32_t sf;
+      quantize_block_1d<kFos>(x[u], t, p.sr, static_cast<uint64_t>(g[u]), p.seed, p.offset, q, sf);
+      reinterpret_cast<uint2*>(p.data)[g[u]] = q;
+      p.scale[g[u]] = static_cast<uint8_t>(sf);
+    }
+  }
 }
 
 // ---- tile kernel ------------------------------------------------------------------------------
@@ -116,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       const FosCandidates c = fos_candidates(tamax, t);
       uint2 q4, q6;
       float e4, e6;
-      fos_encode16<kFos == 2>(x, c, t, p.mse, q4, q6, e4, e6);
+      fos_encode16<kFos>(x, c, t, q4, q6, e4, e6);
       fos_err[0][rr][cb] = e4;
       fos_err[1][rr][cb] = e6;
       __syncthreads();
@@ -140,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
     uint2 q;
     uint32_t sf;
-    quantize_block_1d<kFos>(x, t, p.mse, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
+    quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
                             p.seed, p.offset, q, sf);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
@@ -173,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
     }
   } else {
-    quantize_block_1d<kFos>(v, t, p.mse, p.sr, b, p.seed, p.offset, q, sf);
+    quantize_block_1d<kFos>(v, t, p.sr, b, p.seed, p.offset, q, sf);
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
@@ -184,7 +196,10 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
   if (!tiled) {
     const int64_t total = kp.M * (kp.N / 16);
     if (total == 0) return;
-    const int64_t grid = (total + kThreads - 1) / kThreads;
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int64_t want = (total + 2 * kThreads - 1) / (2 * kThreads);
+    const int64_t grid = want < static_cast<int64_t>(sms) * 16 ? want : static_cast<int64_t>(sms) * 16;
     rowwise_kernel<T, kFos><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
     check_launch("nvfp4 rowwise_kernel");
   } else {
@@ -199,10 +214,13 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
 
 template <typename T>
 void launch_fos(const KParams& kp, FourOverSix fos, bool tiled, cudaStream_t stream) {
-  switch (fos) {
-    case FourOverSix::kOff: launch_t<T, 0>(kp, tiled, stream); break;
-    case FourOverSix::kStrict: launch_t<T, 1>(kp, tiled, stream); break;
-    case FourOverSix::kFast: launch_t<T, 2>(kp, tiled, stream); break;
+  const int mode = fos_mode(fos != FourOverSix::kOff, fos == FourOverSix::kFast, kp.mse != 0);
+  switch (mode) {
+    case 0: launch_t<T, 0>(kp, tiled, stream); break;
+    case 1: launch_t<T, 1>(kp, tiled, stream); break;
+    case 2: launch_t<T, 2>(kp, tiled, stream); break;
+    case 3: launch_t<T, 3>(kp, tiled, stream); break;
+    case 4: launch_t<T, 4>(kp, tiled, stream); break;
   }
 }
 
