@@ -13,7 +13,7 @@ import torch
 import fp_recipes
 from fp_recipes import (DelayedScaling, Float8CurrentScaling, GroupedLinear, LayerNormLinear, Linear,
                         NVFP4BlockScaling)
-from fp_recipes.quantizers.roles import TensorKind
+from fp_recipes.quantizers.roles import ScalingKind, TensorKind
 
 from _modules_helpers import assert_close_gemm, gemm_tol, ref_mm, ref_qdq
 
@@ -59,10 +59,11 @@ def _qdq(x, qs, tensor, snap):
 def _reference(qs, x, w, b, dy, snaps):
     """(y, dx, dw, db) of the module math, FP64, and their tolerances."""
     override = qs.backward_override
+    tc = x.is_cuda and qs.specs[TensorKind.ACTIVATION].scaling in (ScalingKind.DELAYED, ScalingKind.CURRENT)
     xr, xc = _qdq(x, qs, TensorKind.ACTIVATION, snaps["x"])
     wr, wc = _qdq(w, qs, TensorKind.WEIGHT, snaps["w"])
     y = ref_mm(xr, wr)
-    y_tol = gemm_tol(xr, wr, x.dtype)
+    y_tol = gemm_tol(xr, wr, x.dtype, fp8_tensor_cores=tc)
     if b is not None:
         y = y + b.double()
     if override is None:
@@ -76,7 +77,8 @@ def _reference(qs, x, w, b, dy, snaps):
             bx, bw_x = wr.t(), xr.t()
     dx = ref_mm(dyr, bx)
     dw = ref_mm(dyc, bw_x)
-    return (y, y_tol), (dx, gemm_tol(dyr, bx, x.dtype)), (dw, gemm_tol(dyc, bw_x, w.dtype))
+    return ((y, y_tol), (dx, gemm_tol(dyr, bx, x.dtype, fp8_tensor_cores=tc)),
+            (dw, gemm_tol(dyc, bw_x, w.dtype, fp8_tensor_cores=tc)))
 
 
 def _step(m, recipe, x, dy):
@@ -90,9 +92,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
 def _device_slack(tol: torch.Tensor, ref: torch.Tensor, device: str) -> torch.Tensor:
-    """On CUDA the FP8 fprop uses cuBLASLt fast accumulation, whose Hopper tensor-core accumulator keeps
-    only ~14 significant bits between promotions (DeepSeek-V3 report): allow 2^-10 of |ref| more."""
-    return tol if device == "cpu" else tol + 2.0 ** -10 * ref.abs()
+    """CUDA: the FP32 epilogue of cuBLASLt may round the scale product and the bias add in another
+    order than the emulation: a few more FP32 ulps of |ref| (the FP8 accumulation slack is in gemm_tol)."""
+    return tol if device == "cpu" else tol + 2.0 ** -20 * ref.abs()
 
 
 @pytest.mark.parametrize("device", DEVICES)
