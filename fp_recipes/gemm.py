@@ -199,6 +199,15 @@ def _mm_bf16_fp32_accum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _mm_fp32(a, b)
 
 
+def _gemm_ready(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when cuBLASLt can read it in place (row-major, 16-byte aligned rows and start: e.g.
+    a column slice of a transposed buffer), else a contiguous copy."""
+    if x.stride(1) == 1 and x.stride(0) >= max(1, x.shape[1]) and \
+            (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0:
+        return x
+    return x.contiguous()
+
+
 def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     size = x.shape[dim]
     rem = size % multiple
@@ -223,12 +232,12 @@ def gemm_fp8_fp8(a: _Fp8Operand, b: _Fp8Operand, *, out_dtype: torch.dtype,
     if fp8_native_gemm_available(a.data.device, a.data.dtype, b.data.dtype):
         if m == 0 or n == 0 or a.data.shape[1] == 0:
             return _finish(torch.zeros(m, n, device=a.data.device), bias, out_dtype)
-        a_data = _pad_to(a.data, 1, 16)
-        b_data = _pad_to(_pad_to(b.data, 1, 16), 0, 16)
+        a_data = _gemm_ready(_pad_to(a.data, 1, 16))
+        b_data = _gemm_ready(_pad_to(_pad_to(b.data, 1, 16), 0, 16))
         fuse_bias = bias is not None and bias.dtype == out_dtype and out_dtype in (torch.bfloat16,
                                                                                    torch.float16)
         mm_dtype = out_dtype if (bias is None or fuse_bias) else torch.float32
-        out = torch._scaled_mm(a_data.contiguous(), b_data.contiguous().t(), scale_a=a.scale_inv,
+        out = torch._scaled_mm(a_data, b_data.t(), scale_a=a.scale_inv,
                                scale_b=b.scale_inv, bias=bias if fuse_bias else None, out_dtype=mm_dtype,
                                use_fast_accum=use_fast_accum)
         if out.shape[1] != n:

@@ -149,9 +149,10 @@ def current_scale(amax: torch.Tensor, fmt_max: float, *, use_power_2_scales: boo
     4. power of two: ``scale = 2^floor(log2 scale)``, i.e. the mantissa bits of the FP32 scale cleared
        (exact; scale is always a positive normal number here).
     """
-    eps = torch.tensor(float(amax_epsilon), dtype=torch.float32, device=amax.device)
+    # torch.full fills on the device: no blocking host-to-device copy (a stream sync on CUDA)
+    eps = torch.full((), float(amax_epsilon), dtype=torch.float32, device=amax.device)
     a = torch.where(torch.isnan(amax), amax, torch.maximum(amax, eps))
-    fmax = torch.tensor(fmt_max, dtype=torch.float32, device=amax.device)
+    fmax = torch.full((), fmt_max, dtype=torch.float32, device=amax.device)
     s = fmax / a
     s = torch.where(torch.isinf(s), torch.full_like(s, formats.FP32_MAX), s)
     s = torch.where((a == 0) | ~torch.isfinite(a), torch.ones_like(s), s)
