@@ -177,32 +177,22 @@ __device__ __forceinline__ uint32_t e2m1x2_encode_rn(float ya, float yb, float x
 #endif
 }
 
-// Stochastic E2M1 encode of the scaled value y (sign from the unscaled element x): |y| lies
-// between grid neighbours lo < hi; frac = (|y| - lo) / (hi - lo) (exact: hi - lo is a power of two
-// and |y| - lo is exact by Sterbenz); round up iff 2*rbyte + 1 < frac * 512, i.e. with probability
-// frac. |y| >= 6 (Inf too) -> 6, NaN -> 7.
+// Stochastic E2M1 encode of the scaled value y (sign from the unscaled element x), branch-free:
+// |y| lies between grid neighbours lo < hi with hi - lo = step (0.5 below 2, 1 in [2, 4), 2 in [4, 6));
+// t = |y| / step is exact (a power-of-two scaling), lo = floor(t) * step, and
+// frac = RN((|y| - lo) / (hi - lo)) = t - floor(t), also exact. Round up iff 2*rbyte + 1 < frac * 512,
+// i.e. with probability frac. |y| >= 6 (Inf too) -> 6, NaN -> 7.
 __device__ __forceinline__ uint32_t e2m1_encode_sr(float y, float x, uint32_t rbyte) {
-  const uint32_t sign = e2m1_sign(x);
-  const float a = fabsf(y);
-  if (!(a < 6.0f)) return sign | 0x7u;  // >= 6, Inf, NaN
-  float lo, inv_step;
-  uint32_t lo_idx;
-  if (a < 2.0f) {
-    lo_idx = static_cast<uint32_t>(__fmul_rn(a, 2.0f));  // floor(2a), exact for a < 2
-    lo = 0.5f * static_cast<float>(lo_idx);
-    inv_step = 2.0f;
-  } else if (a < 4.0f) {
-    lo = a < 3.0f ? 2.0f : 3.0f;
-    lo_idx = a < 3.0f ? 4u : 5u;
-    inv_step = 1.0f;
-  } else {
-    lo = 4.0f;
-    lo_idx = 6u;
-    inv_step = 0.5f;
-  }
-  const float frac = __fmul_rn(__fsub_rn(a, lo), inv_step);
+  const float ay = fabsf(y);
+  const float a = fminf(ay, 7.0f);  // keeps the arithmetic finite; >= 6 and NaN are set below
+  const bool p2 = a >= 2.0f, p4 = a >= 4.0f;
+  const float t = __fmul_rn(a, p4 ? 0.5f : (p2 ? 1.0f : 2.0f));
+  const float k = truncf(t);
+  const float frac = __fsub_rn(t, k);
   const uint32_t up = static_cast<float>(2u * rbyte + 1u) < __fmul_rn(frac, 512.0f) ? 1u : 0u;
-  return sign | (lo_idx + up);
+  uint32_t idx = static_cast<uint32_t>(k) + (p4 ? 4u : (p2 ? 2u : 0u)) + up;
+  if (!(ay < 6.0f)) idx = 7u;
+  return e2m1_sign(x) | idx;
 }
 
 // E4M3 (e4m3fn) round-to-nearest-even with saturation to +-448 (Inf too); NaN -> 0x7F.
