@@ -373,7 +373,8 @@ GROUPED_FP8_BACKEND = "auto"
 
 
 def _scaled_grouped_fprop(a_list: Sequence[_Fp8Operand], b_list: Sequence[_Fp8Operand],
-                          out_dtype: torch.dtype) -> Optional[torch.Tensor]:
+                          out_dtype: torch.dtype, a_buffer: Optional[torch.Tensor] = None
+                          ) -> Optional[torch.Tensor]:
     """One ``torch._scaled_grouped_mm`` launch for the "2-D x 3-D" shape (rows split by group, one
     B matrix per group), with the per-tensor scales expanded to torch's row/column scale vectors.
     None when torch cannot run it here (the caller then loops over ``_scaled_mm``)."""
@@ -390,7 +391,10 @@ def _scaled_grouped_fprop(a_list: Sequence[_Fp8Operand], b_list: Sequence[_Fp8Op
     if k % 16 or n % 16 or any(o.data.shape != (n, k) for o in b_list):
         return None
     rows = [o.data.shape[0] for o in a_list]
-    a_cat = torch.cat([o.data for o in a_list], dim=0) if len(a_list) > 1 else a_list[0].data
+    if a_buffer is not None:  # the members are its consecutive row blocks
+        a_cat = a_buffer
+    else:
+        a_cat = torch.cat([o.data for o in a_list], dim=0) if len(a_list) > 1 else a_list[0].data
     b_stack = torch.stack([o.data for o in b_list], dim=0)  # (G, N, K)
     # built on the host and copied without a stream sync
     counts = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)

@@ -16,9 +16,14 @@ from ..gemm import gemm, grouped_gemm
 from ..quantizers.roles import ModuleKind
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
                    quantize_operand, token_multiple)
+from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
 from .linear import _factory, reset_linear_parameters
 
 __all__ = ["GroupedLinear"]
+
+# FP8 recipes run through modules/grouped_fp8.py (one grouped quantization per operand); False takes
+# the generic per-expert path (kept for comparison in benchmarks/bench_linear.py).
+FP8_FAST_PATH = True
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
@@ -151,6 +156,8 @@ class GroupedLinear(QuantizedModule):
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
             return torch.cat(outs, dim=0)
+        if FP8_FAST_PATH and fast_path_eligible(sets):
+            return GroupedFP8Function.apply(x, splits, sets, *weights, *biases)
         multiple = max(token_multiple(qs) for qs in sets)
         if multiple == 1 or all(m % multiple == 0 for m in splits):
             return _GroupedLinearFunction.apply(x, splits, sets, *weights, *biases)
