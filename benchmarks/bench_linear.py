@@ -130,12 +130,16 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
 
     cases.append(("bf16 GroupedLinear (no autocast: loop of F.linear)", loop_step))
 
+    from fp_recipes.modules import grouped_linear as GL
+
     for name, recipe in recipes.items():
         mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
-        backends = ["loop", "grouped_mm"] if name.startswith(("delayed", "current")) else ["loop"]
-        for backend in backends:
-            def step(mod=mod, recipe=recipe, backend=backend):
+        fp8 = name.startswith(("delayed", "current"))
+        variants = [("fast", "auto"), ("fast", "loop"), ("generic", "auto")] if fp8 else [("generic", "auto")]
+        for path, backend in variants:
+            def step(mod=mod, recipe=recipe, backend=backend, path=path):
                 gemm_mod.GROUPED_FP8_BACKEND = backend
+                GL.FP8_FAST_PATH = path == "fast"
                 x.grad = None
                 for p in mod.parameters():
                     p.grad = None
@@ -143,7 +147,8 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
                     y = mod(x, splits)
                 y.backward(dy)
 
-            label = f"fp_recipes GroupedLinear {name}" + (f" [{backend}]" if len(backends) > 1 else "")
+            fprop = "grouped_mm fprop" if backend == "auto" else "per-expert fprop"
+            label = f"fp_recipes GroupedLinear {name}" + (f" [{path}, {fprop}]" if fp8 else "")
             cases.append((label, step))
     return cases
 
@@ -163,12 +168,14 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
             continue
         finally:
             gemm_mod.GROUPED_FP8_BACKEND = "auto"
+            from fp_recipes.modules import grouped_linear as GL
+            GL.FP8_FAST_PATH = True
         if label == baseline_label:
             base_ms = t["median_ms"]
         row = {"case": label, **t, "tflops": flops / (t["median_ms"] * 1e-3) / 1e12}
         rows.append(row)
         torch.cuda.synchronize()
-        print(f"  {label:<56} {t['median_ms']:8.3f} ms  {row['tflops']:6.0f} TFLOP/s"
+        print(f"  {label:<68} {t['median_ms']:8.3f} ms  {row['tflops']:6.0f} TFLOP/s"
               + (f"  {base_ms / t['median_ms']:.2f}x bf16" if base_ms else "")
               + f"  ({time.perf_counter() - t_case:.0f} s incl. warm-up/compile)", flush=True)
     for row in rows:
@@ -179,12 +186,12 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
 
 def _print(title: str, rows: List[Dict[str, Any]]) -> None:
     print(f"\n{title}")
-    print(f"{'case':<58} {'median ms':>10} {'TFLOP/s':>8} {'vs bf16':>8} {'wall ms':>8}")
+    print(f"{'case':<70} {'median ms':>10} {'TFLOP/s':>8} {'vs bf16':>8} {'wall ms':>8}")
     for r in rows:
         if "error" in r:
-            print(f"{r['case']:<58} {'error':>10}  {r['error'][:80]}")
+            print(f"{r['case']:<70} {'error':>10}  {r['error'][:80]}")
             continue
-        print(f"{r['case']:<58} {r['median_ms']:>10.3f} {r['tflops']:>8.0f} "
+        print(f"{r['case']:<70} {r['median_ms']:>10.3f} {r['tflops']:>8.0f} "
               f"{r.get('speedup_vs_bf16', float('nan')):>7.2f}x {r['wall_ms_per_step']:>8.3f}")
 
 

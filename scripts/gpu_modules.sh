@@ -8,8 +8,9 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 LIM_TEST=${LIM_TEST:-80}
-LIM_BENCH=${LIM_BENCH:-190}
+LIM_BENCH=${LIM_BENCH:-220}
 LIM_DEMO=${LIM_DEMO:-30}
+LIM_PROF=${LIM_PROF:-90}
 BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
 {
   echo "== nvidia-smi -L"; nvidia-smi -L
@@ -18,6 +19,9 @@ BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
   timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
       tests/test_modules_gemm.py tests/test_modules_linear.py 2>&1 | tail -n 60
   echo "pytest rc=$?"
+  echo "== profile (host syncs, enqueue time, kernels)"
+  timeout "$LIM_PROF" python3 benchmarks/profile_linear.py 2>&1 | tail -n 150
+  echo "profile rc=$?"
   echo "== benchmark"
   timeout "$LIM_BENCH" python3 benchmarks/bench_linear.py $BENCH_ARGS --json "$OUT/linear.json"
   echo "bench rc=$?"

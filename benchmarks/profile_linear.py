@@ -1,0 +1,160 @@
+"""Where the time of one Linear / GroupedLinear training step goes (GPU): host synchronisations (torch's
+sync debug mode, with the Python line that caused each), the host time to enqueue one step, and the
+top CUDA kernels / CPU ops of a few steps (torch.profiler).
+
+    python benchmarks/profile_linear.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import fp_recipes  # noqa: E402
+from fp_recipes import DelayedScaling, Float8CurrentScaling, GroupedLinear, Linear  # noqa: E402
+
+
+def _linear_step(recipe, m=8192, k=8192, n=8192):
+    dev = torch.device("cuda")
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    mod = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+
+    def step():
+        x.grad = None
+        mod.weight.grad = None
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x)
+        y.backward(dy)
+
+    return step
+
+
+def _grouped_step(recipe, m=16384, experts=8, k=7168, n=2048):
+    dev = torch.device("cuda")
+    splits = [m // experts] * experts
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+
+    def step():
+        x.grad = None
+        for p in mod.parameters():
+            p.grad = None
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x, splits)
+        y.backward(dy)
+
+    return step
+
+
+def _syncs(step) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    seen = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            key = f"{w.filename}:{w.lineno}"
+            seen[key] = seen.get(key, 0) + 1
+    print(f"    host syncs in one step: {sum(seen.values())}")
+    for key, count in sorted(seen.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"      {count}x at {key}")
+
+
+def _enqueue_ms(step, reps: int = 5) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    return best
+
+
+def _profile(step, rows: int = 12) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    ka = prof.key_averages()
+    print(ka.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60))
+    print(ka.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60))
+
+
+def _median_ms(fn, iters: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return sorted(s.elapsed_time(e) for s, e in zip(starts, ends))[iters // 2]
+
+
+def _isolate() -> None:
+    """Which part of the delayed-scaling step costs what: the cast kernels alone, and the step with the
+    scale updates switched off."""
+    from fp_recipes import ops
+    from fp_recipes.modules import amax_reduction
+
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    scale = torch.full((), 64.0, device="cuda")
+    print("\n== cast kernels on 8192x8192 bf16 (rowwise + columnwise)")
+    print(f"    fp8_quantize (delayed, amax fused): "
+          f"{_median_ms(lambda: ops.fp8_quantize(x, scale, 'e4m3', rowwise=True, columnwise=True)):.3f} ms")
+    print(f"    fp8_current_scaling_quantize:       "
+          f"{_median_ms(lambda: ops.fp8_current_scaling_quantize(x, 'e4m3', rowwise=True, columnwise=True)):.3f} ms")
+    step = _linear_step(DelayedScaling())
+    print(f"    Linear delayed step:                  {_median_ms(step, 10):.3f} ms")
+    real = amax_reduction.batched_update_scales
+    amax_reduction.batched_update_scales = lambda qs: None
+    try:
+        print(f"    Linear delayed step, no scale update: {_median_ms(step, 10):.3f} ms")
+    finally:
+        amax_reduction.batched_update_scales = real
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("profile_linear: needs a CUDA GPU")
+        return 2
+    print(f"device: {torch.cuda.get_device_name()} | backend {fp_recipes.backend_info()['summary']}")
+    cases = [("Linear 8192^3 delayed", _linear_step(DelayedScaling())),
+             ("Linear 8192^3 current", _linear_step(Float8CurrentScaling())),
+             ("GroupedLinear M=16k delayed", _grouped_step(DelayedScaling())),
+             ("GroupedLinear M=16k current", _grouped_step(Float8CurrentScaling()))]
+    for label, step in cases:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        print(f"\n== {label}")
+        _syncs(step)
+        torch.cuda.synchronize()
+        print(f"    host time to enqueue one step (best of 5): {_enqueue_ms(step):.3f} ms")
+    _isolate()
+    for label, step in cases[:1] + cases[2:3]:
+        print(f"\n== torch.profiler: {label}")
+        _profile(step)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
