@@ -16,8 +16,8 @@ BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
   echo "== nvidia-smi -L"; nvidia-smi -L
   python3 -c "import fp_recipes.ops.backend as b; i=b.backend_info(); print(i['summary'], i['cuda_ops'])"
   echo "== pytest -m cuda (modules + gemm on CUDA)"
-  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
-      tests/test_modules_gemm.py tests/test_modules_linear.py 2>&1 | tail -n 60
+  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 --tb=short \
+      tests/test_modules_gemm.py tests/test_modules_linear.py 2>&1 | tail -n 100
   echo "pytest rc=$?"
   echo "== profile (host syncs, enqueue time, kernels)"
   timeout "$LIM_PROF" python3 benchmarks/profile_linear.py 2>&1 | tail -n 150
