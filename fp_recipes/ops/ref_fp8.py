@@ -227,7 +227,7 @@ def _segment_amax(flat: torch.Tensor, ids: torch.Tensor, g: int) -> torch.Tensor
     """Per-member max |x| of a flat FP32 buffer (NaN propagates per member; empty member -> 0)."""
     a = flat.abs()
     amax = torch.zeros(g, dtype=torch.float32, device=flat.device)
-    amax.scatter_reduce_(0, ids, torch.nan_to_num(a, nan=0.0), reduce="amax", include_self=True)
+    amax.scatter_reduce_(0, ids, torch.nan_to_num(a, nan=0.0, posinf=float("inf")), reduce="amax", include_self=True)
     nan_count = torch.zeros(g, dtype=torch.float32, device=flat.device)
     nan_count.index_add_(0, ids, torch.isnan(a).to(torch.float32))
     return torch.where(nan_count > 0, torch.full_like(amax, float("nan")), amax)
