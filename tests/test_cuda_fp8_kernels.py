@@ -323,6 +323,15 @@ def test_per_token_e4m3_odd_hidden(cu):
                     ref_per_token.cast_back(want.data, want.scales, "e4m3", block_size=bs), f"back bs={bs}")
 
 
+def test_per_token_beyond_kernel_limits_falls_back_loudly(cu):
+    x = make_input((2, 40000), torch.bfloat16, "normal", seed=6)
+    with pytest.warns(RuntimeWarning, match="beyond the CUDA kernel"):
+        got = cu.per_token_cast(x, "e5m6", round_sf=True)
+    want = ref_per_token.per_token_cast(x, "e5m6", round_sf=True)
+    assert_same(got.data, want.data, "fallback data")
+    assert_same(got.scales, want.scales, "fallback scales")
+
+
 def test_per_token_bf16_amax_is_fp32(cu):
     """Seed 000: a BF16 accumulator would underestimate the amax and move a round_sf scale."""
     x = torch.full((4, 7168), 1.0, dtype=torch.bfloat16, device=DEV)

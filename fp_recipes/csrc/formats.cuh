@@ -76,13 +76,20 @@ __device__ __forceinline__ uint32_t canonical_key(uint32_t key) { return key > 0
 // |v| >= 65536 (and +-Inf) -> +-Inf (0x7C0 | sign).
 __device__ __forceinline__ uint32_t encode_e5m6(float v) {
   const uint32_t bits = __float_as_uint(v);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFu;
-  if ((bits & 0x7FFFFFFFu) >= 0x47800000u) return ((bits >> 20) & 0x800u) | 0x7C0u;  // 65536
-  uint32_t h = __half_as_ushort(__float2half_rz(v));
-  uint32_t c = h >> 4;
-  uint32_t r = bits & 0x1FFFFu;
-  if ((c & 1u) + r > 0x10000u) c += 1u;
-  return c & 0xFFFu;
+  const uint32_t a = bits & 0x7FFFFFFFu;
+  const uint32_t sign12 = (bits >> 20) & 0x800u;
+  if (a >= 0x47800000u) return a > 0x7F800000u ? 0x7FFu : (sign12 | 0x7C0u);  // NaN; |v| >= 65536, Inf
+  uint32_t c;
+  if (a >= 0x38800000u) {
+    // FP16-normal range (|v| >= 2^-14): RZ to FP16 is truncation, so h >> 4 is sign, rebiased
+    // exponent and the top 6 mantissa bits, in integer arithmetic.
+    c = sign12 | ((a - 0x38000000u) >> 17);
+  } else {
+    c = uint32_t(__half_as_ushort(__float2half_rz(v))) >> 4;
+  }
+  const uint32_t r = bits & 0x1FFFFu;
+  if ((c & 1u) + r > 0x10000u) c += 1u;  // at most 0x7C0 | sign (Inf): stays within 12 bits
+  return c;
 }
 
 __device__ __forceinline__ float decode_e5m6(uint32_t code) {

@@ -143,6 +143,34 @@ __device__ __forceinline__ float resolve_scale(const ScaleSpec& spec) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// One 16-byte vector of inputs -> V FP8 bytes at dst (with the amax folded into key).
+template <typename T, Fp8Fmt F, bool kAmax, bool kStore>
+__device__ __forceinline__ void cast_vec(const uint4& in, float s, uint8_t* __restrict__ dst, uint32_t& key) {
+  constexpr int V = Vec16<T>::kElems;
+  float f[V];
+  unpack16<T>(in, f);
+  uint32_t w[V / 4];
+#pragma unroll
+  for (int j = 0; j < V; j += 2) {
+    if (kAmax) key = max(key, max(abs_key(f[j]), abs_key(f[j + 1])));
+    if (kStore) {
+      uint32_t p = encode_fp8x2<F>(__fmul_rn(f[j], s), __fmul_rn(f[j + 1], s));
+      if ((j & 2) == 0) {
+        w[j / 4] = p;
+      } else {
+        w[j / 4] |= p << 16;
+      }
+    }
+  }
+  if constexpr (kStore) {
+    if constexpr (V == 8) {
+      __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
+    } else {
+      __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
+    }
+  }
+}
+
 // One tile [ts, te) of elements that all use scale s. Full aligned tiles: 16-byte vectors, all
 // kUnroll loads in flight before use. Otherwise (tail, misaligned base): element by element.
 template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
@@ -158,25 +186,7 @@ __device__ __forceinline__ void cast_tile(const T* __restrict__ x, uint8_t* __re
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      float f[V];
-      unpack16<T>(in[k], f);
-      uint32_t w[V / 4];
-#pragma unroll
-      for (int j = 0; j < V; j += 2) {
-        if (kAmax) key = max(key, max(abs_key(f[j]), abs_key(f[j + 1])));
-        uint32_t p = encode_fp8x2<F>(__fmul_rn(f[j], s), __fmul_rn(f[j + 1], s));
-        if ((j & 2) == 0) {
-          w[j / 4] = p;
-        } else {
-          w[j / 4] |= p << 16;
-        }
-      }
-      uint8_t* dst = out + ts + (int64_t(k) * kThreads + threadIdx.x) * V;
-      if constexpr (V == 8) {
-        __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
-      } else {
-        __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
-      }
+      cast_vec<T, F, kAmax, true>(in[k], s, out + ts + (int64_t(k) * kThreads + threadIdx.x) * V, key);
     }
   } else {
     for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
@@ -227,16 +237,20 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x,
 }
 
 // Single tensor, row-major flat: rowwise copy only.
+// reverse: walk this block's tiles last to first. Current scaling runs this right after the amax
+// kernel on the same grid, whose blocks read their ranges first to last: the tiles each block read
+// last are still in L2, and reading them first turns part of the second pass into L2 hits.
 template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
 __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x, int64_t n, ScaleSpec spec,
-                                                        uint8_t* __restrict__ out,
+                                                        bool reverse, uint8_t* __restrict__ out,
                                                         uint32_t* __restrict__ amax_bits) {
   constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
   const float s = resolve_scale(spec);
   int64_t t0, t1;
   block_tile_range((n + kTile - 1) / kTile, t0, t1);
   uint32_t key = 0;
-  for (int64_t t = t0; t < t1; ++t) {
+  for (int64_t i = 0; i < t1 - t0; ++i) {
+    const int64_t t = reverse ? t1 - 1 - i : t0 + i;
     cast_tile<T, F, kAmax, kVec>(x, out, t * kTile, min(n, (t + 1) * kTile), s, key);
   }
   if (kAmax) flush_amax(key, amax_bits);
@@ -379,21 +393,41 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
         amax_tile<T, kVec>(x, ts, te, key);
       }
     } else {
-      // The tile straddles member boundaries: element by element, each thread walking the members
-      // forward and merging its partial amax into the member's slot when it moves on.
+      // The tile straddles member boundaries. Per 16-byte vector: inside one member, the vector
+      // path; across a boundary, element by element. Each thread walks the members forward (its
+      // positions increase) and merges its partial amax into a member's slot when it moves on.
+      constexpr int V = Vec16<T>::kElems;
       int64_t mg = g;
       float ms = kCast ? scales[g] : 0.0f;
       uint32_t mkey = 0;
-      for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
-        if (mg + 1 < G && offsets[mg + 1] <= i) {
+      auto advance = [&](int64_t pos) {
+        if (mg + 1 < G && offsets[mg + 1] <= pos) {
           if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
           mkey = 0;
-          do { ++mg; } while (mg + 1 < G && offsets[mg + 1] <= i);
+          do { ++mg; } while (mg + 1 < G && offsets[mg + 1] <= pos);
           if constexpr (kCast) ms = scales[mg];
         }
+      };
+      auto one = [&](int64_t i) {
+        advance(i);
         const float f = to_f32(x[i]);
         mkey = max(mkey, abs_key(f));
         if constexpr (kCast) out[i] = encode_fp8<F>(__fmul_rn(f, ms));
+      };
+      if (kVec && te - ts == kTile) {
+#pragma unroll 1
+        for (int k = 0; k < kUnroll; ++k) {
+          const int64_t e0 = ts + (int64_t(k) * kThreads + threadIdx.x) * V;
+          advance(e0);
+          if (mg + 1 >= G || offsets[mg + 1] >= e0 + V) {
+            const uint4 in = __ldcs(reinterpret_cast<const uint4*>(x + e0));
+            cast_vec<T, F, true, kCast>(in, ms, out + e0, mkey);
+          } else {
+            for (int j = 0; j < V; ++j) one(e0 + j);
+          }
+        }
+      } else {
+        for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) one(i);
       }
       if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
     }
@@ -492,10 +526,37 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const uint8_t* __rest
       if (g + 1 >= G || offsets[g + 1] >= te) {
         dequant_tile<F, OutT, kVec>(q, out, ts, te, scale_inv[g]);
       } else {
+        // Straddles member boundaries: per vector inside one member the vector path, else per element.
+        constexpr int E = DqVec<OutT>::kElems;
         int64_t mg = g;
-        for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
-          while (mg + 1 < G && offsets[mg + 1] <= i) ++mg;
-          out[i] = from_f32<OutT>(__fmul_rn(decode_fp8<F>(q[i]), scale_inv[mg]));
+        auto advance = [&](int64_t pos) {
+          while (mg + 1 < G && offsets[mg + 1] <= pos) ++mg;
+        };
+        if (kVec && te - ts == DqVec<OutT>::kTile) {
+#pragma unroll 1
+          for (int k = 0; k < kDqUnroll; ++k) {
+            const int64_t e0 = ts + (int64_t(k) * kThreads + threadIdx.x) * E;
+            advance(e0);
+            if (mg + 1 >= G || offsets[mg + 1] >= e0 + E) {
+              if constexpr (E == 8) {
+                __stcs(reinterpret_cast<uint4*>(out + e0),
+                       dequant_vec<F, OutT>(__ldcs(reinterpret_cast<const uint2*>(q + e0)), scale_inv[mg]));
+              } else {
+                __stcs(reinterpret_cast<float4*>(out + e0),
+                       dequant_vec4<F>(__ldcs(reinterpret_cast<const unsigned int*>(q + e0)), scale_inv[mg]));
+              }
+            } else {
+              for (int j = 0; j < E; ++j) {
+                advance(e0 + j);
+                out[e0 + j] = from_f32<OutT>(__fmul_rn(decode_fp8<F>(q[e0 + j]), scale_inv[mg]));
+              }
+            }
+          }
+        } else {
+          for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
+            advance(i);
+            out[i] = from_f32<OutT>(__fmul_rn(decode_fp8<F>(q[i]), scale_inv[mg]));
+          }
         }
       }
     }
@@ -567,13 +628,15 @@ void zero_amax(float* amax, int64_t count, cudaStream_t stream) {
   check_cuda(cudaMemsetAsync(amax, 0, sizeof(float) * size_t(count), stream), "cudaMemsetAsync(amax)");
 }
 
-void run_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_t stream) {
+// grid > 0: use that many blocks (current scaling gives the amax kernel the cast kernel's grid, so
+// that both split the tensor into the same per-block ranges).
+void run_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_t stream, int64_t grid_blocks = 0) {
   dispatch_input(in_dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
     dispatch_bool(aligned16(x), [&](auto vec) {
       auto kernel = amax_kernel<T, decltype(vec)::value>;
-      const int64_t grid = persistent_grid(kernel, (n + kTile - 1) / kTile);
+      const int64_t grid = grid_blocks > 0 ? grid_blocks : persistent_grid(kernel, (n + kTile - 1) / kTile);
       kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, reinterpret_cast<uint32_t*>(amax));
       check_launch("fp8 amax_kernel");
     });
@@ -581,8 +644,25 @@ void run_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_
 }
 
 // The cast itself (rowwise flat kernel, or the tiled kernel when a transposed copy is wanted).
+// The grid run_cast's rowwise kernel uses for n elements of in_dtype (current scaling hands it to run_amax).
+int64_t rowwise_cast_grid(DType in_dtype, int64_t n, Fp8Fmt fmt, const void* x, const void* out) {
+  int64_t grid = 1;
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+    dispatch_fmt(fmt, [&](auto ftag) {
+      dispatch_bool(aligned16(x) && aligned16(out), [&](auto vec) {
+        grid = persistent_grid(cast_kernel<T, decltype(ftag)::value, false, decltype(vec)::value>,
+                               (n + kTile - 1) / kTile);
+      });
+    });
+  });
+  return grid;
+}
+
 void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const ScaleSpec& spec, Fp8Fmt fmt,
-              bool with_amax, void* out, void* out_t, float* amax, cudaStream_t stream) {
+              bool with_amax, void* out, void* out_t, float* amax, cudaStream_t stream, bool reverse = false,
+              int64_t grid_blocks = 0) {
   const int64_t n = rows * cols;
   dispatch_input(in_dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -595,9 +675,9 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
           constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
           dispatch_bool(aligned16(x) && aligned16(out), [&](auto vec) {
             auto kernel = cast_kernel<T, F, kAmax, decltype(vec)::value>;
-            const int64_t grid = persistent_grid(kernel, (n + kTile - 1) / kTile);
-            kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, spec, static_cast<uint8_t*>(out),
-                                                  reinterpret_cast<uint32_t*>(amax));
+            const int64_t grid = grid_blocks > 0 ? grid_blocks : persistent_grid(kernel, (n + kTile - 1) / kTile);
+            kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, spec, reverse,
+                                                  static_cast<uint8_t*>(out), reinterpret_cast<uint32_t*>(amax));
             check_launch("fp8 cast_kernel");
           });
         } else {
@@ -659,13 +739,21 @@ void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t 
   require(scale != nullptr && scale_inv != nullptr && amax != nullptr,
           "fp8_current_scaling_quantize: null scale/scale_inv/amax");
   zero_amax(amax, 1, stream);
-  if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
   const float fmt_max = fmt == Fp8Fmt::kE4M3 ? kE4M3Max : kE5M2Max;
   ScaleSpec spec{nullptr, amax, fmt_max, amax_epsilon, power_2_scale ? 1 : 0, scale, scale_inv};
   if (out == nullptr && out_t == nullptr) {
+    if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
     run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
     return;
   }
+  if (out_t == nullptr) {
+    // Rowwise only: amax and cast on one grid, the cast walking each block's range backwards (L2 hits).
+    const int64_t grid = rowwise_cast_grid(in_dtype, rows * cols, fmt, x, out);
+    if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream, grid);
+    run_cast(x, in_dtype, rows, cols, spec, fmt, false, out, nullptr, amax, stream, true, grid);
+    return;
+  }
+  if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
   run_cast(x, in_dtype, rows, cols, spec, fmt, false, out, out_t, amax, stream);
 }
 

@@ -4,10 +4,12 @@
 // sf = RN(a_c / fmt_max); round_sf: sf = 2^e with e = ceil(log2 sf) from the FP32 bits and
 // sf_inv = 2^-e, else sf_inv = RN(fmt_max / a_c); data = encode(RN(x * sf_inv)).
 //
-// One CTA per token. The token's elements stay in registers between the amax and the cast (one
-// read of x). Units of 8 elements (16-byte loads of bf16/fp16) where the shape allows, else of 1.
-// Block amaxes: a shuffle reduction over the lanes that share a block, then an atomicMax on the
-// block's slot in shared memory (dynamic shared memory sized by blocks per token: no fixed arrays).
+// One CTA per token: the row is staged in shared memory with cp.async (so no registers are held while
+// loads are in flight and many rows stream per SM), then read twice from there: block amaxes, then the
+// cast. Units of 8 elements where the shape allows (16-byte accesses), else of 1. Block amaxes: a
+// shuffle reduction over the lanes that share a block, then an atomicMax on the block's slot in shared
+// memory (dynamic shared memory sized by the row: no fixed arrays). E5M6 rows are packed in shared
+// memory and written with 16-byte stores.
 #include <algorithm>
 #include <cfloat>
 #include <string>
@@ -82,84 +84,84 @@ __device__ __forceinline__ BlockScale block_scale(uint32_t key, bool round_sf) {
   return s;
 }
 
-// A unit of 8 input elements held as raw 16-byte words.
-template <typename T>
-struct Unit8 {
-  static constexpr int kWords = sizeof(T) * 8 / 16;
-  uint4 w[kWords];
-  __device__ __forceinline__ float get(int j) const {
-    const T* e = reinterpret_cast<const T*>(w);
-    return pt_to_f32(e[j]);
-  }
-};
+// cp.async: 16 bytes global -> shared without passing through registers (sm_80+).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// Eight consecutive elements of the staged row (16-byte aligned in shared memory) as FP32.
 template <typename T>
-__device__ __forceinline__ void load_unit(Unit8<T>& u, const T* __restrict__ p, bool vec) {
-  if (vec) {
-#pragma unroll
-    for (int q = 0; q < Unit8<T>::kWords; ++q) u.w[q] = __ldcs(reinterpret_cast<const uint4*>(p) + q);
+__device__ __forceinline__ void smem_unit8(const T* srow, int u, float* f) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = reinterpret_cast<const float4*>(srow)[2 * u];
+    const float4 b = reinterpret_cast<const float4*>(srow)[2 * u + 1];
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+    f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
   } else {
-    T* e = reinterpret_cast<T*>(u.w);
+    const uint4 w = reinterpret_cast<const uint4*>(srow)[u];
+    const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) e[j] = p[j];
+    for (int j = 0; j < 8; ++j) f[j] = pt_to_f32(e[j]);
   }
 }
 
 constexpr int kMaxNT = 512;
 
-// Dynamic shared memory: [nblk block keys, padded to 16 bytes][E5M6: the packed row, H*3/2 bytes].
+__host__ __device__ inline int round16(int bytes) { return (bytes + 15) & ~15; }
 __host__ __device__ inline int blk_words(int nblk) { return (nblk + 3) & ~3; }
 
-template <typename T, PerTokenFmt FMT, int UNIT, int NU>
+// Dynamic shared memory: [the token's row, H*sizeof(T) bytes][nblk block slots][E5M6: packed row].
+// One CTA per token: the row is copied to shared memory with cp.async (no registers held, so many
+// CTAs and many bytes are in flight per SM), then read twice there: amax, then the cast.
+template <typename T, PerTokenFmt FMT, int UNIT>
 __global__ void __launch_bounds__(kMaxNT) per_token_cast_kernel(const T* __restrict__ x, int H, int bs, bool round_sf,
                                                                 bool ue8m0, bool vec, uint8_t* __restrict__ data,
                                                                 void* __restrict__ scales) {
   extern __shared__ uint4 smem_vec[];
-  uint32_t* blk = reinterpret_cast<uint32_t*>(smem_vec);  // per block of channels: amax key, then sf_inv bits
+  uint8_t* sbase = reinterpret_cast<uint8_t*>(smem_vec);
+  const T* srow = reinterpret_cast<const T*>(sbase);
+  const int row_in_bytes = H * int(sizeof(T));
+  const int nblk = H / bs;
+  uint32_t* blk = reinterpret_cast<uint32_t*>(sbase + round16(row_in_bytes));  // amax key, then sf_inv bits
+  uint32_t* stage = blk + blk_words(nblk);
   const int NT = blockDim.x;
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
-  const int nblk = H / bs;
   const int units = H / UNIT;
   const unsigned upb = unsigned(bs / UNIT);  // units per block of channels
   const T* xr = x + row * H;
-  for (int b = tid; b < nblk; b += NT) blk[b] = 0u;
 
-  // Load the token (all loads issued before the barrier).
-  Unit8<T> raw8[UNIT == 8 ? NU : 1];
-  float raw1[UNIT == 1 ? NU : 1];
-#pragma unroll
-  for (int k = 0; k < NU; ++k) {
-    const int u = k * NT + tid;
-    if (u < units) {
-      if constexpr (UNIT == 8) {
-        load_unit<T>(raw8[k], xr + u * 8, vec);
-      } else {
-        raw1[k] = pt_to_f32(__ldcs(xr + u));
-      }
+  if (vec) {
+    for (int i = tid; i < row_in_bytes / 16; i += NT) {
+      cp_async16(sbase + 16 * i, reinterpret_cast<const uint8_t*>(xr) + 16 * i);
     }
+  } else {
+    for (int i = tid; i < H; i += NT) reinterpret_cast<T*>(sbase)[i] = xr[i];
   }
-  __syncthreads();  // slots zeroed
+  for (int b = tid; b < nblk; b += NT) blk[b] = 0u;
+  cp_async_wait_all();
+  __syncthreads();
 
-  // Block amaxes: lanes sharing a block reduce by shuffles, one atomic per segment.
+  // Block amaxes: lanes sharing a block reduce by shuffles, one shared atomic per segment.
   const int seg = (upb % 32u == 0u) ? 32 : ((32u % upb == 0u) ? int(upb) : 1);
   const int lane = tid % 32;
-#pragma unroll
-  for (int k = 0; k < NU; ++k) {
-    const int u = k * NT + tid;
+  for (int u0 = 0; u0 < units; u0 += NT) {  // CTA-uniform trip count
+    const int u = u0 + tid;
     uint32_t key = 0;
     if (u < units) {
       if constexpr (UNIT == 8) {
+        float f[8];
+        smem_unit8<T>(srow, u, f);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) key = max(key, abs_key(raw8[k].get(j)));
+        for (int j = 0; j < 8; ++j) key = max(key, abs_key(f[j]));
       } else {
-        key = abs_key(raw1[k]);
+        key = abs_key(pt_to_f32(srow[u]));
       }
     }
-    if (k * NT < units) {  // CTA-uniform
-      for (int off = 1; off < seg; off <<= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));
-      if (u < units && (lane & (seg - 1)) == 0) atomicMax(&blk[unsigned(u) / upb], key);
-    }
+    for (int off = 1; off < seg; off <<= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));
+    if (u < units && (lane & (seg - 1)) == 0) atomicMax(&blk[unsigned(u) / upb], key);
   }
   __syncthreads();
 
@@ -176,31 +178,30 @@ __global__ void __launch_bounds__(kMaxNT) per_token_cast_kernel(const T* __restr
   __syncthreads();
 
   // Cast.
-  uint32_t* stage = blk + blk_words(nblk);  // E5M6: the packed row, written out with 16-byte stores
-#pragma unroll
-  for (int k = 0; k < NU; ++k) {
-    const int u = k * NT + tid;
-    if (u >= units) continue;
+  for (int u = tid; u < units; u += NT) {
     const float si = __uint_as_float(blk[unsigned(u) / upb]);
     if constexpr (FMT == PerTokenFmt::kE5M6) {
+      float f[8];
+      smem_unit8<T>(srow, u, f);
       uint32_t h[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = encode_e5m6(__fmul_rn(raw8[k].get(j), si));
+      for (int j = 0; j < 8; ++j) h[j] = encode_e5m6(__fmul_rn(f[j], si));
       const uint3 w = pack_e5m6x8(h);
       stage[3 * u] = w.x;
       stage[3 * u + 1] = w.y;
       stage[3 * u + 2] = w.z;
     } else if constexpr (UNIT == 8) {
+      float f[8];
+      smem_unit8<T>(srow, u, f);
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
-        const uint32_t p = encode_fp8x2<Fp8Fmt::kE4M3>(__fmul_rn(raw8[k].get(j), si),
-                                                       __fmul_rn(raw8[k].get(j + 1), si));
+        const uint32_t p = encode_fp8x2<Fp8Fmt::kE4M3>(__fmul_rn(f[j], si), __fmul_rn(f[j + 1], si));
         w[j / 4] |= p << (16 * ((j / 2) % 2));
       }
       __stcs(reinterpret_cast<uint2*>(data + row * H + u * 8), make_uint2(w[0], w[1]));
     } else {
-      data[row * H + u] = encode_fp8<Fp8Fmt::kE4M3>(__fmul_rn(raw1[k], si));
+      data[row * H + u] = encode_fp8<Fp8Fmt::kE4M3>(__fmul_rn(pt_to_f32(srow[u]), si));
     }
   }
   if constexpr (FMT == PerTokenFmt::kE5M6) {
@@ -300,11 +301,12 @@ void check_per_token_shape(PerTokenFmt fmt, int64_t tokens, int64_t hidden, int6
   }
 }
 
-constexpr int kMaxNU = 8;
 
 }  // namespace
 
-int64_t per_token_max_hidden(bool unit8) { return kMaxNT * kMaxNU * (unit8 ? 8 : 1); }
+// Largest hidden size the per-token cast kernel takes (its shared memory holds one FP32 row, the
+// block slots and the packed E5M6 row). fp_recipes.ops falls back to the reference beyond it.
+int64_t per_token_max_hidden(bool unit8) { return unit8 ? 32768 : 16384; }
 
 void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_t hidden, PerTokenFmt fmt,
                            bool round_sf, bool ue8m0_scales, int64_t block_size, void* data, void* scales,
@@ -313,25 +315,21 @@ void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_
   require(!ue8m0_scales || round_sf, "per-token cast: ue8m0 scales require round_sf=True");
   if (tokens == 0 || hidden == 0) return;
   const bool unit8 = hidden % 8 == 0 && block_size % 8 == 0;
-  const int unit = unit8 ? 8 : 1;
-  const int64_t units = hidden / unit;
-  require(units <= kMaxNT * kMaxNU,
+  require(hidden <= per_token_max_hidden(unit8),
           "per-token cast kernel supports hidden <= " + std::to_string(per_token_max_hidden(unit8)) +
               (unit8 ? "" : " (when hidden or block_size is not a multiple of 8)") + ", got " +
               std::to_string(hidden));
   require(tokens <= 0x7FFFFFFF, "per-token cast: too many tokens");
-  // Prefer at most 4 units per thread (more warps, fewer registers); 8 only at the largest CTA.
-  int nt = 128;
-  while (nt < kMaxNT && (units + nt - 1) / nt > 4) nt *= 2;
-  const int64_t per = (units + nt - 1) / nt;
-  const int nu = per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : 8;
-  const int64_t nblk = hidden / block_size;
-  require(nblk <= 12288, "per-token cast: too many scale blocks per token (" + std::to_string(nblk) + "; at most 12288)");
-  const size_t smem = sizeof(uint32_t) * size_t(blk_words(int(nblk))) +
-                      (fmt == PerTokenFmt::kE5M6 ? size_t(hidden) / 2 * 3 : 0);
+  const int units = int(hidden / (unit8 ? 8 : 1));
+  // About 8 units per thread: enough work per thread, and small CTAs so that many rows are in flight.
+  int nt = ((units + 7) / 8 + 31) / 32 * 32;
+  nt = std::max(64, std::min(kMaxNT, nt));
+  const int nblk = int(hidden / block_size);
   pt_dispatch_float(in_dtype, "per_token_cast input", [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = aligned16(x) && (hidden * sizeof(T)) % 16 == 0;
+    const bool vec = aligned16(x) && (hidden * int64_t(sizeof(T))) % 16 == 0;
+    const size_t smem = size_t(round16(int(hidden * sizeof(T)))) + sizeof(uint32_t) * size_t(blk_words(nblk)) +
+                        (fmt == PerTokenFmt::kE5M6 ? size_t(hidden) / 2 * 3 : 0);
     pt_dispatch_fmt(fmt, [&](auto ftag) {
       constexpr PerTokenFmt F = decltype(ftag)::value;
       auto launch = [&](auto kernel) {
@@ -345,19 +343,9 @@ void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_
         check_launch("per_token_cast_kernel");
       };
       if (unit8) {
-        switch (nu) {
-          case 1: launch(per_token_cast_kernel<T, F, 8, 1>); break;
-          case 2: launch(per_token_cast_kernel<T, F, 8, 2>); break;
-          case 4: launch(per_token_cast_kernel<T, F, 8, 4>); break;
-          default: launch(per_token_cast_kernel<T, F, 8, 8>); break;
-        }
+        launch(per_token_cast_kernel<T, F, 8>);
       } else if constexpr (F == PerTokenFmt::kE4M3) {
-        switch (nu) {
-          case 1: launch(per_token_cast_kernel<T, F, 1, 1>); break;
-          case 2: launch(per_token_cast_kernel<T, F, 1, 2>); break;
-          case 4: launch(per_token_cast_kernel<T, F, 1, 4>); break;
-          default: launch(per_token_cast_kernel<T, F, 1, 8>); break;
-        }
+        launch(per_token_cast_kernel<T, F, 1>);
       }
     });
   });
