@@ -55,27 +55,15 @@ def main():
     xm = base[1:].reshape(5, 1000)
     same(cu.fp8_quantize(xm, s, "e4m3", columnwise=True).data_t, ref_fp8.fp8_quantize(xm, s, "e4m3", columnwise=True).data_t,
          "misaligned")
-    # grouped: 70 members, some empty, sizes not multiples of anything
-    sizes = [(i * 37) % 1100 if i % 9 else 0 for i in range(70)]
-    offs = [0]
-    for z in sizes:
-        offs.append(offs[-1] + z)
-    offsets = torch.tensor(offs, dtype=torch.int64, device=dev)
-    xg = torch.randn(offs[-1], device=dev).to(torch.bfloat16)
-    scales = torch.rand(70, device=dev) + 0.5
-    got = cu.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
-    want = ref_fp8.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
-    for f in ("data", "scale_inv", "amax"):
-        same(getattr(got, f), getattr(want, f), f"grouped {f}")
-    same(cu.fp8_grouped_amax(xg, offsets), ref_fp8.fp8_grouped_amax(xg, offsets), "grouped amax")
-    same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32),
-         ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32), "grouped dequant")
-    count += 3
+    # grouped: 70 members, some empty, sizes not multiples of anything; then vector-aligned boundaries
+    for sizes in ([(i * 37) % 1100 if i % 9 else 0 for i in range(70)],
+                  [((i * 37) % 23) * 256 if i % 9 else 0 for i in range(70)]):
+        count += grouped(sizes, dev)
     # per token
-    for fmt, h, bs in (("e5m6", 7168, None), ("e5m6", 256, 24), ("e4m3", 1000, 8), ("e4m3", 100, 4), ("e4m3", 512, None)):
-        if bs is not None and h % bs:
-            continue
-        x = torch.randn(9, h, device=dev).to(torch.bfloat16)
+    for fmt, h, bs, dt in (("e5m6", 7168, None, torch.bfloat16), ("e5m6", 264, 24, torch.float32),
+                           ("e4m3", 1000, 8, torch.bfloat16), ("e4m3", 100, 4, torch.bfloat16),
+                           ("e4m3", 1000, 5, torch.float16), ("e4m3", 512, None, torch.float32)):
+        x = torch.randn(9, h, device=dev).to(dt)
         x[3] = 0
         for rsf, sfmt in ((False, "fp32"), (True, "ue8m0")):
             got = cu.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs)
@@ -88,6 +76,23 @@ def main():
             count += 2
     torch.cuda.synchronize()
     print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
+
+
+def grouped(sizes, dev):
+    offs = [0]
+    for z in sizes:
+        offs.append(offs[-1] + z)
+    offsets = torch.tensor(offs, dtype=torch.int64, device=dev)
+    xg = torch.randn(offs[-1], device=dev).to(torch.bfloat16)
+    scales = torch.rand(len(sizes), device=dev) + 0.5
+    got = cu.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
+    want = ref_fp8.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
+    for f in ("data", "scale_inv", "amax"):
+        same(getattr(got, f), getattr(want, f), f"grouped {f}")
+    same(cu.fp8_grouped_amax(xg, offsets), ref_fp8.fp8_grouped_amax(xg, offsets), "grouped amax")
+    same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32),
+         ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32), "grouped dequant")
+    return 3
 
 
 if __name__ == "__main__":
