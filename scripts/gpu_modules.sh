@@ -25,7 +25,9 @@ BENCH_ARGS=${BENCH_ARGS:-"--iters 10 --warmup 3"}
   echo "== benchmark"
   timeout "$LIM_BENCH" python3 benchmarks/bench_linear.py $BENCH_ARGS --json "$OUT/linear.json"
   echo "bench rc=$?"
-  echo "== demo"
-  timeout "$LIM_DEMO" python3 -m fp_recipes demo --steps 40 --json "$OUT/demo.json"
-  echo "demo rc=$?"
+  if [ -z "${SKIP_DEMO:-}" ]; then
+    echo "== demo"
+    timeout "$LIM_DEMO" python3 -m fp_recipes demo --steps 40 --json "$OUT/demo.json"
+    echo "demo rc=$?"
+  fi
 } 2>&1 | tee "$OUT/log.txt"
