@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script a device call runs for the FP8 kernel family (H4):
-#   source .device/setup.sh && bash scripts/gpu_fp8.sh [tests|sanitize|bench|all]...
+#   source .device/setup.sh && bash scripts/gpu_fp8.sh [tests|sanitize|bench|all|cpu]...
+# Env: TEST_TIMEOUT, SAN_TOOLS, SAN_TIMEOUT, BENCH_TIMEOUT, BENCH_ARGS (e.g. "--quick --only fp8,grouped").
 # Everything is tee'd into $OUT (log_*.txt, quantize.json).
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -17,6 +18,11 @@ if has tests; then
   timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q --maxfail=40 -m cuda tests/test_cuda_fp8_kernels.py -p no:cacheprovider 2>&1 | tee "$OUT/log_tests.txt" | tail -40
   echo "== pytest CPU-side FP8 tests"
   timeout 60 python3 -m pytest -q tests/test_cuda_fp8_cpu.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/log_tests.txt"
+fi
+
+if [[ " $steps " == *" cpu "* ]]; then  # only when asked: the whole CPU suite (~70 s)
+  echo "== pytest (whole suite, CPU-side tests)"
+  timeout ${CPU_TIMEOUT:-150} python3 -m pytest -q -m "not cuda" tests -p no:cacheprovider 2>&1 | tee "$OUT/log_cpu_suite.txt" | tail -3
 fi
 
 if has sanitize; then
