@@ -143,27 +143,65 @@ __host__ __device__ __forceinline__ float e2m1_decode(uint32_t code) {
 __device__ __forceinline__ uint32_t e2m1_sign(float x) { return (__float_as_uint(x) >> 28) & 0x8u; }
 
 // Round-to-nearest-even E2M1 in software (Hopper has no FP4 conversion instruction), a few
-// instructions per element: a = min(|y|, 8) (fminf turns NaN into 8, so NaN and Inf saturate like
-// any |y| >= 6); the E2M1 quantum in a's binade is 0.5 below 2, 1 in [2, 4) and 2 from 4 on, which is
-// the FP32 ulp of the magic number M = 2^22, 2^23 or 2^24: RN(a + M) rounds a onto the E2M1 grid with
-// FP32's ties-to-even, and E2M1 index parity equals that ulp count's parity in every binade. The
-// count of ulps above M is the index within the binade; min(., 7) saturates (7 and 8 -> 6).
+// instructions per element: a = min(|y|, 6) (fminf turns NaN into 6, so NaN and Inf saturate like any
+// |y| >= 6). The E2M1 quantum in a's binade is 0.5 below 2, 1 in [2, 4) and 2 from 4 on, which is the
+// FP32 ulp of 2^22, 2^23 and 2^24: s = RN(a + M) with M = 2^22, 2^23 + 2 or 2^24 + 8 rounds a onto the
+// E2M1 grid with FP32's ties-to-even (E2M1 index parity = ulp-count parity in every binade, and the
+// offsets 2 and 8 are an even number of ulps), and leaves the E2M1 index itself in s's low mantissa
+// bits: the low byte of bits(s) is the index (0..7, bits 3..7 zero); s - M is the rounded value.
+__device__ __forceinline__ float e2m1_round_magic(float y, float& m) {
+  const float a = fminf(fabsf(y), 6.0f);
+  m = __uint_as_float(a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000002u : 0x4B800004u));
+  return __fadd_rn(a, m);
+}
+
 struct E2M1Rounded {
   uint32_t idx;  // magnitude index 0..7
   float mag;     // its value {0, 0.5, ..., 6}
 };
 
 __device__ __forceinline__ E2M1Rounded e2m1_round_rn(float y) {
-  const float a = fminf(fabsf(y), 8.0f);
-  const uint32_t mbits = a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000000u : 0x4B800000u);
-  const float s = __fadd_rn(a, __uint_as_float(mbits));
+  float m;
+  const float s = e2m1_round_magic(y, m);
   E2M1Rounded r;
-  r.idx = min(__float_as_uint(s) - mbits + ((mbits - 0x4A800000u) >> 22), 7u);
-  r.mag = fminf(__fsub_rn(s, __uint_as_float(mbits)), 6.0f);
+  r.idx = __float_as_uint(s) & 0x7u;
+  r.mag = __fsub_rn(s, m);
   return r;
 }
 
 __device__ __forceinline__ uint32_t e2m1_mag_rn_sw(float y) { return e2m1_round_rn(y).idx; }
+
+// PTX prmt.b32 (default mode): result byte n = byte (sel >> 4n) & 7 of {b:a}; when bit 3 of that
+// selector nibble is set, the selected byte's most significant bit is replicated over the byte.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+#else
+  const uint64_t pool = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t c = (sel >> (4 * n)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(pool >> (8 * (c & 7u))) & 0xFFu;
+    if (c & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    r |= byte << (8 * n);
+  }
+  return r;
+#endif
+}
+
+// 8 E2M1 codes as one word (byte k = code 2k | code 2k+1 << 4): magnitude indices from the low bytes
+// of the magic sums s[0..7], sign bits from the unscaled elements x[0..7] (the contract's sign source).
+__device__ __forceinline__ uint32_t e2m1_pack8(const uint32_t* s, const float* x) {
+  const uint32_t even = prmt(prmt(s[0], s[2], 0x0040u), prmt(s[4], s[6], 0x0040u), 0x5410u);
+  const uint32_t odd = prmt(prmt(s[1], s[3], 0x0040u), prmt(s[5], s[7], 0x0040u), 0x5410u);
+  const uint32_t seven = prmt(prmt(__float_as_uint(x[0]), __float_as_uint(x[2]), 0x00FBu),
+                              prmt(__float_as_uint(x[4]), __float_as_uint(x[6]), 0x00FBu), 0x5410u);
+  const uint32_t sodd = prmt(prmt(__float_as_uint(x[1]), __float_as_uint(x[3]), 0x00FBu),
+                             prmt(__float_as_uint(x[5]), __float_as_uint(x[7]), 0x00FBu), 0x5410u);
+  return even | (odd << 4) | (seven & 0x08080808u) | (sodd & 0x80808080u);
+}
 
 // Two codes packed as one byte (element a -> low nibble): magnitudes of the scaled values ya, yb,
 // signs of the unscaled elements xa, xb. On sm_100-family targets the hardware conversion

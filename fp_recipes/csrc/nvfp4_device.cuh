@@ -18,6 +18,28 @@ __device__ __forceinline__ float fmin_bound(float a, float b) { return fminf(a, 
 // NaN pattern is above +Inf, so a NaN anywhere wins (like torch.amax).
 __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
 
+// max(m, |v|) with NaN propagation: one max.NaN.f32 (sm_80+) with the |.| folded into the operand.
+// m >= +0 and |v| >= +0, so the result is a non-negative float or NaN, and its bit pattern orders
+// like abs_bits (NaN above Inf), which the 2-D tile max relies on.
+__device__ __forceinline__ float absmax_nan(float m, float v) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+  return r;
+#else
+  const float a = fabsf(v);
+  return (m != m || a != a) ? __uint_as_float(0x7FC00000u) : fmaxf(m, a);
+#endif
+}
+
+// max |x_i| of a block as a pairwise tree (short dependency chains), NaN propagating.
+__device__ __forceinline__ float block_absmax16(const float (&x)[16]) {
+  float m[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m[i] = absmax_nan(absmax_nan(absmax_nan(fabsf(x[i]), x[i + 4]), x[i + 8]), x[i + 12]);
+  return absmax_nan(absmax_nan(m[0], m[1]), absmax_nan(m[2], m[3]));
+}
+
 // Per-tensor (or per-row) encode/decode factors of NUMERICS.md steps 2-3.
 struct TensorScale {
   float s_enc;  // S_enc = RN(6E / amax), clamped to FLT_MAX; 1 if amax == 0 or S_enc == 0
@@ -75,6 +97,18 @@ __device__ __forceinline__ float block_enc(float sf, float s_dec) {
 // Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
 __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
   uint2 out;
+#if !(defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000))
+  // Software path: magic-add rounding, then byte permutes gather the 16 codes.
+  uint32_t s[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    float m;
+    s[j] = __float_as_uint(e2m1_round_magic(__fmul_rn(x[j], enc), m));
+  }
+  out.x = e2m1_pack8(s, x);
+  out.y = e2m1_pack8(s + 8, x + 8);
+  return out;
+#else
   uint32_t w0 = 0, w1 = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -86,6 +120,7 @@ __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
   out.x = w0;
   out.y = w1;
   return out;
+#endif
 }
 
 // Philox4x32-10 (Salmon et al.; the same rounds and constants as Random123 / curand).
@@ -164,29 +199,31 @@ __device__ __forceinline__ FosCandidates fos_candidates(float bamax, const Tenso
   return c;
 }
 
-// Codes of both candidates for 16 elements plus their summed errors (element order). The E2M1
-// value of each code comes straight from the rounding (no decode); its sign is the element's.
+// Codes of both candidates for 16 elements plus their summed errors (element order). The error runs
+// on |x|: RN is sign-symmetric, so RN(|x| * enc) = |RN(x * enc)|, and with q carrying x's sign,
+// |RN(q*sf - x*S)| = |RN(|q|*sf - |x|*S)| (likewise for the strict path and for d*d): the errors are
+// bitwise the contract's. Codes come from the magic sums, signs from x (e2m1_pack8).
 template <int kFos>
 __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCandidates& c,
                                              const TensorScale& t, uint2& q4, uint2& q6, float& err4,
                                              float& err6) {
   const float sf4 = nvfp4_e4m3_decode(c.sf4), sf6 = nvfp4_e4m3_decode(c.sf6);
-  uint32_t w4[2] = {0u, 0u}, w6[2] = {0u, 0u};
+  uint32_t s4[16], s6[16];
   float e4 = 0.0f, e6 = 0.0f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const float xj = x[j];
-    const uint32_t sbit = __float_as_uint(xj) & 0x80000000u;
-    const E2M1Rounded r4 = e2m1_round_rn(__fmul_rn(xj, c.enc4));
-    const E2M1Rounded r6 = e2m1_round_rn(__fmul_rn(xj, c.enc6));
-    w4[j / 8] |= (r4.idx | (sbit >> 28)) << (4 * (j % 8));
-    w6[j / 8] |= (r6.idx | (sbit >> 28)) << (4 * (j % 8));
-    const float orig = fos_fast(kFos) ? __fmul_rn(xj, t.s_enc) : 0.0f;
-    e4 = __fadd_rn(e4, fos_elem_err<kFos>(__uint_as_float(__float_as_uint(r4.mag) | sbit), sf4, xj, orig, t));
-    e6 = __fadd_rn(e6, fos_elem_err<kFos>(__uint_as_float(__float_as_uint(r6.mag) | sbit), sf6, xj, orig, t));
+    const float ax = fabsf(x[j]);
+    float m4, m6;
+    const float a4 = e2m1_round_magic(__fmul_rn(ax, c.enc4), m4);
+    const float a6 = e2m1_round_magic(__fmul_rn(ax, c.enc6), m6);
+    s4[j] = __float_as_uint(a4);
+    s6[j] = __float_as_uint(a6);
+    const float orig = fos_fast(kFos) ? __fmul_rn(ax, t.s_enc) : 0.0f;
+    e4 = __fadd_rn(e4, fos_elem_err<kFos>(__fsub_rn(a4, m4), sf4, ax, orig, t));
+    e6 = __fadd_rn(e6, fos_elem_err<kFos>(__fsub_rn(a6, m6), sf6, ax, orig, t));
   }
-  q4 = make_uint2(w4[0], w4[1]);
-  q6 = make_uint2(w6[0], w6[1]);
+  q4 = make_uint2(e2m1_pack8(s4, x), e2m1_pack8(s4 + 8, x + 8));
+  q6 = make_uint2(e2m1_pack8(s6, x), e2m1_pack8(s6 + 8, x + 8));
   err4 = e4;
   err6 = e6;
 }
@@ -199,10 +236,7 @@ template <int kFos>
 __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t, bool sr,
                                                   uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
                                                   uint32_t& sf) {
-  uint32_t bits = 0;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) bits = max(bits, abs_bits(x[i]));
-  const float bamax = __uint_as_float(bits);
+  const float bamax = block_absmax16(x);
   if (kFos == 0) {
     sf = plain_scale_code(bamax, t);
     const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);

@@ -96,9 +96,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
   }
   const bool row_valid = row < p.M && col16 + 16 <= p.N;
 
-  uint32_t row_bits = 0;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) row_bits = max(row_bits, abs_bits(x[i]));
+  const uint32_t row_bits = __float_as_uint(block_absmax16(x));
 
   if (p.block_2d) {
     if (tid < 16) tile_amax_bits[tid / 4][tid % 4] = 0u;
@@ -160,7 +158,8 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
 
   if (!do_col) return;
   // ---- columnwise copy: column cc of the tile, rows rb*16 .. rb*16+15 (a 1x16 block of x^T).
-  const int cc = tid % kTile, rb = tid / kTile;
+  // rb varies fastest across lanes: 4 neighbouring lanes write one 32-byte run of a data_t row.
+  const int cc = tid / 4, rb = tid % 4;
   const int64_t col = c0 + cc, row16 = r0 + rb * 16;
   if (col >= p.N || row16 + 16 > p.M) return;
   float v[16];

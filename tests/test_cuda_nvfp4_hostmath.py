@@ -1,0 +1,230 @@
+"""The NVFP4 kernels' per-block math, built for the CPU with g++, against the torch reference.
+
+The CUDA kernels can only run on a GPU, but the arithmetic they run per 16-element block lives in two
+headers (formats.cuh's E2M1 section, nvfp4_device.cuh). tests/nvfp4_host/nvfp4_host_harness.cpp
+compiles those headers for the host (the GPU's round-to-nearest intrinsics become plain IEEE float
+operations) and emulates the kernels' block loops, so every CI run checks the exact bytes of 1-D,
+row-scaled, 2-D, 4over6 (strict/fast, MAE/MSE, E 448/256), RHT and SR quantization, the E2M1 rounding
+over all FP32 values near the grid, Philox against Random123's known answers, and the division-free
+RN(w / 6E). The GPU tests (test_cuda_nvfp4_kernels.py) then check the kernels' indexing and layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from fp_recipes import formats
+from fp_recipes.ops import ref_nvfp4 as R
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "tests" / "nvfp4_host" / "nvfp4_host_harness.cpp"
+
+
+def _cuda_include() -> Path | None:
+    for base in ("/usr/local/cuda", shutil.which("nvcc") and str(Path(shutil.which("nvcc")).resolve().parent.parent)):
+        if base and (Path(base) / "include" / "cuda_fp8.h").is_file():
+            return Path(base) / "include"
+    return None
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    inc = _cuda_include()
+    if cxx is None or inc is None:
+        pytest.skip("needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
+    out = tmp_path_factory.mktemp("nvfp4_host") / "libnvfp4_host.so"
+    cmd = [cxx, "-O1", "-std=c++17", "-ffp-contract=off", "-fPIC", "-shared", "-w",
+           f"-I{ROOT / 'fp_recipes' / 'csrc'}", f"-I{inc}", str(HARNESS), "-o", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return ctypes.CDLL(str(out))
+
+
+def _p(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def host_quantize(lib, x, amax=None, rowwise=True, columnwise=False, block_2d=False, row_scaled=False,
+                  four_over_six=False, e4m3_max=448, err_mode="MAE", err_fast_math=False, rht=False,
+                  stochastic_rounding=False, seed=0, offset=0) -> dict:
+    """The harness's bytes in the reference's field names (the kernels' orchestration, in Python)."""
+    i64, u64, ci, f32 = ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_float
+    xf = x.float().contiguous()
+    m, n = xf.shape
+    fos = 0 if not four_over_six else (2 if err_fast_math else 1)
+    mse = int(err_mode == "MSE")
+    sr = int(stochastic_rounding)
+    if amax is None:
+        amax = xf.abs().amax(dim=1) if row_scaled else xf.abs().amax()
+    amax = amax.float().contiguous().clone()
+
+    def rows(a, am, rs):
+        r, c = a.shape
+        data = torch.empty(r, c // 2, dtype=torch.uint8)
+        scale = torch.empty(r, c // 16, dtype=torch.uint8)
+        lib.h_rows(_p(a), i64(r), i64(c), _p(am), ci(rs), ci(fos), ci(mse), f32(e4m3_max), ci(sr), u64(seed),
+                   u64(offset), _p(data), _p(scale))
+        return data, scale
+
+    out = {}
+    if block_2d:
+        data = torch.empty(m, n // 2, dtype=torch.uint8)
+        scale = torch.empty(m, n // 16, dtype=torch.uint8)
+        dt = torch.empty(n, m // 2, dtype=torch.uint8)
+        st = torch.empty(n, m // 16, dtype=torch.uint8)
+        lib.h_2d(_p(xf), i64(m), i64(n), f32(amax.item()), ci(fos), ci(mse), f32(e4m3_max), ci(sr), u64(seed),
+                 u64(offset), _p(data), _p(scale), _p(dt), _p(st))
+        if rowwise:
+            out.update(data=data, scale=scale, amax=amax)
+        if columnwise:
+            out.update(data_t=dt, scale_t=st, amax_t=amax)
+        return out
+    if rowwise:
+        d, s = rows(xf, amax, int(row_scaled))
+        out.update(data=d, scale=s, amax=amax)
+    if columnwise:
+        xt = xf.t().contiguous()
+        if rht:
+            lib.h_rht(_p(xt), i64(n), i64(m))
+            at = xt.abs().amax()
+        else:
+            at = amax.amax() if row_scaled else amax
+        at = at.reshape(()).contiguous().clone()
+        d, s = rows(xt, at, 0)
+        out.update(data_t=d, scale_t=s, amax_t=at)
+    return out
+
+
+def assert_same(got: dict, want: R.NVFP4Quantized, what: str) -> None:
+    for f in want._fields:
+        w = getattr(want, f)
+        if w is None:
+            assert f not in got, f"{what}: {f} should be absent"
+            continue
+        g = got[f]
+        if f.startswith("amax"):
+            assert torch.equal(torch.isnan(g), torch.isnan(w)), f"{what}: {f} NaN positions"
+            assert torch.equal(torch.nan_to_num(g).view(torch.int32), torch.nan_to_num(w).view(torch.int32)), f
+        else:
+            gb, wb = g.view(torch.uint8), w.view(torch.uint8)
+            assert torch.equal(gb, wb), f"{what}: {f}: {(gb != wb).sum().item()} of {wb.numel()} bytes differ"
+
+
+def make(shape, dtype, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    m, n = shape
+    x = torch.randn(m, n, generator=g)
+    if kind == "huge":
+        b = x.view(m, n // 16, 16)
+        pos = torch.randint(0, 16, (m, n // 16), generator=g)
+        mag = torch.exp2(torch.randint(6, 20, (m, n // 16), generator=g).float())
+        b.scatter_(2, pos.unsqueeze(-1), (mag * torch.sign(torch.randn(m, n // 16, generator=g))).unsqueeze(-1))
+    elif kind == "mixed":
+        x = x * torch.exp2(torch.randint(-40, 20, (m, n), generator=g).float())
+        x.view(-1)[::17] = 0
+    elif kind == "special":
+        f = x.view(-1)
+        idx = torch.randperm(m * n, generator=g)
+        k = max(1, m * n // 97)
+        f[idx[:k]] = float("nan")
+        f[idx[k:2 * k]] = float("inf")
+        f[idx[2 * k:3 * k]] = -float("inf")
+        f[idx[3 * k:4 * k]] = -0.0
+    elif kind == "zeros":
+        x.zero_()
+    elif kind == "ties":  # exact E2M1 midpoints after scaling by 1 (amax 6 -> unit scale for E=448)
+        x = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]).repeat(m * n // 8).view(m, n) * torch.sign(x)
+    return x.to(dtype)
+
+
+MODES = [("1d", False), ("1d", True), ("2d", False)]
+FOS = [("off", False), ("MAE", False), ("MAE", True), ("MSE", False), ("MSE", True)]
+
+
+@pytest.mark.parametrize("kind", ["randn", "huge", "mixed", "special", "zeros", "ties"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_quantize_modes(lib, kind, dtype):
+    x = make((32, 48), dtype, kind, seed=len(kind))
+    for (layout, rs), (err, fast), emax in itertools.product(MODES, FOS, (448, 256)):
+        kw = dict(rowwise=True, columnwise=True, block_2d=layout == "2d", row_scaled=rs, e4m3_max=emax)
+        if err != "off":
+            kw.update(four_over_six=True, err_mode=err, err_fast_math=fast)
+        assert_same(host_quantize(lib, x, **kw), R.nvfp4_quantize(x, **kw), str(kw))
+
+
+@pytest.mark.parametrize("kind", ["randn", "mixed", "special"])
+def test_rht_and_sr(lib, kind):
+    x = make((48, 64), torch.bfloat16, kind, seed=5)
+    for seed, offset in ((0, 0), (2**63 + 5, 2**40 + 1)):
+        for kw in (dict(columnwise=True, rht=True), dict(columnwise=True, rht=True, stochastic_rounding=True),
+                   dict(columnwise=True, stochastic_rounding=True),
+                   dict(columnwise=True, block_2d=True, stochastic_rounding=True)):
+            kw = dict(kw, seed=seed, offset=offset)
+            assert_same(host_quantize(lib, x, **kw), R.nvfp4_quantize(x, **kw), str(kw))
+
+
+def _all_near_grid() -> torch.Tensor:
+    """Every FP32 in [2^-3, 8) (both signs) plus a stride over all bit patterns (NaN/Inf included)."""
+    near = torch.arange(0x3E000000, 0x41000000, dtype=torch.int64)
+    spread = torch.arange(0, 1 << 32, 4099, dtype=torch.int64)
+    bits = torch.cat([near, near | (1 << 31), spread])
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32).contiguous()
+
+
+def test_e2m1_round_all_near_grid(lib):
+    # The kernels round products RN(x * enc), which are never signalling NaNs; quiet them the same way
+    # (the host's fminf, unlike the GPU's, answers NaN for a signalling NaN operand).
+    y = (_all_near_grid() * torch.tensor(1.0)).contiguous()
+    idx = torch.empty(y.numel(), dtype=torch.uint8)
+    mag = torch.empty(y.numel(), dtype=torch.float32)
+    lib.h_e2m1(_p(y), ctypes.c_int64(y.numel()), _p(idx), _p(mag))
+    want = (formats.e2m1_encode(y) & 7).to(torch.uint8)
+    assert torch.equal(idx, want)
+    assert torch.equal(mag, formats.e2m1_decode(want))
+
+
+def test_e2m1_stochastic_all_bytes(lib):
+    grid = torch.tensor([0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 5.5, 6.0, 7.0, 1.999, 5.999])
+    y = torch.cat([grid.repeat_interleave(256), torch.randn(200_000) * 3, torch.tensor([float("inf"), -float("inf"),
+                                                                                        float("nan"), -0.0, 0.0])])
+    y = torch.cat([y, -y]).contiguous()
+    rb = torch.randint(0, 256, (y.numel(),), dtype=torch.int64)
+    rb[: grid.numel() * 256] = torch.arange(256).repeat(grid.numel())
+    out = torch.empty(y.numel(), dtype=torch.uint8)
+    lib.h_sr(_p(y), _p(rb), ctypes.c_int64(y.numel()), _p(out))
+    assert torch.equal(out, R._e2m1_sr(y, y, rb))
+
+
+def test_philox_known_answers(lib):
+    """Random123's philox4x32-10 known-answer vectors (kat_vectors)."""
+    out = (ctypes.c_uint32 * 4)()
+    for ctr, key, want in (
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ):
+        lib.h_philox(*[ctypes.c_uint32(v) for v in ctr + key], out)
+        assert tuple(out) == want
+
+
+def test_division_free_6e(lib):
+    """div_6e(w) == RN(w / 6E) bit for bit over random bit patterns, tiny and huge values, Inf, NaN."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.cat([torch.randint(0, 2**32, (2_000_000,), generator=g, dtype=torch.int64),
+                      torch.arange(0, 1 << 22, dtype=torch.int64), torch.arange(0x7F000000, 0x7F800001, dtype=torch.int64)])
+    w = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32).contiguous()
+    for e in (448.0, 256.0):
+        out = torch.empty_like(w)
+        lib.h_div6e(_p(w), ctypes.c_int64(w.numel()), ctypes.c_float(e), _p(out))
+        want = w / torch.tensor(6 * e)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(out), nan)
+        assert torch.equal(out[~nan], want[~nan])
