@@ -399,7 +399,7 @@ def _scaled_grouped_fprop(a_list: Sequence[_Fp8Operand], b_list: Sequence[_Fp8Op
     # built on the host and copied without a stream sync
     counts = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
     offs = torch.tensor(list(itertools.accumulate(rows)), dtype=torch.int32).to(dev, non_blocking=True)
-    sa = torch.stack([o.scale_inv for o in a_list]).repeat_interleave(counts, output_size=sum(rows))
+    sa = torch.stack([o.scale_inv.reshape(()) for o in a_list]).repeat_interleave(counts, output_size=sum(rows))
     sb = torch.stack([o.scale_inv for o in b_list]).unsqueeze(1).expand(len(b_list), n).contiguous()
     return torch._scaled_grouped_mm(a_cat, b_stack.transpose(-2, -1), sa, sb, offs=offs,
                                     out_dtype=torch.bfloat16)

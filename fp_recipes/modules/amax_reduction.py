@@ -75,14 +75,11 @@ def batched_update_scales(quantizers: List[Any]) -> None:
     groups: Dict[Any, List[Any]] = {}
     for q in quantizers:
         key = _batch_key(q)
-        if key is None or len(quantizers) == 1:
+        if key is None:
             q.update_scale()
         else:
             groups.setdefault(key, []).append(q)
     for (fmt_max, margin, algo, length, device), qs in groups.items():
-        if len(qs) == 1:
-            qs[0].update_scale()
-            continue
         hist = torch.stack([q.amax_history for q in qs])  # (Q, L)
         old = torch.stack([q.scale for q in qs])  # (Q,)
         amax_ref = hist.amax(dim=1) if algo == "max" else hist[:, 0]
@@ -96,7 +93,7 @@ def batched_update_scales(quantizers: List[Any]) -> None:
         ok = (amax_ref > 0) & torch.isfinite(amax_ref)
         scales = torch.where(ok, new, old)
         rolled = torch.roll(hist, -1, 1) if length > 1 else hist.clone()
-        rolled[:, 0] = 0.0
+        rolled[:, 0].zero_()  # a fill kernel; `rolled[:, 0] = 0.0` copies a host scalar and syncs on CUDA
         torch._foreach_copy_([q.scale for q in qs], list(scales.unbind(0)))
         torch._foreach_copy_([q.amax_history for q in qs], list(rolled.unbind(0)))
 

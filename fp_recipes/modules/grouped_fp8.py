@@ -78,6 +78,14 @@ def _grouped_quantize(quantizers: List[Any], x: torch.Tensor, splits: Sequence[i
     return res.data, res.scale_inv, res.amax
 
 
+def _aligned_scalars(v: torch.Tensor) -> List[torch.Tensor]:
+    """One 0-dim tensor per entry of ``v``, each at a 16-byte aligned address: cuBLASLt rejects FP8
+    scale pointers that are not (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H200 for ``v[g]`` views)."""
+    buf = torch.zeros(v.numel(), 4, dtype=torch.float32, device=v.device)
+    buf[:, 0] = v
+    return list(buf[:, 0].unbind(0))
+
+
 def _row_views(data: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
     return list(torch.split(data, list(splits), dim=0))
 
@@ -95,6 +103,7 @@ class GroupedFP8Function(torch.autograd.Function):
         group = sets[0].amax_reduction_group
         x = x.contiguous()
         xq, x_si, _ = _grouped_quantize([qs.activation for qs in sets], x, splits, group, False)
+        x_si = _aligned_scalars(x_si)
         qws = [quantize_operand(qs.weight, w, qs.amax_reduction_group) for qs, w in zip(sets, weights)]
         live = [g for g in range(num) if splits[g]]
         x_rows = _row_views(xq, splits)
@@ -127,6 +136,7 @@ class GroupedFP8Function(torch.autograd.Function):
         dy = dy.contiguous()
         group = sets[0].amax_reduction_group
         dyq, dy_si, _ = _grouped_quantize([qs.grad_output for qs in sets], dy, splits, group, True)
+        dy_si = _aligned_scalars(dy_si)
         dy_rows = _row_views(dyq, splits)
         dx = None
         if need[0]:

@@ -220,7 +220,7 @@ class Float8Quantizer(Quantizer):
         self.scale.copy_(self.compute_scale())
         if self.amax_history.numel() > 1:
             self.amax_history.copy_(torch.roll(self.amax_history, -1, 0))
-        self.amax_history[0] = 0.0
+        self.amax_history[0].zero_()  # `h[0] = 0.0` copies a host scalar: a stream sync on CUDA
 
 
 class Float8CurrentScalingQuantizer(Quantizer):
