@@ -8,8 +8,8 @@ the experts' GEMMs are short. Here:
   expert with its own scale), and so are the grad_outputs; delayed-scaling amaxes are recorded for
   all experts by one ``_foreach_maximum_``; current scaling takes its per-expert amaxes from one
   ``ops.fp8_grouped_amax``;
-* the wgrad operands (x^T, dy^T) are ONE transpose of each quantized buffer (per-tensor scaling makes
-  the columnwise copy a byte transpose, exact); each expert's GEMM reads a column slice in place;
+* the wgrad operands (x^T, dy^T) are byte transposes of each expert's rows of those buffers
+  (per-tensor scaling makes the columnwise copy a byte transpose, exact);
 * the GEMMs read views of these buffers (no concatenation); fprop can be one
   ``torch._scaled_grouped_mm`` (see ``fp_recipes.gemm.GROUPED_FP8_BACKEND``).
 
@@ -79,19 +79,14 @@ def _grouped_quantize(quantizers: List[Any], x: torch.Tensor, splits: Sequence[i
 
 
 def _aligned_scalars(v: torch.Tensor) -> List[torch.Tensor]:
-    """One 0-dim tensor per entry of ``v``, each at a 16-byte aligned address: cuBLASLt rejects FP8
-    scale pointers that are not (CUBLAS_STATUS_NOT_SUPPORTED, seen on an H200 for ``v[g]`` views)."""
-    buf = torch.zeros(v.numel(), 4, dtype=torch.float32, device=v.device)
-    buf[:, 0] = v
-    return list(buf[:, 0].unbind(0))
+    """One separately allocated 0-dim tensor per entry of ``v``: cuBLASLt rejects FP8 scale pointers
+    into the middle of a vector (CUBLAS_STATUS_NOT_SUPPORTED on an H200 for ``v[g]`` views at 4-byte
+    offsets); its own allocation is what the per-expert path passes, and that works."""
+    return [t.clone() for t in v.unbind(0)]
 
 
 def _row_views(data: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
     return list(torch.split(data, list(splits), dim=0))
-
-
-def _col_views(data_t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
-    return list(torch.split(data_t, list(splits), dim=1))
 
 
 class GroupedFP8Function(torch.autograd.Function):
@@ -145,8 +140,10 @@ class GroupedFP8Function(torch.autograd.Function):
             dx = torch.cat(outs) if outs else torch.zeros(0, k, dtype=x_dtype, device=dy.device)
         dws: List[Optional[torch.Tensor]] = [None] * num
         if any(need[3:3 + num]):
-            # columnwise copies: one byte transpose per buffer (exact for per-tensor scales)
-            dy_t, x_t = _col_views(dyq.t().contiguous(), splits), _col_views(xq.t().contiguous(), splits)
+            # columnwise copies: byte transposes (exact for per-tensor scales), one contiguous tensor per
+            # expert, the layout the per-expert path gives cuBLASLt
+            dy_t = [r.t().contiguous() for r in dy_rows]
+            x_t = [r.t().contiguous() for r in _row_views(xq, splits)]
             for g in range(num):
                 if not need[3 + g]:
                     continue
