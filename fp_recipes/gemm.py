@@ -254,21 +254,38 @@ def gemm_fp8_fp8(a: _Fp8Operand, b: _Fp8Operand, *, out_dtype: torch.dtype,
 # ----------------------------------------------------------------------------------------------
 
 
-def decode_nvfp4_unit(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """E2M1 code x FP32(E4M3 block scale), WITHOUT the global factor: (rows, K) FP32, exact in BF16.
+_PAIR_TABLES: dict = {}
+
+
+def _byte_pair_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(256, 2): the two E2M1 values (low nibble first) of every packed byte, from formats.py."""
+    key = (device, dtype)
+    table = _PAIR_TABLES.get(key)
+    if table is None:
+        from . import formats
+
+        codes = formats.unpack_e2m1(torch.arange(256, dtype=torch.uint8).reshape(256, 1))  # (256, 2)
+        table = formats.e2m1_decode(codes).to(dtype).to(device)
+        _PAIR_TABLES[key] = table
+    return table
+
+
+def decode_nvfp4_unit(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """E2M1 code x E4M3 block scale, WITHOUT the global factor: (rows, K) in ``dtype`` (FP32 or BF16;
+    both exact).
 
     E2M1 magnitudes have at most 2 significant bits and E4M3 values at most 4, so each product has
     at most 6 significant bits and lies in [2^-10, 2688]: BF16 (8 bits, 8-bit exponent) holds it
-    exactly, and so does FP32."""
-    from . import formats
-
+    exactly, so the BF16 multiply (computed in FP32 and rounded) is exact too. One gather per packed
+    byte (a 256-entry pair table) keeps the decode to a single pass over the data."""
     rows, half = data.shape
-    sf = scale.float()
-    if sf.shape != (rows, (half * 2) // 16):
-        raise ValueError(f"NVFP4 scale shape {tuple(sf.shape)} does not match data {tuple(data.shape)} "
+    if scale.shape != (rows, (half * 2) // 16):
+        raise ValueError(f"NVFP4 scale shape {tuple(scale.shape)} does not match data {tuple(data.shape)} "
                          "(expected one E4M3 scale per 16 elements, unpadded)")
-    vals = formats.e2m1_decode(formats.unpack_e2m1(data.view(torch.uint8))).float()
-    return (vals.reshape(rows, -1, 16) * sf.unsqueeze(-1)).reshape(rows, half * 2)
+    table = _byte_pair_table(data.device, dtype)
+    vals = table[data.view(torch.uint8).int()].reshape(rows, -1, 16)  # (rows, K/16, 16)
+    sf = scale.to(dtype)  # E4M3 -> FP32/BF16: exact
+    return (vals * sf.unsqueeze(-1)).reshape(rows, half * 2)
 
 
 def _nvfp4_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e_a: int, e_b: int) -> torch.Tensor:
@@ -297,7 +314,8 @@ def gemm_nvfp4_nvfp4(a: _Nvfp4Operand, b: _Nvfp4Operand, *, out_dtype: torch.dty
         raise ValueError(f"gemm: contraction dims differ: {a.data.shape[0]}x{ka} and {b.data.shape[0]}x{kb}")
     if _native_nvfp4_available(a.data.device):  # pragma: no cover - never true (see docstring)
         raise NotImplementedError
-    acc = _mm_bf16_fp32_accum(decode_nvfp4_unit(a.data, a.scale), decode_nvfp4_unit(b.data, b.scale))
+    unit = torch.bfloat16 if a.data.is_cuda else torch.float32  # the GEMM's input dtype; both exact
+    acc = _mm_bf16_fp32_accum(decode_nvfp4_unit(a.data, a.scale, unit), decode_nvfp4_unit(b.data, b.scale, unit))
     if not a.row_scaled and not b.row_scaled:
         return _finish(acc * _nvfp4_alpha(a.amax, b.amax, a.e4m3_max, b.e4m3_max), bias, out_dtype)
     # Row-scaled: unit-amax alpha first, then the per-row (and/or per-column) amax product.

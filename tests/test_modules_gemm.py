@@ -114,12 +114,19 @@ def test_nvfp4_never_folds_global_scale():
 
 
 def test_nvfp4_unit_decode_is_exact_in_bf16():
-    codes = torch.arange(256, dtype=torch.uint8).repeat(8, 1)  # every byte (two codes)
+    """Every packed byte times every finite E4M3 scale: the FP32 decode equals the per-element formula
+    of formats.py, and the BF16 decode equals the FP32 one exactly."""
+    from fp_recipes import formats
+
     e4m3 = torch.arange(256, dtype=torch.uint8)
     e4m3 = e4m3[(e4m3 & 0x7F) != 0x7F]  # finite scales only
-    sc = e4m3[torch.randint(0, e4m3.numel(), (8, 32))].view(torch.float8_e4m3fn)
+    codes = torch.arange(256, dtype=torch.uint8).repeat(e4m3.numel(), 8)  # (254, 2048): all bytes
+    sc = e4m3.unsqueeze(1).expand(-1, 2048 * 2 // 16).contiguous().view(torch.float8_e4m3fn)
     vals = G.decode_nvfp4_unit(codes, sc)
-    assert torch.equal(vals.to(torch.bfloat16).float(), vals)
+    ref = formats.e2m1_decode(formats.unpack_e2m1(codes)).float().reshape(e4m3.numel(), -1, 16) * \
+        sc.float().unsqueeze(-1)
+    assert torch.equal(vals, ref.reshape(vals.shape))
+    assert torch.equal(G.decode_nvfp4_unit(codes, sc, torch.bfloat16).float(), vals)
     assert vals.abs().max().item() <= 448 * 6
 
 
