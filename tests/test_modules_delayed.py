@@ -312,3 +312,27 @@ def test_module_to_keeps_quantizer_bound_to_fp32_buffers():
         y = mod(torch.randn(4, 16, dtype=torch.bfloat16) * 5)
     assert y.dtype == torch.bfloat16
     assert mod.qstate_activation0_amax_history[-1].item() > 0  # the update went into the module's buffer
+
+
+def test_delayed_step_assigns_no_host_scalars(monkeypatch):
+    """`t[i] = 0.0` into a CUDA tensor copies a host scalar and synchronises the stream (found with
+    torch.cuda.set_sync_debug_mode on an H200); a training step must not do it. Checked on CPU by
+    watching Tensor.__setitem__ through a whole delayed-scaling step (forward, exit, backward)."""
+    seen = []
+    real = torch.Tensor.__setitem__
+
+    def spy(self, idx, value):
+        if isinstance(value, (int, float, bool)):
+            import traceback
+            seen.append(traceback.extract_stack(limit=3)[0])
+        return real(self, idx, value)
+
+    model = torch.nn.ModuleDict({"a": Linear(16, 16), "g": GroupedLinear(2, 16, 16)})
+    x = torch.randn(8, 16, requires_grad=True)
+    recipe = DelayedScaling(amax_history_len=4)
+    monkeypatch.setattr(torch.Tensor, "__setitem__", spy)
+    for _ in range(2):
+        with fp_recipes.autocast(recipe=recipe):
+            y = model["g"](model["a"](x), [3, 5])
+        y.sum().backward()
+    assert seen == []
