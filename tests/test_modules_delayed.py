@@ -336,3 +336,10 @@ def test_delayed_step_assigns_no_host_scalars(monkeypatch):
             y = model["g"](model["a"](x), [3, 5])
         y.sum().backward()
     assert seen == []
+
+
+def test_checkpoint_continuity_grouped_fp8_fast_path(monkeypatch):
+    from fp_recipes.modules import grouped_linear as GL
+
+    monkeypatch.setattr(GL, "FP8_FAST_PATH", True)
+    test_checkpoint_continuity_bit_identical(lambda: DelayedScaling(amax_history_len=4))
