@@ -13,6 +13,7 @@ after ``--warmup`` steps. The delayed-scaling amax reduction and scale update ar
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -29,7 +30,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import fp_recipes  # noqa: E402
 from fp_recipes import (DelayedScaling, Float8CurrentScaling, GroupedLinear, Linear,  # noqa: E402
                         NVFP4BlockScaling)
-from fp_recipes import gemm as gemm_mod  # noqa: E402
 
 
 def _time_steps(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, float]:
@@ -98,7 +98,8 @@ def _linear_cases(m: int, k: int, n: int, recipes: Dict[str, Any]) -> List[tuple
 
 # ---------------------------------------------------------------------------------- GroupedLinear
 
-def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str, Any]) -> List[tuple]:
+def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str, Any],
+                   with_generic: bool = True) -> List[tuple]:
     dev = torch.device("cuda")
     splits = [m_total // experts] * experts
     x = torch.randn(m_total, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -135,11 +136,10 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
     for name, recipe in recipes.items():
         mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
         fp8 = name.startswith(("delayed", "current"))
-        variants = [("fast", "auto"), ("fast", "loop"), ("generic", "auto")] if fp8 else [("generic", "auto")]
-        for path, backend in variants:
-            def step(mod=mod, recipe=recipe, backend=backend, path=path):
-                gemm_mod.GROUPED_FP8_BACKEND = backend
-                GL.FP8_FAST_PATH = path == "fast"
+        paths = ["fp8 path"] + (["generic"] if fp8 and with_generic else [])
+        for path in paths:
+            def step(mod=mod, recipe=recipe, path=path):
+                GL.FP8_FAST_PATH = path != "generic"
                 x.grad = None
                 for p in mod.parameters():
                     p.grad = None
@@ -147,8 +147,7 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
                     y = mod(x, splits)
                 y.backward(dy)
 
-            fprop = "grouped_mm fprop" if backend == "auto" else "per-expert fprop"
-            label = f"fp_recipes GroupedLinear {name}" + (f" [{path}, {fprop}]" if fp8 else "")
+            label = f"fp_recipes GroupedLinear {name}" + (f" [{path}]" if fp8 else "")
             cases.append((label, step))
     return cases
 
@@ -159,6 +158,7 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
     base_ms = None
     for label, step in cases:
         t_case = time.perf_counter()
+        gc.collect()  # a collection inside the timed steps would be charged to whichever case is running
         try:
             t = _time_steps(step, warmup, iters)
         except Exception as exc:
@@ -167,7 +167,6 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
             rows.append({"case": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
         finally:
-            gemm_mod.GROUPED_FP8_BACKEND = "auto"
             from fp_recipes.modules import grouped_linear as GL
             GL.FP8_FAST_PATH = True
         if label == baseline_label:
@@ -201,6 +200,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--no-nvfp4", action="store_true", help="skip the (emulated on <sm_100) NVFP4 rows")
+    p.add_argument("--only", choices=["all", "linear", "grouped"], default="all", help="which module to time")
+    p.add_argument("--grouped-m", default=None,
+                   help="comma-separated token counts for GroupedLinear (default 16384,32768,65536; --quick: 16384)")
+    p.add_argument("--no-generic", action="store_true",
+                   help="GroupedLinear: skip the generic (per-expert module) FP8 path rows")
     p.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "linear.json"))
     args = p.parse_args(argv)
@@ -225,18 +229,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                 json.dump(results, fh, indent=2)
 
     m = k = n = 8192
-    print(f"\nLinear M=K=N={m}")
-    rows = _run(_linear_cases(m, k, n, recipes), 3 * 2.0 * m * k * n, args.warmup, iters, "bf16 nn.Linear")
-    _print(f"Linear fwd+bwd, M=K=N={m}, BF16 in/out", rows)
-    results["linear"].append({"m": m, "k": k, "n": n, "rows": rows})
-    save()
-    torch.cuda.empty_cache()
+    if args.only in ("all", "linear"):
+        print(f"\nLinear M=K=N={m}")
+        rows = _run(_linear_cases(m, k, n, recipes), 3 * 2.0 * m * k * n, args.warmup, iters, "bf16 nn.Linear")
+        _print(f"Linear fwd+bwd, M=K=N={m}, BF16 in/out", rows)
+        results["linear"].append({"m": m, "k": k, "n": n, "rows": rows})
+        save()
+        torch.cuda.empty_cache()
 
     experts, kk, nn_ = 8, 7168, 2048
-    for m_total in ([16384] if args.quick else [16384, 32768, 65536]):
+    if args.grouped_m:
+        m_list = [int(v) for v in args.grouped_m.split(",") if v]
+    else:
+        m_list = [16384] if args.quick else [16384, 32768, 65536]
+    for m_total in (m_list if args.only in ("all", "grouped") else []):
         print(f"\nGroupedLinear {experts} experts, M={m_total}, K={kk}, N={nn_}")
-        grows = _run(_grouped_cases(m_total, experts, kk, nn_, recipes), 3 * 2.0 * m_total * kk * nn_,
-                     args.warmup, iters, "bf16 torch._grouped_mm (autograd)")
+        grows = _run(_grouped_cases(m_total, experts, kk, nn_, recipes, with_generic=not args.no_generic),
+                     3 * 2.0 * m_total * kk * nn_, args.warmup, iters, "bf16 torch._grouped_mm (autograd)")
         _print(f"GroupedLinear fwd+bwd, {experts} experts, M={m_total} (even split), K={kk}, N={nn_}", grows)
         results["grouped"].append({"m_total": m_total, "experts": experts, "k": kk, "n": nn_, "rows": grows})
         save()

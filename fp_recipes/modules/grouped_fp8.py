@@ -1,92 +1,160 @@
-"""The FP8 fast path of GroupedLinear: few launches per step, whatever the number of experts.
+"""The FP8 path of GroupedLinear: per-tensor (delayed or current) scaling on every operand.
 
-The generic path quantizes every expert's activation and grad_output separately (a handful of
-launches and Python calls per expert and operand), which leaves a GPU idle behind the host when
-the experts' GEMMs are short. Here:
+What one training step costs on a GPU is mostly host time when the experts' GEMMs are short, so this
+path does the least work per expert that the numerics allow, and no copies:
 
-* the activations of all experts are quantized by ONE grouped op (``ops.fp8_grouped_quantize``, each
-  expert with its own scale), and so are the grad_outputs; delayed-scaling amaxes are recorded for
-  all experts by one ``_foreach_maximum_``; current scaling takes its per-expert amaxes from one
-  ``ops.fp8_grouped_amax``;
-* the wgrad operands (x^T, dy^T) are byte transposes of each expert's rows of those buffers
-  (per-tensor scaling makes the columnwise copy a byte transpose, exact);
-* the GEMMs read views of these buffers (no concatenation); fprop can be one
-  ``torch._scaled_grouped_mm`` (see ``fp_recipes.gemm.GROUPED_FP8_BACKEND``).
+* each expert's activation, weight and grad_output is cast ONCE by the cast kernel with both copies
+  (rowwise for fprop/dgrad, the transposed columnwise copy for wgrad: ``ops.fp8_quantize`` /
+  ``ops.fp8_current_scaling_quantize`` with ``rowwise=True, columnwise=True``), reading its rows of
+  the input buffer in place (row slices of a contiguous tensor are contiguous);
+* delayed scaling records the amaxes of all experts with one ``_foreach_maximum_`` per operand;
+* every GEMM is one ``torch._scaled_mm`` per expert (per-tensor scales, Hopper's K-major operands)
+  writing straight into its rows of the output (``out=``), so no concatenation. One
+  ``torch._scaled_grouped_mm`` would need the weights stacked (a copy of all of them per step) and
+  per-row scale vectors; per-expert ``_scaled_mm`` at MoE sizes runs as fast without the copies.
 
-Numerically it is the generic path: every expert's bytes and scales are those of quantizing that
-expert alone (the grouped op's contract), and every GEMM is ``gemm_fp8_fp8`` on the same values.
+Numerically it is the generic path (``_GroupedLinearFunction``): the same quantizations (the same
+ops on the same rows with the same scales) and, per expert, the same ``gemm_fp8_fp8`` GEMM (which
+is also what runs here for shapes cuBLASLt cannot take directly and on CPU). Tested bit for bit on
+CPU (tests/test_modules_linear.py).
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, List, Optional, Sequence
 
 import torch
 
-from .. import formats, ops
+from .. import ops
 from .. import gemm as G
-from ..ops.ref_fp8 import current_scale
 from ..quantizers.roles import ScalingKind, TensorKind
 from .amax_reduction import reducer
-from .base import GemmQuantizers, quantize_operand
+from .base import GemmQuantizers
 
 __all__ = ["fast_path_eligible", "GroupedFP8Function"]
 
 _FP8_SCALINGS = (ScalingKind.DELAYED, ScalingKind.CURRENT)
-_KEYS = ("fmt", "scaling", "use_power_2_scales", "amax_epsilon")
+_KEYS = ("fmt", "scaling", "use_power_2_scales", "amax_epsilon", "rowwise", "columnwise")
 
 
 def fast_path_eligible(sets: Sequence[GemmQuantizers]) -> bool:
-    """FP8 per-tensor scaling on every operand of every expert, one format/rule per role, no
-    backward_override."""
+    """FP8 per-tensor scaling on every operand of every expert, one format/rule per role, both copies
+    (rowwise and columnwise) planned, no backward_override."""
     for tensor in (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT):
         specs = [qs.specs[tensor] for qs in sets]
         if any(s.scaling not in _FP8_SCALINGS or s.backward_override is not None for s in specs):
             return False
+        if any(qs.quantizers[tensor] is None for qs in sets):
+            return False
         first = tuple(getattr(specs[0], k) for k in _KEYS)
         if any(tuple(getattr(s, k) for k in _KEYS) != first for s in specs[1:]):
+            return False
+        if not (specs[0].rowwise and specs[0].columnwise):
             return False
     return True
 
 
-def _offsets(splits: Sequence[int], cols: int, device: torch.device) -> torch.Tensor:
-    """(G+1,) int64 element offsets, built on the host and copied without a stream sync."""
-    host = torch.tensor([0, *itertools.accumulate(m * cols for m in splits)], dtype=torch.int64)
-    return host.to(device, non_blocking=True) if device.type == "cuda" else host
+class _Cast:
+    """One expert's operand: rowwise data, columnwise data (transposed), scale_inv (0-dim FP32)."""
+
+    __slots__ = ("data", "data_t", "scale_inv")
+
+    def __init__(self, data: torch.Tensor, data_t: torch.Tensor, scale_inv: torch.Tensor) -> None:
+        self.data, self.data_t, self.scale_inv = data, data_t, scale_inv
 
 
-def _grouped_quantize(quantizers: List[Any], x: torch.Tensor, splits: Sequence[int], group: Any,
-                      backward: bool):
-    """(fp8 data shaped like x, scale_inv (G,), amax (G,)) with expert g quantized by quantizers[g]."""
+def _kernel_lane(x: torch.Tensor):
+    """(delayed cast, current cast) taking and returning plain tensors: the CUDA kernels' eager entry
+    points for a CUDA input (the public ops validate every argument on every call, which is host time
+    spent once per expert and operand; here the arguments are known good: contiguous row slices of
+    one checked input, the quantizers' own FP32 scales), else None (the dispatched ops run)."""
+    if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return None
+    from ..ops import backend
+    if backend.cuda_impl("fp8_quantize") is None:
+        return None
+    from ..ops import cuda_fp8
+    return cuda_fp8._fp8_quantize_impl, cuda_fp8._fp8_current_impl
+
+
+def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], live: Sequence[bool], group: Any,
+              backward: bool) -> List[Optional[_Cast]]:
+    """Cast ``parts[g]`` by ``quantizers[g]`` (both copies) where ``live[g]``; record delayed amaxes."""
     spec = quantizers[0].spec
     fmt = quantizers[0].fmt
-    offsets = _offsets(splits, x.shape[1], x.device)
+    out: List[Optional[_Cast]] = [None] * len(parts)
+    lane = _kernel_lane(parts[0])
     if spec.scaling is ScalingKind.DELAYED:
-        scales = torch.stack([q.scale for q in quantizers])
-        res = ops.fp8_grouped_quantize(x, offsets, scales, fmt)
-        torch._foreach_maximum_([q.amax_history[0:1] for q in quantizers], list(res.amax.split(1)))
+        slots, amaxes = [], []
         record = reducer.record_backward if backward else reducer.record_forward
-        for q, m in zip(quantizers, splits):
-            if m:  # like the generic path: an expert without rows did not quantize anything
-                record(q, group)
+        for g, (q, p) in enumerate(zip(quantizers, parts)):
+            if not live[g]:
+                continue
+            if lane is not None:
+                data, data_t, scale_inv, amax = lane[0](p.contiguous(), q.scale, fmt, True, True)
+            else:
+                res = ops.fp8_quantize(p, q.scale, fmt, rowwise=True, columnwise=True)
+                data, data_t, scale_inv, amax = res.data, res.data_t, res.scale_inv, res.amax
+            out[g] = _Cast(data, data_t, scale_inv)
+            slots.append(q.amax_history[0:1])
+            amaxes.append(amax.view(1))
+            record(q, group)
+        if slots:  # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
+            torch._foreach_maximum_(slots, amaxes)
     else:
-        amax = ops.fp8_grouped_amax(x, offsets)
-        scales = current_scale(amax, formats.FP8_MAX[fmt], use_power_2_scales=spec.use_power_2_scales,
-                               amax_epsilon=spec.amax_epsilon)
-        res = ops.fp8_grouped_quantize(x, offsets, scales, fmt)
-    return res.data, res.scale_inv, res.amax
+        p2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
+        for g, p in enumerate(parts):
+            if not live[g]:
+                continue
+            if lane is not None:
+                data, data_t, scale_inv, _, _ = lane[1](p.contiguous(), fmt, p2, eps, True, True)
+            else:
+                res = ops.fp8_current_scaling_quantize(p, fmt, use_power_2_scales=p2, amax_epsilon=eps,
+                                                       rowwise=True, columnwise=True)
+                data, data_t, scale_inv = res.data, res.data_t, res.scale_inv
+            out[g] = _Cast(data, data_t, scale_inv)
+    return out
 
 
-def _aligned_scalars(v: torch.Tensor) -> List[torch.Tensor]:
-    """One separately allocated 0-dim tensor per entry of ``v``: cuBLASLt rejects FP8 scale pointers
-    into the middle of a vector (CUBLAS_STATUS_NOT_SUPPORTED on an H200 for ``v[g]`` views at 4-byte
-    offsets); its own allocation is what the per-expert path passes, and that works."""
-    return [t.clone() for t in v.unbind(0)]
+_SCALED_MM_OUT_OK = True  # torch._scaled_mm(..., out=) works here (set False after a failure)
 
 
-def _row_views(data: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
-    return list(torch.split(data, list(splits), dim=0))
+def _native(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch._scaled_mm can run this FP8 pair here (CUDA sm_89+, not E5M2 x E5M2); checked once per
+    GEMM kind and step, not per expert."""
+    return a.is_cuda and G.fp8_native_gemm_available(a.device, a.dtype, b.dtype)
+
+
+def _gemm_into(out: Optional[torch.Tensor], a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
+               sb: torch.Tensor, out_dtype: torch.dtype, native: bool, bias: Optional[torch.Tensor] = None,
+               fast_accum: bool = False) -> torch.Tensor:
+    """``a @ b^T * sa * sb (+ bias)`` (both contraction-last), written into ``out`` when given.
+
+    cuBLASLt takes the operands as they are when K and N are multiples of 16 and a bias (if any) can
+    be fused; otherwise (and on CPU) ``gemm_fp8_fp8`` pads or emulates, exactly as the generic path."""
+    global _SCALED_MM_OUT_OK
+    if native and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and \
+            (bias is None or (bias.dtype == out_dtype and out_dtype in (torch.bfloat16, torch.float16))):
+        if out is not None and _SCALED_MM_OUT_OK:
+            try:
+                torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype,
+                                 use_fast_accum=fast_accum, out=out)
+                return out
+            except (RuntimeError, TypeError):
+                _SCALED_MM_OUT_OK = False  # no usable out= variant in this torch: copy instead
+        res = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype,
+                               use_fast_accum=fast_accum)
+    else:
+        res = G.gemm_fp8_fp8(G._Fp8Operand(a, sa), G._Fp8Operand(b, sb), out_dtype=out_dtype, bias=bias,
+                             use_fast_accum=fast_accum)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+def _row_slices(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
+    return list(torch.split(t, list(splits), dim=0))
 
 
 class GroupedFP8Function(torch.autograd.Function):
@@ -97,66 +165,60 @@ class GroupedFP8Function(torch.autograd.Function):
         n = weights[0].shape[0]
         group = sets[0].amax_reduction_group
         x = x.contiguous()
-        xq, x_si, _ = _grouped_quantize([qs.activation for qs in sets], x, splits, group, False)
-        x_si = _aligned_scalars(x_si)
-        qws = [quantize_operand(qs.weight, w, qs.amax_reduction_group) for qs, w in zip(sets, weights)]
-        live = [g for g in range(num) if splits[g]]
-        x_rows = _row_views(xq, splits)
-        a_ops = [G._Fp8Operand(x_rows[g], x_si[g]) for g in live]
-        b_ops = [G._Fp8Operand(qws[g].data, qws[g].scale_inv) for g in live]
-        y = None
-        if live and all(b is None for b in biases) and G.GROUPED_FP8_BACKEND != "loop":
-            # rows of empty experts are absent from the concatenated output anyway; with every expert
-            # live the quantized buffer itself is the grouped GEMM's A (no concatenation)
-            y = G._scaled_grouped_fprop(a_ops, b_ops, x.dtype, a_buffer=xq if len(live) == num else None)
-        if y is None:
-            outs = []
-            for g in range(num):
-                if splits[g]:
-                    outs.append(G.gemm_fp8_fp8(G._Fp8Operand(x_rows[g], x_si[g]), b_ops[live.index(g)],
-                                               out_dtype=x.dtype, bias=biases[g], use_fast_accum=True))
-            y = torch.cat(outs) if outs else torch.zeros(0, n, dtype=x.dtype, device=x.device)
+        live = [m > 0 for m in splits]
+        xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), live, group, False)
+        wc = _cast_all([qs.weight for qs in sets], weights, [True] * num, group, False)
+        y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        first = next((g for g in range(num) if live[g]), None)
+        native = first is not None and _native(xc[first].data, wc[first].data)
+        for g, y_g in enumerate(_row_slices(y, splits)):
+            if live[g]:
+                _gemm_into(y_g, xc[g].data, xc[g].scale_inv, wc[g].data, wc[g].scale_inv, x.dtype, native,
+                           bias=biases[g], fast_accum=True)
         ctx.sets, ctx.splits = sets, splits
-        ctx.saved = (xq, x_si, [G._Fp8Operand(q.t_data(), q.scale_inv) for q in qws])
-        ctx.meta = (x.shape[1], n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
+        # the backward reads only the columnwise copies of x and the weights
+        ctx.saved = ([None if c is None else (c.data_t, c.scale_inv) for c in xc],
+                     [(c.data_t, c.scale_inv) for c in wc])
+        ctx.meta = (x.shape[1], n, x.dtype, [w.dtype for w in weights],
+                    [None if b is None else b.dtype for b in biases])
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
-        xq, x_si, w_cols = ctx.saved
+        x_cols, w_cols = ctx.saved
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(splits)
         need = ctx.needs_input_grad
+        need_dw = [need[3 + g] for g in range(num)]
+        live = [m > 0 for m in splits]
         dy = dy.contiguous()
-        group = sets[0].amax_reduction_group
-        dyq, dy_si, _ = _grouped_quantize([qs.grad_output for qs in sets], dy, splits, group, True)
-        dy_si = _aligned_scalars(dy_si)
-        dy_rows = _row_views(dyq, splits)
+        dy_parts = _row_slices(dy, splits)
         dx = None
-        if need[0]:
-            outs = [G.gemm_fp8_fp8(G._Fp8Operand(dy_rows[g], dy_si[g]), w_cols[g], out_dtype=x_dtype)
-                    for g in range(num) if splits[g]]
-            dx = torch.cat(outs) if outs else torch.zeros(0, k, dtype=x_dtype, device=dy.device)
         dws: List[Optional[torch.Tensor]] = [None] * num
-        if any(need[3:3 + num]):
-            # columnwise copies: byte transposes (exact for per-tensor scales), one contiguous tensor per
-            # expert, the layout the per-expert path gives cuBLASLt
-            dy_t = [r.t().contiguous() for r in dy_rows]
-            x_t = [r.t().contiguous() for r in _row_views(xq, splits)]
+        if need[0] or any(need_dw):
+            dyc = _cast_all([qs.grad_output for qs in sets], dy_parts, live, sets[0].amax_reduction_group,
+                            True)
+            first = next((g for g in range(num) if live[g]), None)
+            native = first is not None and _native(dyc[first].data, w_cols[first][0])
+            native_w = first is not None and _native(dyc[first].data_t, x_cols[first][0])
+            if need[0]:
+                dx = torch.empty(dy.shape[0], k, dtype=x_dtype, device=dy.device)
+                for g, dx_g in enumerate(_row_slices(dx, splits)):
+                    if live[g]:
+                        _gemm_into(dx_g, dyc[g].data, dyc[g].scale_inv, w_cols[g][0], w_cols[g][1], x_dtype,
+                                   native)
             for g in range(num):
-                if not need[3 + g]:
+                if not need_dw[g]:
                     continue
-                if splits[g]:
-                    dws[g] = G.gemm_fp8_fp8(G._Fp8Operand(dy_t[g], dy_si[g]), G._Fp8Operand(x_t[g], x_si[g]),
-                                            out_dtype=w_dtypes[g])
+                if live[g]:
+                    dws[g] = _gemm_into(None, dyc[g].data_t, dyc[g].scale_inv, x_cols[g][0], x_cols[g][1],
+                                        w_dtypes[g], native_w)
                 else:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
         dbs: List[Optional[torch.Tensor]] = [None] * num
-        dy_parts = torch.split(dy, list(splits))
         for g in range(num):
             if b_dtypes[g] is not None and need[3 + num + g]:
                 dbs[g] = dy_parts[g].float().sum(0).to(b_dtypes[g])
         ctx.saved = None
         return (dx, None, None, *dws, *dbs)
-

@@ -21,11 +21,10 @@ from .linear import _factory, reset_linear_parameters
 
 __all__ = ["GroupedLinear"]
 
-# FP8 recipes can run through modules/grouped_fp8.py (one grouped quantization per operand, GEMMs on
-# buffer views). Off by default: it is tested bit-identical to the generic path on CPU, but its last
-# GPU run hit cuBLASLt's alignment rule for FP8 scale pointers (fixed since, not yet re-measured on a
-# GPU). Set True to use it.
-FP8_FAST_PATH = False
+# FP8 per-tensor recipes run through modules/grouped_fp8.py (one cast per expert and operand with
+# both copies, per-expert GEMMs written into their output rows: the least host work and no copies).
+# It is tested bit-identical to the generic path below on CPU. Set False to force the generic path.
+FP8_FAST_PATH = True
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
