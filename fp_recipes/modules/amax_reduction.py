@@ -53,10 +53,16 @@ def reduce_and_update(quantizers: List[Any], group: Any) -> None:
     batched_update_scales(quantizers)
 
 
-def _batch_key(q: Any):
-    from ..quantizers.float8 import Float8Quantizer
+_F8Q: Any = None
 
-    if type(q) is not Float8Quantizer:
+
+def _batch_key(q: Any):
+    global _F8Q
+    if _F8Q is None:
+        from ..quantizers.float8 import Float8Quantizer
+
+        _F8Q = Float8Quantizer
+    if type(q) is not _F8Q:
         return None
     h = q.amax_history
     return (q.fmt_max, q.spec.margin, q.spec.amax_compute_algo, h.numel(), h.device)
@@ -76,10 +82,49 @@ def _constant(value: float, device: torch.device) -> torch.Tensor:
     return t
 
 
+class _UpdatePlan:
+    """Everything one batch's update needs that does not change between steps: the destination
+    tensors, a gather buffer and a staging buffer with their per-quantizer views, the roll
+    permutation. Building these views is most of the host time of an update (a few microseconds per
+    view, several views per quantizer), so it happens once per set of quantizers, not once per step."""
+
+    def __init__(self, qs: List[Any], length: int, device: torch.device) -> None:
+        n = len(qs)
+        self.n, self.length = n, length
+        self.dsts = [q.amax_history for q in qs] + [q.scale.view(1) for q in qs]
+        self.flat = torch.empty(n * length + n, dtype=torch.float32, device=device)
+        self.hist = self.flat[:n * length].view(n, length)
+        self.hist0 = self.hist[:, 0]
+        self.old = self.flat[n * length:]
+        stage = torch.empty_like(self.flat)
+        self.stage_hist = stage[:n * length].view(n, length)
+        self.stage_col0 = self.stage_hist[:, 0]
+        self.stage_scales = stage[n * length:]
+        self.srcs = list(self.stage_hist.unbind(0)) + list(self.stage_scales.split(1))
+        # roll by -1 along the history: out[:, i] = hist[:, (i + 1) % L]
+        self.perm = torch.arange(1, length + 1, device=device) % length
+
+
+_PLANS: Dict[Any, _UpdatePlan] = {}
+
+
+def _plan(qs: List[Any], length: int, device: torch.device) -> _UpdatePlan:
+    # Keyed by the identities of the state tensors (a module.to() or bind_state() rebinds them, which
+    # makes a new plan); the plan holds them, so an id cannot be reused while its entry exists.
+    key = tuple((id(q.amax_history), id(q.scale)) for q in qs)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        plan = _PLANS[key] = _UpdatePlan(qs, length, device)
+    return plan
+
+
 def batched_update_scales(quantizers: List[Any]) -> None:
     """``q.update_scale()`` for every quantizer, with the Float8Quantizers of one kind updated together
-    in about ten kernels in all (instead of ~15 per quantizer): the delayed-scaling step overhead on a
-    GPU is host time, so the op count is what matters.
+    in about ten kernels in all (instead of ~15 per quantizer), and with no per-quantizer tensor views
+    built per step (cached in an :class:`_UpdatePlan`): the delayed-scaling step overhead on a GPU is
+    host time, so the op count is what matters.
 
     The batched rule is Float8Quantizer.update_scale's, op for op (same FP32 ops, same order):
     amax_ref = max(history) or history[0]; new = (fmt_max / amax_ref) / 2^margin with +Inf -> FLT_MAX;
@@ -95,27 +140,22 @@ def batched_update_scales(quantizers: List[Any]) -> None:
         else:
             groups.setdefault(key, []).append(q)
     for (fmt_max, margin, algo, length, device), qs in groups.items():
-        n = len(qs)
-        hists = [q.amax_history for q in qs]
-        scales = [q.scale.view(1) for q in qs]
-        # one gather of every history and scale: (n*L + n,)
-        flat = torch.cat(hists + scales)
-        hist = flat[:n * length].view(n, length)
-        old = flat[n * length:]
+        p = _plan(qs, length, device)
+        torch.cat(p.dsts, out=p.flat)  # one gather of every history and scale
         # Tensor.amax propagates NaN, like Tensor.max() in update_scale
-        amax_ref = hist.amax(dim=1) if algo == "max" else hist[:, 0]
+        amax_ref = p.hist.amax(dim=1) if algo == "max" else p.hist0
         new = torch.div(_constant(fmt_max, device), amax_ref)
         if margin:
             new = torch.div(new, _constant(2.0 ** margin, device))
         new = new.clamp_max_(formats.FP32_MAX)  # +Inf -> FLT_MAX; NaN stays (and is not selected)
         ok = torch.logical_and(amax_ref > 0, amax_ref < float("inf"))  # false for NaN
-        new_scales = torch.where(ok, new, old)
+        torch.where(ok, new, p.old, out=p.stage_scales)
         if length > 1:
-            rolled = torch.roll(hist, -1, 1)
-            rolled[:, 0].zero_()  # a fill kernel; `rolled[:, 0] = 0.0` copies a host scalar (a sync on CUDA)
+            torch.index_select(p.hist, 1, p.perm, out=p.stage_hist)
+            p.stage_col0.zero_()  # a fill kernel; `t[:, 0] = 0.0` copies a host scalar (a sync on CUDA)
         else:
-            rolled = torch.zeros_like(hist)
-        torch._foreach_copy_(hists + scales, list(rolled.unbind(0)) + list(new_scales.split(1)))
+            p.stage_hist.zero_()
+        torch._foreach_copy_(p.dsts, p.srcs)
 
 
 class AmaxReducer:

@@ -77,6 +77,16 @@ def _kernel_lane(x: torch.Tensor):
     return cuda_fp8._fp8_quantize_impl, cuda_fp8._fp8_current_impl
 
 
+def _slot0(q: Any) -> torch.Tensor:
+    """``q.amax_history[0]`` as a view, made once per history tensor (a view costs microseconds of host
+    time; a rebound history, e.g. after ``module.to()``, gets a new one)."""
+    cached = getattr(q, "_fpr_slot0", None)
+    if cached is None or cached[0] is not q.amax_history:
+        cached = (q.amax_history, q.amax_history[0])
+        q._fpr_slot0 = cached
+    return cached[1]
+
+
 def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], live: Sequence[bool], group: Any,
               backward: bool) -> List[Optional[_Cast]]:
     """Cast ``parts[g]`` by ``quantizers[g]`` (both copies) where ``live[g]``; record delayed amaxes."""
@@ -96,8 +106,8 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], live: Sequen
                 res = ops.fp8_quantize(p, q.scale, fmt, rowwise=True, columnwise=True)
                 data, data_t, scale_inv, amax = res.data, res.data_t, res.scale_inv, res.amax
             out[g] = _Cast(data, data_t, scale_inv)
-            slots.append(q.amax_history[0:1])
-            amaxes.append(amax.view(1))
+            slots.append(_slot0(q))
+            amaxes.append(amax)
             record(q, group)
         if slots:  # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
             torch._foreach_maximum_(slots, amaxes)
