@@ -343,3 +343,34 @@ def test_checkpoint_continuity_grouped_fp8_fast_path(monkeypatch):
 
     monkeypatch.setattr(GL, "FP8_FAST_PATH", True)
     test_checkpoint_continuity_bit_identical(lambda: DelayedScaling(amax_history_len=4))
+
+
+def test_batched_scale_update_reuses_its_plan_across_steps():
+    """The batched update caches its buffers and views per set of quantizers; step after step (new
+    amaxes each time, the history rolling) it must keep equalling update_scale() bit for bit."""
+    from fp_recipes.modules import amax_reduction
+    from fp_recipes.quantizers.float8 import Float8Quantizer
+    from fp_recipes.quantizers.roles import QuantizerRole, QuantizerSpec
+
+    torch.manual_seed(3)
+    batch, single = [], []
+    for i in range(5):
+        spec = QuantizerSpec(role=QuantizerRole("linear", "weight", i), fmt="e4m3", scaling="delayed",
+                             amax_history_len=3, margin=0, amax_compute_algo="max")
+        batch.append(Float8Quantizer(spec))
+        single.append(Float8Quantizer(spec))
+    for step in range(6):
+        amax = torch.rand(5) * 10 ** step
+        if step == 2:
+            amax[1] = float("nan")
+        for a, b, v in zip(batch, single, amax):
+            a.record_amax(v)
+            b.record_amax(v)
+        amax_reduction.batched_update_scales(batch)
+        for q in single:
+            q.update_scale()
+        for a, b in zip(batch, single):
+            assert torch.equal(a.scale.view(torch.int32), b.scale.view(torch.int32)), step
+            assert torch.equal(a.amax_history.nan_to_num(-1), b.amax_history.nan_to_num(-1)), step
+    key = tuple((id(q.amax_history), id(q.scale)) for q in batch)
+    assert key in amax_reduction._PLANS  # one plan, reused

@@ -157,7 +157,7 @@ class GroupedLinear(QuantizedModule):
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
             return torch.cat(outs, dim=0)
-        if FP8_FAST_PATH and fast_path_eligible(sets):
+        if FP8_FAST_PATH and self._fp8_path_ok(sets):
             return GroupedFP8Function.apply(x, splits, sets, *weights, *biases)
         multiple = max(token_multiple(qs) for qs in sets)
         if multiple == 1 or all(m % multiple == 0 for m in splits):
@@ -169,6 +169,14 @@ class GroupedLinear(QuantizedModule):
                                          *weights, *biases)
         outs = torch.split(y, [p.shape[0] for p in padded])
         return torch.cat([o[:m] for o, m in zip(outs, splits)])
+
+    def _fp8_path_ok(self, sets: List[GemmQuantizers]) -> bool:
+        """fast_path_eligible(sets), computed once per quantizer set (it reads every spec)."""
+        cached = getattr(self, "_fp8_path_cache", None)
+        if cached is None or cached[0] is not sets:
+            cached = (sets, fast_path_eligible(sets))
+            self._fp8_path_cache = cached
+        return cached[1]
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self._num_gemms}, in_features={self.in_features}, "
