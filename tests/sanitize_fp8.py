@@ -56,15 +56,22 @@ def main():
     same(cu.fp8_quantize(xm, s, "e4m3", columnwise=True).data_t, ref_fp8.fp8_quantize(xm, s, "e4m3", columnwise=True).data_t,
          "misaligned")
     # grouped: 70 members, some empty, sizes not multiples of anything; then vector-aligned boundaries
+    # and members of a few rows of 7168 inside one tile (several boundaries per tile, as in MoE batches)
     for sizes in ([(i * 37) % 1100 if i % 9 else 0 for i in range(70)],
-                  [((i * 37) % 23) * 256 if i % 9 else 0 for i in range(70)]):
+                  [((i * 37) % 23) * 256 if i % 9 else 0 for i in range(70)],
+                  [((i * 5) % 7) * 7168 for i in range(40)]):
         count += grouped(sizes, dev)
     # per token
     for fmt, h, bs, dt in (("e5m6", 7168, None, torch.bfloat16), ("e5m6", 264, 24, torch.float32),
+                           ("e5m6", 7168, 128, torch.bfloat16), ("e5m6", 8200, None, torch.float16),
+                           ("e5m6", 264, 24, torch.bfloat16), ("e5m6", 32768, None, torch.bfloat16),
+                           ("e5m6", 8, None, torch.float16),
                            ("e4m3", 1000, 8, torch.bfloat16), ("e4m3", 100, 4, torch.bfloat16),
                            ("e4m3", 1000, 5, torch.float16), ("e4m3", 512, None, torch.float32)):
         x = torch.randn(9, h, device=dev).to(dt)
         x[3] = 0
+        x[4, : h // 2] *= 1e-12  # E5M6: values below 2^-14 after scaling take the exact encoder
+        x[5, h // 3] = float("nan")
         for rsf, sfmt in ((False, "fp32"), (True, "ue8m0")):
             got = cu.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs)
             want = ref_per_token.per_token_cast(x, fmt, round_sf=rsf, scale_format=sfmt, block_size=bs)
@@ -74,6 +81,14 @@ def main():
                  ref_per_token.cast_back(want.data, want.scales, fmt, scale_format=sfmt, block_size=bs),
                  f"cast_back {fmt} {h} {bs}")
             count += 2
+    # E5M6 from a 16-bit input that is not 16-byte aligned (element loads), and an odd row count
+    flat = torch.randn(7 * 1024 + 1, device=dev).to(torch.bfloat16)
+    xm = flat[1:].reshape(7, 1024)
+    got = cu.per_token_cast(xm, "e5m6", round_sf=True, scale_format="ue8m0", block_size=128)
+    want = ref_per_token.per_token_cast(xm, "e5m6", round_sf=True, scale_format="ue8m0", block_size=128)
+    same(got.data, want.data, "per-token e5m6 misaligned data")
+    same(got.scales, want.scales, "per-token e5m6 misaligned scales")
+    count += 1
     torch.cuda.synchronize()
     print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
 
@@ -90,9 +105,10 @@ def grouped(sizes, dev):
     for f in ("data", "scale_inv", "amax"):
         same(getattr(got, f), getattr(want, f), f"grouped {f}")
     same(cu.fp8_grouped_amax(xg, offsets), ref_fp8.fp8_grouped_amax(xg, offsets), "grouped amax")
-    same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32),
-         ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, torch.float32), "grouped dequant")
-    return 3
+    for od in (torch.float32, torch.bfloat16):
+        same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od),
+             ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od), f"grouped dequant {od}")
+    return 4
 
 
 if __name__ == "__main__":

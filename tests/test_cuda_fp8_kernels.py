@@ -332,6 +332,31 @@ def test_per_token_beyond_kernel_limits_falls_back_loudly(cu):
     assert_same(got.scales, want.scales, "fallback scales")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_per_token_e5m6_register_kernel_paths(cu, dtype):
+    """The 16-bit-input E5M6 kernel's branches: 16-byte loads or element loads (a base that is not 16-byte
+    aligned), 16-byte staged stores or word stores (hidden % 32 != 0), one scale per row or per block
+    (power-of-two and other unit counts), 2/4/8 units per thread, and units that leave the fast encode
+    because a scaled value lies below 2^-14 (0 < |v| < 2^-14: the contract's non-RN rule there)."""
+    for t, h in ((5, 7168), (3, 1000), (4, 8), (6, 2056), (2, 32768)):
+        flat = make_input((t * h + 1,), dtype, "normal", seed=h)
+        for x in (flat[: t * h].reshape(t, h), flat[1:].reshape(t, h)):
+            x = x.clone() if x.data_ptr() % 16 == 0 else x
+            x[0, : h // 2] = x[0, : h // 2] * 1e-4  # tiny values next to large ones in one row
+            x[0, h - 1] = 30000.0
+            if t > 2:
+                x[2, h // 4] = float("-inf")
+            for bs in (None, 8, 24, 128):
+                if bs is not None and h % bs:
+                    continue
+                for rsf, sfmt in ((False, "fp32"), (True, "ue8m0")):
+                    got = cu.per_token_cast(x, "e5m6", round_sf=rsf, scale_format=sfmt, block_size=bs)
+                    want = ref_per_token.per_token_cast(x, "e5m6", round_sf=rsf, scale_format=sfmt, block_size=bs)
+                    tag = f"{dtype} {t}x{h} aligned={x.data_ptr() % 16 == 0} bs={bs} {sfmt}"
+                    assert_same(got.data, want.data, f"data {tag}")
+                    assert_same(got.scales, want.scales, f"scales {tag}")
+
+
 def test_per_token_bf16_amax_is_fp32(cu):
     """Seed 000: a BF16 accumulator would underestimate the amax and move a round_sf scale."""
     x = torch.full((4, 7168), 1.0, dtype=torch.bfloat16, device=DEV)

@@ -70,12 +70,56 @@ __device__ __forceinline__ uint32_t abs_key(float x) { return __float_as_uint(x)
 // Any NaN key -> the key of the canonical quiet NaN 0x7FC00000 (what the reference's amax holds).
 __device__ __forceinline__ uint32_t canonical_key(uint32_t key) { return key > 0x7F800000u ? 0x7FC00000u : key; }
 
+// Bit casts and RN arithmetic usable on the host too (the CPU harness tests/fp8_host/ compiles the E5M6
+// encoders below with g++; on the GPU they are the explicit round-to-nearest intrinsics, so neither
+// -fmad nor the host compiler can contract or reassociate them).
+__host__ __device__ __forceinline__ uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+__host__ __device__ __forceinline__ float f32_from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+__host__ __device__ __forceinline__ float rn_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+__host__ __device__ __forceinline__ float rn_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+__host__ __device__ __forceinline__ float rn_sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 // E5M6: the top 12 bits of an FP16. h = fp16_bits(RZ(v)); c = h >> 4; r = the 17 FP32 mantissa bits
 // below the kept ones; round half to even on them (exact RNE in the FP16-normal range).
 // Defined for values the per-token cast never produces (as ops/formats.py does): NaN -> 0x7FF,
-// |v| >= 65536 (and +-Inf) -> +-Inf (0x7C0 | sign).
-__device__ __forceinline__ uint32_t encode_e5m6(float v) {
-  const uint32_t bits = __float_as_uint(v);
+// |v| >= 65536 (and +-Inf) -> +-Inf (0x7C0 | sign). Integer-only (RZ to FP16 below 2^-14 is a right
+// shift of the significand, as formats.py computes it), so the host harness runs this very code.
+__host__ __device__ __forceinline__ uint32_t encode_e5m6(float v) {
+  const uint32_t bits = f32_bits(v);
   const uint32_t a = bits & 0x7FFFFFFFu;
   const uint32_t sign12 = (bits >> 20) & 0x800u;
   if (a >= 0x47800000u) return a > 0x7F800000u ? 0x7FFu : (sign12 | 0x7C0u);  // NaN; |v| >= 65536, Inf
@@ -85,11 +129,65 @@ __device__ __forceinline__ uint32_t encode_e5m6(float v) {
     // exponent and the top 6 mantissa bits, in integer arithmetic.
     c = sign12 | ((a - 0x38000000u) >> 17);
   } else {
-    c = uint32_t(__half_as_ushort(__float2half_rz(v))) >> 4;
+    // FP16-subnormal range: RZ(v) = floor(|v| * 2^24) * 2^-24; h >> 4 = floor(|v| * 2^20).
+    const uint32_t e = a >> 23;
+    const uint32_t sig = e ? ((a & 0x7FFFFFu) | 0x800000u) : a;
+    const uint32_t shift = 126u - (e ? e : 1u);  // >= 14
+    c = sign12 | ((shift >= 32u ? 0u : (sig >> shift)) >> 4);
   }
   const uint32_t r = bits & 0x1FFFFu;
   if ((c & 1u) + r > 0x10000u) c += 1u;  // at most 0x7C0 | sign (Inf): stays within 12 bits
   return c;
+}
+
+// The per-token kernels' E5M6 fast path, for v = 0 or 2^-14 <= |v| < 65536 (the only values a finite
+// block produces below 2^-14 being handled by e5m6_fast_ok): returns the code shifted to the top of a
+// word (code << 20, so its sign is v's sign bit), equal to encode_e5m6(v) << 20 there. Five FP32
+// operations and two integer ones instead of about twenty integer ones:
+// * in the FP16-normal range the contract is RNE of v to 7 significant bits, which Veltkamp's
+//   splitting computes exactly: g = v * (2^17 + 1), w = g + (v - g) (checked over every FP32 value of
+//   that range by tests/test_cuda_fp8_hostmath.py);
+// * w * 2^-112 rebiases the exponent from 127 to 15 without rounding (w is a 7-bit value >= 2^-14, or
+//   0), leaving the 5 exponent and 6 mantissa bits of the code at bits 27..17; << 3 moves them to
+//   30..20, and the sign comes from v.
+__host__ __device__ __forceinline__ uint32_t e5m6_top_fast(float v) {
+#if defined(__CUDA_ARCH__)
+  const float a = fabsf(v);  // an operand modifier of the FMUL and FADD below
+#else
+  const float a = f32_from_bits(f32_bits(v) & 0x7FFFFFFFu);
+#endif
+  const float g = rn_mul(a, 131073.0f);
+  const float w = rn_add(g, rn_sub(a, g));
+  const float s = rn_mul(w, 0x1p-112f);  // 2^-112: exact
+  return (f32_bits(s) << 3) | (f32_bits(v) & 0x80000000u);
+}
+
+// The fast path's range check as an order key: 2|v| - 1 in FP32 bits, so +-0 -> 0xFFFFFFFF and
+// 0 < |v| < 2^-14 <=> key < kE5M6FastKeyMin. The minimum over a unit decides fast path or exact path.
+__host__ __device__ __forceinline__ uint32_t e5m6_fast_key(float v) { return f32_bits(v) * 2u - 1u; }
+constexpr uint32_t kE5M6FastKeyMin = 2u * 0x38800000u - 1u;
+
+// Eight scaled values v[0..7] -> three little-endian words of the packed 96-bit stream (the layout of
+// pack_e5m6x8). Fast path unless a value lies in the FP16-subnormal range (0 < |v| < 2^-14) or the
+// block is not finite (NaN scale); then the exact encoder, for this unit only.
+__host__ __device__ __forceinline__ void e5m6_encode_unit(const float v[8], bool finite, uint32_t w[3]) {
+  uint32_t t[8];
+  uint32_t kmin = 0xFFFFFFFFu;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    t[j] = e5m6_top_fast(v[j]);
+    const uint32_t k = e5m6_fast_key(v[j]);
+    kmin = kmin < k ? kmin : k;
+  }
+  if (!finite || kmin < kE5M6FastKeyMin) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) t[j] = encode_e5m6(v[j]) << 20;
+  }
+  // t = code << 20: w0 = h0<<20 | h1<<8 | h2>>4; w1 = h2<<28 | h3<<16 | h4<<4 | h5>>8;
+  // w2 = h5<<24 | h6<<12 | h7 (all mod 2^32).
+  w[0] = t[0] | (t[1] >> 12) | (t[2] >> 24);
+  w[1] = (t[2] << 8) | (t[3] >> 4) | (t[4] >> 16) | (t[5] >> 28);
+  w[2] = (t[5] << 4) | (t[6] >> 8) | (t[7] >> 20);
 }
 
 __device__ __forceinline__ float decode_e5m6(uint32_t code) {
@@ -97,7 +195,7 @@ __device__ __forceinline__ float decode_e5m6(uint32_t code) {
 }
 
 // Eight 12-bit codes -> three little-endian uint32 words of one big-endian 96-bit stream.
-__device__ __forceinline__ uint3 pack_e5m6x8(const uint32_t h[8]) {
+__host__ __device__ __forceinline__ uint3 pack_e5m6x8(const uint32_t h[8]) {
   uint3 w;
   w.x = (h[0] << 20) | (h[1] << 8) | (h[2] >> 4);
   w.y = ((h[2] & 0xFu) << 28) | (h[3] << 16) | (h[4] << 4) | (h[5] >> 8);
@@ -105,7 +203,7 @@ __device__ __forceinline__ uint3 pack_e5m6x8(const uint32_t h[8]) {
   return w;
 }
 
-__device__ __forceinline__ void unpack_e5m6x8(uint3 w, uint32_t h[8]) {
+__host__ __device__ __forceinline__ void unpack_e5m6x8(uint3 w, uint32_t h[8]) {
   h[0] = w.x >> 20;
   h[1] = (w.x >> 8) & 0xFFFu;
   h[2] = ((w.x & 0xFFu) << 4) | (w.y >> 28);

@@ -13,6 +13,7 @@
 #include <cfloat>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "common.h"
 #include "formats.cuh"
@@ -393,18 +394,26 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
         amax_tile<T, kVec>(x, ts, te, key);
       }
     } else {
-      // The tile straddles member boundaries. Per 16-byte vector: inside one member, the vector
-      // path; across a boundary, element by element. Each thread walks the members forward (its
-      // positions increase) and merges its partial amax into a member's slot when it moves on.
+      // The tile straddles member boundaries. All of a full tile's 16-byte loads are issued first, as
+      // on the single-member path, so a boundary tile costs about what any tile costs (in a persistent
+      // grid the slowest block sets the kernel's time). Then per vector: inside one member, the vector
+      // path with that member's scale; across a boundary (only when a boundary is not a multiple of
+      // the vector width), element by element from the (cached) input. Each thread walks the members
+      // forward (its positions increase) and merges its partial amax into a member's slot when it
+      // moves on: at most one atomic per member a thread touches, no fixed-size per-member arrays.
       constexpr int V = Vec16<T>::kElems;
       int64_t mg = g;
+      int64_t nb = (g + 1 < G) ? offsets[g + 1] : INT64_MAX;  // where the next member starts
       float ms = kCast ? scales[g] : 0.0f;
       uint32_t mkey = 0;
       auto advance = [&](int64_t pos) {
-        if (mg + 1 < G && offsets[mg + 1] <= pos) {
+        if (pos >= nb) {
           if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
           mkey = 0;
-          do { ++mg; } while (mg + 1 < G && offsets[mg + 1] <= pos);
+          do {  // empty members are skipped
+            ++mg;
+            nb = (mg + 1 < G) ? offsets[mg + 1] : INT64_MAX;
+          } while (pos >= nb);
           if constexpr (kCast) ms = scales[mg];
         }
       };
@@ -415,14 +424,19 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
         if constexpr (kCast) out[i] = encode_fp8<F>(__fmul_rn(f, ms));
       };
       if (kVec && te - ts == kTile) {
-#pragma unroll 1
+        uint4 in[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          in[k] = __ldcs(reinterpret_cast<const uint4*>(x + ts + (int64_t(k) * kThreads + threadIdx.x) * V));
+        }
+#pragma unroll
         for (int k = 0; k < kUnroll; ++k) {
           const int64_t e0 = ts + (int64_t(k) * kThreads + threadIdx.x) * V;
           advance(e0);
-          if (mg + 1 >= G || offsets[mg + 1] >= e0 + V) {
-            const uint4 in = __ldcs(reinterpret_cast<const uint4*>(x + e0));
-            cast_vec<T, F, true, kCast>(in, ms, out + e0, mkey);
+          if (e0 + V <= nb) {
+            cast_vec<T, F, true, kCast>(in[k], ms, out + e0, mkey);
           } else {
+#pragma unroll 1
             for (int j = 0; j < V; ++j) one(e0 + j);
           }
         }
@@ -508,7 +522,7 @@ __device__ __forceinline__ void dequant_tile(const uint8_t* __restrict__ q, OutT
 }
 
 template <Fp8Fmt F, typename OutT, bool kGrouped, bool kVec>
-__global__ void __launch_bounds__(kThreads) dequant_kernel(const uint8_t* __restrict__ q, int64_t n,
+__global__ void __launch_bounds__(kThreads, 8) dequant_kernel(const uint8_t* __restrict__ q, int64_t n,
                                                            const int64_t* __restrict__ offsets, int64_t G,
                                                            const float* __restrict__ scale_inv,
                                                            OutT* __restrict__ out) {
@@ -526,26 +540,37 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const uint8_t* __rest
       if (g + 1 >= G || offsets[g + 1] >= te) {
         dequant_tile<F, OutT, kVec>(q, out, ts, te, scale_inv[g]);
       } else {
-        // Straddles member boundaries: per vector inside one member the vector path, else per element.
+        // Straddles member boundaries: all of a full tile's loads first (as on the single-member path, so
+        // a boundary tile costs about what any tile costs), then per vector inside one member the vector
+        // path, across a boundary element by element from the (cached) input.
         constexpr int E = DqVec<OutT>::kElems;
         int64_t mg = g;
+        int64_t nb = (g + 1 < G) ? offsets[g + 1] : INT64_MAX;  // where the next member starts
         auto advance = [&](int64_t pos) {
-          while (mg + 1 < G && offsets[mg + 1] <= pos) ++mg;
+          while (pos >= nb) {  // empty members are skipped
+            ++mg;
+            nb = (mg + 1 < G) ? offsets[mg + 1] : INT64_MAX;
+          }
         };
         if (kVec && te - ts == DqVec<OutT>::kTile) {
-#pragma unroll 1
+          using InVec = typename std::conditional<E == 8, uint2, unsigned int>::type;
+          InVec in[kDqUnroll];
+#pragma unroll
+          for (int k = 0; k < kDqUnroll; ++k) {
+            in[k] = __ldcs(reinterpret_cast<const InVec*>(q + ts + (int64_t(k) * kThreads + threadIdx.x) * E));
+          }
+#pragma unroll
           for (int k = 0; k < kDqUnroll; ++k) {
             const int64_t e0 = ts + (int64_t(k) * kThreads + threadIdx.x) * E;
             advance(e0);
-            if (mg + 1 >= G || offsets[mg + 1] >= e0 + E) {
+            if (e0 + E <= nb) {
               if constexpr (E == 8) {
-                __stcs(reinterpret_cast<uint4*>(out + e0),
-                       dequant_vec<F, OutT>(__ldcs(reinterpret_cast<const uint2*>(q + e0)), scale_inv[mg]));
+                __stcs(reinterpret_cast<uint4*>(out + e0), dequant_vec<F, OutT>(in[k], scale_inv[mg]));
               } else {
-                __stcs(reinterpret_cast<float4*>(out + e0),
-                       dequant_vec4<F>(__ldcs(reinterpret_cast<const unsigned int*>(q + e0)), scale_inv[mg]));
+                __stcs(reinterpret_cast<float4*>(out + e0), dequant_vec4<F>(in[k], scale_inv[mg]));
               }
             } else {
+#pragma unroll 1
               for (int j = 0; j < E; ++j) {
                 advance(e0 + j);
                 out[e0 + j] = from_f32<OutT>(__fmul_rn(decode_fp8<F>(q[e0 + j]), scale_inv[mg]));

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <string>
+#include <type_traits>
 
 #include "common.h"
 #include "formats.cuh"
@@ -183,13 +184,13 @@ __global__ void __launch_bounds__(kMaxNT) per_token_cast_kernel(const T* __restr
     if constexpr (FMT == PerTokenFmt::kE5M6) {
       float f[8];
       smem_unit8<T>(srow, u, f);
-      uint32_t h[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = encode_e5m6(__fmul_rn(f[j], si));
-      const uint3 w = pack_e5m6x8(h);
-      stage[3 * u] = w.x;
-      stage[3 * u + 1] = w.y;
-      stage[3 * u + 2] = w.z;
+      for (int j = 0; j < 8; ++j) f[j] = __fmul_rn(f[j], si);
+      uint32_t w[3];
+      e5m6_encode_unit(f, (__float_as_uint(si) & 0x7FFFFFFFu) < 0x7F800000u, w);
+      stage[3 * u] = w[0];
+      stage[3 * u + 1] = w[1];
+      stage[3 * u + 2] = w[2];
     } else if constexpr (UNIT == 8) {
       float f[8];
       smem_unit8<T>(srow, u, f);
@@ -213,6 +214,192 @@ __global__ void __launch_bounds__(kMaxNT) per_token_cast_kernel(const T* __restr
       for (int i = tid; i < row_bytes / 16; i += NT) __stcs(reinterpret_cast<uint4*>(dst) + i, src[i]);
     } else {
       for (int i = tid; i < row_bytes / 4; i += NT) __stcs(reinterpret_cast<uint32_t*>(dst) + i, stage[i]);
+    }
+  }
+}
+
+
+// ---- E5M6 from 16-bit inputs: one pass from registers ---------------------------------------------
+// The E5M6 cast is arithmetic-heavy (12 bytes out per 8 elements, a bit-level encode), so this kernel
+// reads each row once into registers (16-byte loads, all issued before the first use), takes the block
+// amaxes on packed 16-bit keys, encodes with e5m6_encode_unit, and writes each warp's packed output
+// through a small per-warp shared-memory buffer as coalesced 16-byte stores. Thread t of a CTA (one row)
+// owns units (8 elements) u = t + k * NT, k < UPT: a warp's 32 units of one k are 512 contiguous input
+// bytes and 384 contiguous output bytes.
+
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
+// Packed max of |x| keys over a unit's 4 words (two 16-bit keys each; NaN keys exceed Inf's).
+__device__ __forceinline__ uint32_t unit_max16(const uint4& w) {
+  return max_u16x2(max_u16x2(w.x & 0x7FFF7FFFu, w.y & 0x7FFF7FFFu), max_u16x2(w.z & 0x7FFF7FFFu, w.w & 0x7FFF7FFFu));
+}
+
+// The FP32 amax key of a packed pair of 16-bit |x| keys (exact: every BF16/FP16 value is an FP32 value).
+template <typename T>
+__device__ __forceinline__ uint32_t key_from16(uint32_t m) {
+  const uint32_t k = max(m & 0xFFFFu, m >> 16);
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    return k << 16;
+  } else {
+    return abs_key(__half2float(__ushort_as_half(static_cast<unsigned short>(k))));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack_unit16(const uint4& w, float f[8]) {
+  const uint32_t a[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      f[2 * q] = __uint_as_float(a[q] << 16);
+      f[2 * q + 1] = __uint_as_float(a[q] & 0xFFFF0000u);
+    } else {
+      const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&a[q]));
+      f[2 * q] = p.x;
+      f[2 * q + 1] = p.y;
+    }
+  }
+}
+
+constexpr int kE5M6MaxNT = 512;
+
+__host__ __device__ inline int e5m6_smem_words(int nt, int nblk) {
+  const int nwarps = nt / 32;
+  return nwarps * 192 + blk_words(nblk > nwarps ? nblk : nwarps);
+}
+
+// vec_in: x 16-byte aligned (row bytes 2H are a multiple of 16 since H % 8 == 0). vec_out: data 16-byte
+// aligned and H % 32 == 0, so every warp's 384-byte output segment is 16-byte aligned and a whole number
+// of 16-byte chunks; otherwise each thread stores its 3 words directly.
+template <typename T, int UPT>
+__global__ void __launch_bounds__(kE5M6MaxNT) e5m6_cast16_kernel(const T* __restrict__ x, int H, int bs, bool round_sf,
+                                                                 bool ue8m0, bool vec_in, bool vec_out,
+                                                                 uint8_t* __restrict__ data, void* __restrict__ scales) {
+  extern __shared__ uint4 smem_vec[];
+  uint32_t* smem = reinterpret_cast<uint32_t*>(smem_vec);
+  const int NT = blockDim.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = NT >> 5;
+  const int units = H >> 3;
+  const int upb = bs >> 3;
+  const int nblk = H / bs;
+  const int upb_shift = __ffs(upb) - 1;  // blocks of a power-of-two unit count (the usual 128 channels): a shift
+  const bool upb_pow2 = (upb & (upb - 1)) == 0;
+  uint32_t* stage = smem + warp * 192;  // two 96-word buffers for this warp
+  uint32_t* blk = smem + nwarps * 192;  // block amax keys, then sf_inv bits (or per-warp keys when nblk == 1)
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * H;
+
+  // 1. The row, once: every load in flight before the first use.
+  uint4 r[UPT];
+#pragma unroll
+  for (int k = 0; k < UPT; ++k) {
+    const int u = tid + k * NT;
+    r[k] = make_uint4(0u, 0u, 0u, 0u);
+    if (u < units) {
+      if (vec_in) {
+        r[k] = __ldcs(reinterpret_cast<const uint4*>(xr) + u);
+      } else {
+        const uint16_t* e = reinterpret_cast<const uint16_t*>(xr) + 8 * u;
+        r[k].x = uint32_t(e[0]) | (uint32_t(e[1]) << 16);
+        r[k].y = uint32_t(e[2]) | (uint32_t(e[3]) << 16);
+        r[k].z = uint32_t(e[4]) | (uint32_t(e[5]) << 16);
+        r[k].w = uint32_t(e[6]) | (uint32_t(e[7]) << 16);
+      }
+    }
+  }
+
+  // 2. Block amaxes (FP32 keys, NaN-propagating), 3. scales.
+  float row_si = 0.0f;
+  if (nblk == 1) {
+    uint32_t m = 0u;
+#pragma unroll
+    for (int k = 0; k < UPT; ++k) m = max_u16x2(m, unit_max16(r[k]));  // zeros past the row end
+    uint32_t key = key_from16<T>(m);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));
+    if (lane == 0) blk[warp] = key;
+    __syncthreads();
+    key = 0u;
+    for (int i = 0; i < nwarps; ++i) key = max(key, blk[i]);
+    const BlockScale s = block_scale<PerTokenFmt::kE5M6>(key, round_sf);
+    if (tid == 0) {
+      if (ue8m0) {
+        static_cast<uint8_t*>(scales)[row] = static_cast<uint8_t>(s.e + 127);
+      } else {
+        static_cast<float*>(scales)[row] = s.sf;
+      }
+    }
+    row_si = s.sf_inv;
+  } else {
+    for (int b = tid; b < nblk; b += NT) blk[b] = 0u;
+    __syncthreads();
+    // Lanes sharing a block reduce by shuffles, one shared atomic per segment (a warp's units of one k
+    // are 32 consecutive units starting at a multiple of 32).
+    const int seg = (upb % 32 == 0) ? 32 : ((32 % upb == 0) ? upb : 1);
+#pragma unroll
+    for (int k = 0; k < UPT; ++k) {
+      const int base = warp * 32 + k * NT;
+      if (base >= units) break;  // warp-uniform
+      const int u = base + lane;
+      uint32_t key = key_from16<T>(unit_max16(r[k]));
+      for (int off = 1; off < seg; off <<= 1) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));
+      if (u < units && (lane & (seg - 1)) == 0) atomicMax(&blk[u / upb], key);
+    }
+    __syncthreads();
+    for (int b = tid; b < nblk; b += NT) {
+      const BlockScale s = block_scale<PerTokenFmt::kE5M6>(blk[b], round_sf);
+      if (ue8m0) {
+        static_cast<uint8_t*>(scales)[row * nblk + b] = static_cast<uint8_t>(s.e + 127);
+      } else {
+        static_cast<float*>(scales)[row * nblk + b] = s.sf;
+      }
+      blk[b] = __float_as_uint(s.sf_inv);
+    }
+    __syncthreads();
+  }
+
+  // 4. Encode and store.
+  const int row_bytes = H / 2 * 3;
+  uint8_t* drow = data + row * row_bytes;
+#pragma unroll
+  for (int k = 0; k < UPT; ++k) {
+    const int base = warp * 32 + k * NT;
+    if (base >= units) break;  // warp-uniform
+    const int u = base + lane;
+    const int uc = min(u, units - 1);
+    const float si = (nblk == 1) ? row_si : __uint_as_float(blk[upb_pow2 ? (uc >> upb_shift) : uc / upb]);
+    float f[8];
+    unpack_unit16<T>(r[k], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = __fmul_rn(f[j], si);
+    uint32_t w[3];
+    e5m6_encode_unit(f, (__float_as_uint(si) & 0x7FFFFFFFu) < 0x7F800000u, w);
+    if (vec_out) {
+      uint32_t* buf = stage + (k & 1) * 96;  // alternate buffers: the __syncwarp of slot k + 1 orders
+                                             // slot k's reads before slot k + 2's writes
+      if (u < units) {
+        buf[3 * lane] = w[0];
+        buf[3 * lane + 1] = w[1];
+        buf[3 * lane + 2] = w[2];
+      }
+      __syncwarp();
+      const int chunks = (min(32, units - base) * 3) / 4;  // units % 4 == 0 here
+      if (lane < chunks) {
+        __stcs(reinterpret_cast<uint4*>(drow + 12 * base) + lane, reinterpret_cast<const uint4*>(buf)[lane]);
+      }
+    } else if (u < units) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(drow + 12 * u);
+      __stcs(dst, w[0]);
+      __stcs(dst + 1, w[1]);
+      __stcs(dst + 2, w[2]);
     }
   }
 }
@@ -302,6 +489,47 @@ void check_per_token_shape(PerTokenFmt fmt, int64_t tokens, int64_t hidden, int6
 }
 
 
+
+// E5M6 from BF16/FP16 rows: units per thread UPT in {2, 4, 8} so that a CTA has at most 512 threads and
+// long rows get 8 units (128 bytes of loads) in flight per thread.
+void launch_e5m6_cast16(const void* x, DType in_dtype, int64_t tokens, int64_t hidden, bool round_sf, bool ue8m0,
+                        int64_t block_size, void* data, void* scales, cudaStream_t stream) {
+  const int units = int(hidden / 8);
+  const int upt = units >= 512 ? 8 : (units >= 128 ? 4 : 2);
+  const int nt = std::max(32, std::min(kE5M6MaxNT, ((units + upt - 1) / upt + 31) / 32 * 32));
+  require(int64_t(nt) * upt >= units, "per-token e5m6 cast: hidden too large for the register kernel");
+  const int nblk = int(hidden / block_size);
+  const size_t smem = sizeof(uint32_t) * size_t(e5m6_smem_words(nt, nblk));
+  const bool vec_in = aligned16(x);
+  const bool vec_out = aligned16(data) && hidden % 32 == 0;
+  auto launch = [&](auto kernel, auto tag) {
+    using T = decltype(tag);
+    if (smem > 48 * 1024) {
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                 "cudaFuncSetAttribute(e5m6_cast16_kernel smem)");
+    }
+    kernel<<<unsigned(tokens), unsigned(nt), smem, stream>>>(static_cast<const T*>(x), int(hidden), int(block_size),
+                                                             round_sf, ue8m0, vec_in, vec_out,
+                                                             static_cast<uint8_t*>(data), scales);
+    check_launch("e5m6_cast16_kernel");
+  };
+  auto by_upt = [&](auto tag) {
+    using T = decltype(tag);
+    if (upt == 8) {
+      launch(e5m6_cast16_kernel<T, 8>, tag);
+    } else if (upt == 4) {
+      launch(e5m6_cast16_kernel<T, 4>, tag);
+    } else {
+      launch(e5m6_cast16_kernel<T, 2>, tag);
+    }
+  };
+  if (in_dtype == DType::kBFloat16) {
+    by_upt(__nv_bfloat16{});
+  } else {
+    by_upt(__half{});
+  }
+}
+
 }  // namespace
 
 // Largest hidden size the per-token cast kernel takes (its shared memory holds one FP32 row, the
@@ -325,6 +553,10 @@ void launch_per_token_cast(const void* x, DType in_dtype, int64_t tokens, int64_
   int nt = ((units + 7) / 8 + 31) / 32 * 32;
   nt = std::max(64, std::min(kMaxNT, nt));
   const int nblk = int(hidden / block_size);
+  if (fmt == PerTokenFmt::kE5M6 && in_dtype != DType::kFloat32 && hidden <= int64_t(kE5M6MaxNT) * 8 * 8) {
+    launch_e5m6_cast16(x, in_dtype, tokens, hidden, round_sf, ue8m0_scales, block_size, data, scales, stream);
+    return;
+  }
   pt_dispatch_float(in_dtype, "per_token_cast input", [&](auto tag) {
     using T = decltype(tag);
     const bool vec = aligned16(x) && (hidden * int64_t(sizeof(T))) % 16 == 0;
