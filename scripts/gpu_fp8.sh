@@ -17,7 +17,7 @@ if has tests; then
   echo "== pytest -m cuda (FP8 family)"
   timeout ${TEST_TIMEOUT:-170} python3 -m pytest -q --maxfail=40 -m cuda tests/test_cuda_fp8_kernels.py -p no:cacheprovider 2>&1 | tee "$OUT/log_tests.txt" | tail -40
   echo "== pytest CPU-side FP8 tests"
-  timeout 60 python3 -m pytest -q tests/test_cuda_fp8_cpu.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/log_tests.txt"
+  timeout 60 python3 -m pytest -q tests/test_cuda_fp8_cpu.py tests/test_cuda_fp8_hostmath.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$OUT/log_tests.txt"
 fi
 
 if [[ " $steps " == *" cpu "* ]]; then  # only when asked: the whole CPU suite (~70 s)
