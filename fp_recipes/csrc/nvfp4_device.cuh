@@ -319,5 +319,21 @@ __device__ __forceinline__ void load16(const T* p, float (&x)[16]) {
   }
 }
 
+// BF16 widening straight from the 32-bit words, one integer op per element (the generic conversion of
+// the high half costs a byte permute and a multiply): low half << 16, high half masked in place.
+template <>
+__device__ __forceinline__ void load16<__nv_bfloat16>(const __nv_bfloat16* p, float (&x)[16]) {
+#pragma unroll
+  for (int v = 0; v < 2; ++v) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + v);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[v * 8 + 2 * k] = __uint_as_float(w[k] << 16);
+      x[v * 8 + 2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+}
+
 }  // namespace nvfp4
 }  // namespace fp_recipes
