@@ -156,7 +156,74 @@ def test_quantize_modes(lib, kind, dtype):
         kw = dict(rowwise=True, columnwise=True, block_2d=layout == "2d", row_scaled=rs, e4m3_max=emax)
         if err != "off":
             kw.update(four_over_six=True, err_mode=err, err_fast_math=fast)
-        assert_same(host_quantize(lib, x, **kw), R.nvfp4_quantize(x, **kw), str(kw))
+        want = R.nvfp4_quantize(x, **kw)
+        # 4over6 blocks take a short or a general path (fos_short_ok); force_general=1 runs every block
+        # through the general one, so both paths meet every block they can be given.
+        for force_general in ((0, 1) if err != "off" else (0,)):
+            lib.h_set_force_general(force_general)
+            try:
+                assert_same(host_quantize(lib, x, **kw), want, f"{kw} force_general={force_general}")
+            finally:
+                lib.h_set_force_general(0)
+
+
+def _fos_stress(seed: int) -> torch.Tensor:
+    """Blocks that straddle the short-path bounds: scaled magnitudes near 4.5 / 7, E2M1 midpoints, E4M3
+    scales that round down (larger RN(bamax * enc)), subnormal E4M3 scales and near-tied candidates."""
+    g = torch.Generator().manual_seed(seed)
+    m, n = 64, 64
+    x = torch.randn(m, n, generator=g)
+    blocks = x.view(m, n // 16, 16)
+    # per-block dynamic range spread over 2^-30 .. 2^4 of the tensor's largest block
+    blocks.mul_(torch.exp2(torch.randint(-30, 5, (m, n // 16, 1), generator=g).float()))
+    # a third of the blocks: values on E2M1 midpoints relative to the block max
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 4.5, 4.25, 1.875, 3.75, 6.5, 6.9, 0.5, 1.0])
+    pick = torch.rand(m, n // 16, generator=g) < 0.33
+    scale = blocks.abs().amax(dim=-1, keepdim=True) / 6
+    perm = mids[torch.argsort(torch.rand(m, n // 16, 16, generator=g), dim=-1)]
+    blocks.copy_(torch.where(pick.unsqueeze(-1), perm * scale * torch.sign(torch.randn(m, n // 16, 16, generator=g)),
+                             blocks))
+    return x
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_four_over_six_paths(lib, seed):
+    """4over6 over stress blocks, with the tensor amax as computed and as given (smaller and larger than the
+    true one: clamped scales, huge and tiny global scales), and whole tensors scaled to the ends of the FP32
+    range (the strict error's RN(q * sf * amax) then leaves [2^-80, FLT_MAX]); both paths, all modes."""
+    x0 = _fos_stress(seed)
+    true_amax = x0.abs().amax()
+    cases = [(x0, None), (x0, true_amax * 0.3), (x0, true_amax * 7.0), (x0, torch.tensor(3e38)),
+             (x0, torch.tensor(1e-30))] + [(x0 * 2.0**k, None) for k in (-100, -118, 112.75, 116.5, 118.75)]
+    for (x, amax), (err, fast), emax, layout in itertools.product(cases, FOS[1:], (448, 256), ("1d", "2d")):
+        kw = dict(rowwise=True, columnwise=layout == "2d", block_2d=layout == "2d", e4m3_max=emax,
+                  four_over_six=True, err_mode=err, err_fast_math=fast)
+        if amax is not None:
+            kw["amax"] = amax.reshape(()).float()
+        want = R.nvfp4_quantize(x, **kw)
+        for force_general in (0, 1):
+            lib.h_set_force_general(force_general)
+            try:
+                assert_same(host_quantize(lib, x, **kw), want, f"{kw} force_general={force_general}")
+            finally:
+                lib.h_set_force_general(0)
+
+
+def test_e2m1_short_paths_all_values(lib):
+    """The clamp-free magic-add rounding of the short 4over6 path: two binades exact on [0, 4.5], three on
+    [0, 7) (compare-selected and exponent-computed magics), over every FP32 in [2^-3, bound] plus a stride
+    below (all of which round to 0 or 0.5)."""
+    for levels, hi in ((2, 4.5), (3, 7.0), (4, 7.0)):  # 4: e2m1_magic3_exp
+        lo_bits, hi_bits = 0x3E000000, int(torch.tensor(hi).view(torch.int32))
+        bits = torch.cat([torch.arange(0, lo_bits, 997, dtype=torch.int64),
+                          torch.arange(lo_bits, hi_bits + (1 if levels == 2 else 0), dtype=torch.int64)])
+        a = bits.to(torch.int32).view(torch.float32).contiguous()
+        idx = torch.empty(a.numel(), dtype=torch.uint8)
+        mag = torch.empty(a.numel(), dtype=torch.float32)
+        lib.h_e2m1_short(_p(a), ctypes.c_int64(a.numel()), ctypes.c_int(levels), _p(idx), _p(mag))
+        want = (formats.e2m1_encode(a) & 7).to(torch.uint8)
+        assert torch.equal(idx, want), f"levels={levels}"
+        assert torch.equal(mag, formats.e2m1_decode(want)), f"levels={levels}"
 
 
 @pytest.mark.parametrize("kind", ["randn", "mixed", "special"])
@@ -221,10 +288,14 @@ def test_division_free_6e(lib):
     bits = torch.cat([torch.randint(0, 2**32, (2_000_000,), generator=g, dtype=torch.int64),
                       torch.arange(0, 1 << 22, dtype=torch.int64), torch.arange(0x7F000000, 0x7F800001, dtype=torch.int64)])
     w = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32).contiguous()
-    for e in (448.0, 256.0):
+    for e in (448.0, 256.0, None):
         out = torch.empty_like(w)
-        lib.h_div6e(_p(w), ctypes.c_int64(w.numel()), ctypes.c_float(e), _p(out))
-        want = w / torch.tensor(6 * e)
+        if e is None:  # div6_rn: RN(bamax / 6) of the 4over6 base scale
+            lib.h_div6(_p(w), ctypes.c_int64(w.numel()), _p(out))
+            want = w / torch.tensor(6.0)
+        else:
+            lib.h_div6e(_p(w), ctypes.c_int64(w.numel()), ctypes.c_float(e), _p(out))
+            want = w / torch.tensor(6 * e)
         nan = torch.isnan(want)
         assert torch.equal(torch.isnan(out), nan)
         assert torch.equal(out[~nan], want[~nan])

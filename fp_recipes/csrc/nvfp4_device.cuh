@@ -166,66 +166,162 @@ __host__ __device__ constexpr bool fos_fast(int fos) { return fos == 2 || fos ==
 __host__ __device__ constexpr bool fos_mse(int fos) { return fos >= 3; }
 inline int fos_mode(bool on, bool fast, bool mse) { return on ? (1 + (fast ? 1 : 0) + (mse ? 2 : 0)) : 0; }
 
-// Error of one candidate for one element (q: the signed E2M1 value), accumulated in element order by
-// the caller. Strict: val = RN(RN(RN(q * sf) * amax) / 6E); d = RN(val - x).
-// Fast math: the FP16 product fp16(q) x fp16(sf) is exact (q has 2 significant bits, sf 4, and
-// |q*sf| <= 2688 with the smallest non-zero product 2^-10 a normal FP16), so its FP32 product is
-// the same number; orig = RN(x * S); d = RN(cand - orig).
-template <int kFos>
-__device__ __forceinline__ float fos_elem_err(float q, float sf, float x, float orig, const TensorScale& t) {
-  float d;
-  if (fos_fast(kFos)) {
-    d = __fsub_rn(__fmul_rn(q, sf), orig);
-  } else {
-    const float val = div_6e(__fmul_rn(__fmul_rn(q, sf), t.amax), t);
-    d = __fsub_rn(val, x);
-  }
-  return fos_mse(kFos) ? __fmul_rn(d, d) : fabsf(d);
+// RN(b / 6) without a division, like div_6e: 6 has the significand of 1536 (6 = 1536 / 2^8), so the
+// exhaustive check of the 1536 constants carries over to zh = RN(1/6), zl = RN(1/6 - zh) wherever b,
+// b*zl and the quotient are normal; tiny, Inf and NaN b take the true division (zero is exact).
+__device__ __forceinline__ float div6_rn(float b) {
+  const float ab = fabsf(b);
+  if (ab <= FLT_MAX && (ab >= 0x1p-80f || ab == 0.0f))
+    return __fmaf_rn(b, __uint_as_float(0x3E2AAAABu), __fmul_rn(b, __uint_as_float(0xB1AAAAABu)));
+  return __fdiv_rn(b, 6.0f);
+}
+
+// Binade magics of the E2M1 magic-add rounding (formats.cuh, e2m1_round_magic) for a >= 0, without its
+// saturating clamp. Three binades: exact for a < 7 (a in [6, 7) rounds to 6 at quantum 2, as the clamp
+// would make it; 7 itself would tie up to 8). Two binades (quantum 0.5 below 2, quantum 1 above): exact
+// for a <= 4.5, because quantum 1 rounds [4, 4.5] to 4 (4.5 ties to the even 4) just like quantum 2.
+// In both, a threshold anywhere in [1.75, 2] / [3.5, 4] would do: both quanta round those values alike.
+__device__ __forceinline__ float e2m1_magic3(float a) {
+  return __uint_as_float(a < 2.0f ? 0x4A800000u : (a < 4.0f ? 0x4B000002u : 0x4B800004u));
+}
+__device__ __forceinline__ float e2m1_magic2(float a) {
+  return __uint_as_float(a < 2.0f ? 0x4A800000u : 0x4B000002u);
+}
+// e2m1_magic3 for 0 <= a < 8 from the exponent e of max(a, 1) (127, 128 or 129): the three magics are
+// 0x4A800000 + (e - 127) * 0x800002, one integer multiply-add (FMA pipe) in place of two compares and
+// two selects (ALU pipe).
+__device__ __forceinline__ float e2m1_magic3_exp(float a) {
+  const uint32_t e = __float_as_uint(fmaxf(a, 1.0f)) >> 23;
+  return __uint_as_float(e * 0x800002u + (0x4A800000u - 127u * 0x800002u));
 }
 
 struct FosCandidates {
   uint32_t sf4, sf6;  // E4M3 codes
+  float sf4f, sf6f;   // their FP32 values
   float enc4, enc6;
 };
 
 // base = RN(RN(bamax / 6) * S); sf6 = e4m3(min(base, 448)); sf4 = e4m3(min(RN(base * 1.5), 448)).
 __device__ __forceinline__ FosCandidates fos_candidates(float bamax, const TensorScale& t) {
   FosCandidates c;
-  const float base = __fmul_rn(__fdiv_rn(bamax, 6.0f), t.s_enc);
+  const float base = __fmul_rn(div6_rn(bamax), t.s_enc);
   c.sf6 = nvfp4_e4m3_encode_satfinite(fmin_bound(base, 448.0f));
   c.sf4 = nvfp4_e4m3_encode_satfinite(fmin_bound(__fmul_rn(base, 1.5f), 448.0f));
-  c.enc6 = block_enc(nvfp4_e4m3_decode(c.sf6), t.s_dec);
-  c.enc4 = block_enc(nvfp4_e4m3_decode(c.sf4), t.s_dec);
+  c.sf6f = nvfp4_e4m3_decode(c.sf6);
+  c.sf4f = nvfp4_e4m3_decode(c.sf4);
+  c.enc6 = block_enc(c.sf6f, t.s_dec);
+  c.enc4 = block_enc(c.sf4f, t.s_dec);
   return c;
+}
+
+// The strict error's RN(w / 6E) may use the division-free identity of div_6e for every element of the
+// block (no per-element range test) when all nonzero |w| = RN(RN(q * sf) * |A|) lie in
+// [2^-80, FLT_MAX]: with q in {0.5, ..., 6} they lie between RN(RN(0.5 sf) |A|) and RN(RN(6 sf) |A|)
+// (both products of sf are exact). sf == 0 makes every w = 0 * A, which both ways give alike.
+__device__ __forceinline__ bool fos_div_ok(float sf, float amax) {
+  const float a = fabsf(amax);
+  const float lo = __fmul_rn(__fmul_rn(sf, 0.5f), a), hi = __fmul_rn(__fmul_rn(sf, 6.0f), a);
+  return sf == 0.0f || (lo >= 0x1p-80f && hi <= FLT_MAX);
+}
+
+// The short path of a block (fos_encode16<kFos, true>) is exact when the largest scaled magnitudes
+// RN(bamax * enc) (monotone bounds of every RN(|x_i| * enc)) stay below 4.5 (map-to-4: two binades, no
+// clamp) and below 7 (map-to-6: no clamp), and, for the strict error, fos_div_ok holds for both
+// candidates. A NaN or Inf element makes bamax NaN/Inf and fails the tests.
+template <int kFos>
+__device__ __forceinline__ bool fos_short_ok(float bamax, const FosCandidates& c, const TensorScale& t) {
+  bool ok = __fmul_rn(bamax, c.enc4) < 4.5f && __fmul_rn(bamax, c.enc6) < 7.0f;
+  if (!fos_fast(kFos)) ok = ok && t.zh != 0.0f && fos_div_ok(c.sf4f, t.amax) && fos_div_ok(c.sf6f, t.amax);
+  return ok;
+}
+
+// Path choice for a block, made per warp (the 32 lanes run one path): the short path only if every
+// active lane's block qualifies. Lanes outside the active mask vote on their own, so a lane never takes
+// the short path unless its own block qualifies. The host harness can force the general path.
+#if defined(NVFP4_HOST_HARNESS)
+extern int g_fos_force_general;
+#endif
+__device__ __forceinline__ bool fos_take_short(bool ok) {
+#if defined(__CUDA_ARCH__)
+  return __all_sync(__activemask(), ok);
+#elif defined(NVFP4_HOST_HARNESS)
+  return ok && !g_fos_force_general;
+#else
+  return ok;
+#endif
+}
+
+// Error of one candidate for one element (q: the E2M1 magnitude, ax = |x|), accumulated in element order
+// by the caller. Fast math: cand = q * sf is exact (q has 2 significant bits, sf 4; |q*sf| <= 2688 and
+// its smallest non-zero value 2^-10, also the FP16 product of the contract), so d = RN(cand - RN(|x| S))
+// is one FMA with the exact product. Strict: val = RN(RN(RN(q * sf) * amax) / 6E), d = RN(val - |x|);
+// kDivOk: the block passed fos_div_ok, so RN(w / 6E) is the FMA identity with no range test.
+template <int kFos, bool kDivOk>
+__device__ __forceinline__ float fos_elem_err(float q, float sf, float ax, float orig, const TensorScale& t) {
+  float d;
+  if (fos_fast(kFos)) {
+    d = __fmaf_rn(q, sf, -orig);
+  } else {
+    const float w = __fmul_rn(__fmul_rn(q, sf), t.amax);
+    const float val = kDivOk ? __fmaf_rn(w, t.zh, __fmul_rn(w, t.zl)) : div_6e(w, t);
+    d = __fsub_rn(val, ax);
+  }
+  return fos_mse(kFos) ? __fmul_rn(d, d) : fabsf(d);
 }
 
 // Codes of both candidates for 16 elements plus their summed errors (element order). The error runs
 // on |x|: RN is sign-symmetric, so RN(|x| * enc) = |RN(x * enc)|, and with q carrying x's sign,
 // |RN(q*sf - x*S)| = |RN(|q|*sf - |x|*S)| (likewise for the strict path and for d*d): the errors are
 // bitwise the contract's. Codes come from the magic sums, signs from x (e2m1_pack8).
-template <int kFos>
+// kShort: the block passed fos_short_ok (no clamps, two binades for map-to-4, no per-element range
+// test in the strict division); otherwise every value is clamped to 6 and rounded over three binades.
+template <int kFos, bool kShort>
 __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCandidates& c,
                                              const TensorScale& t, uint2& q4, uint2& q6, float& err4,
                                              float& err6) {
-  const float sf4 = nvfp4_e4m3_decode(c.sf4), sf6 = nvfp4_e4m3_decode(c.sf6);
+  const float sf4 = c.sf4f, sf6 = c.sf6f;
   uint32_t s4[16], s6[16];
   float e4 = 0.0f, e6 = 0.0f;
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const float ax = fabsf(x[j]);
+    float a4 = __fmul_rn(ax, c.enc4), a6 = __fmul_rn(ax, c.enc6);
     float m4, m6;
-    const float a4 = e2m1_round_magic(__fmul_rn(ax, c.enc4), m4);
-    const float a6 = e2m1_round_magic(__fmul_rn(ax, c.enc6), m6);
-    s4[j] = __float_as_uint(a4);
-    s6[j] = __float_as_uint(a6);
+    if (kShort) {
+      m4 = e2m1_magic2(a4);
+      m6 = e2m1_magic3_exp(a6);
+    } else {
+      a4 = fminf(a4, 6.0f);  // NaN -> 6 (index 7)
+      a6 = fminf(a6, 6.0f);
+      m4 = e2m1_magic3(a4);
+      m6 = e2m1_magic3(a6);
+    }
+    const float r4 = __fadd_rn(a4, m4), r6 = __fadd_rn(a6, m6);
+    s4[j] = __float_as_uint(r4);
+    s6[j] = __float_as_uint(r6);
     const float orig = fos_fast(kFos) ? __fmul_rn(ax, t.s_enc) : 0.0f;
-    e4 = __fadd_rn(e4, fos_elem_err<kFos>(__fsub_rn(a4, m4), sf4, ax, orig, t));
-    e6 = __fadd_rn(e6, fos_elem_err<kFos>(__fsub_rn(a6, m6), sf6, ax, orig, t));
+    const float v4 = fos_elem_err<kFos, kShort>(__fsub_rn(r4, m4), sf4, ax, orig, t);
+    const float v6 = fos_elem_err<kFos, kShort>(__fsub_rn(r6, m6), sf6, ax, orig, t);
+    // err = e_0, then RN(err + e_i): the two candidates' chains interleave.
+    e4 = j == 0 ? v4 : __fadd_rn(e4, v4);
+    e6 = j == 0 ? v6 : __fadd_rn(e6, v6);
   }
   q4 = make_uint2(e2m1_pack8(s4, x), e2m1_pack8(s4 + 8, x + 8));
   q6 = make_uint2(e2m1_pack8(s6, x), e2m1_pack8(s6 + 8, x + 8));
   err4 = e4;
   err6 = e6;
+}
+
+// Both candidates of a block with the path chosen per warp (fos_short_ok / fos_take_short).
+template <int kFos>
+__device__ __forceinline__ void fos_encode16_any(const float (&x)[16], float bamax, const FosCandidates& c,
+                                                 const TensorScale& t, uint2& q4, uint2& q6, float& err4,
+                                                 float& err6) {
+  if (fos_take_short(fos_short_ok<kFos>(bamax, c, t))) {
+    fos_encode16<kFos, true>(x, c, t, q4, q6, err4, err6);
+  } else {
+    fos_encode16<kFos, false>(x, c, t, q4, q6, err4, err6);
+  }
 }
 
 // Map-to-4 only when strictly better (ties and NaN keep map-to-6).
@@ -249,7 +345,7 @@ __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const Te
     const FosCandidates c = fos_candidates(bamax, t);
     uint2 q4, q6;
     float e4, e6;
-    fos_encode16<kFos>(x, c, t, q4, q6, e4, e6);
+    fos_encode16_any<kFos>(x, bamax, c, t, q4, q6, e4, e6);
     const bool use4 = fos_pick4(e4, e6);
     q = use4 ? q4 : q6;
     sf = use4 ? c.sf4 : c.sf6;

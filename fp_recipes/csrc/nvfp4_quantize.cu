@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       const FosCandidates c = fos_candidates(tamax, t);
       uint2 q4, q6;
       float e4, e6;
-      fos_encode16<kFos>(x, c, t, q4, q6, e4, e6);
+      fos_encode16_any<kFos>(x, tamax, c, t, q4, q6, e4, e6);
       fos_err[0][rr][cb] = e4;
       fos_err[1][rr][cb] = e6;
       __syncthreads();

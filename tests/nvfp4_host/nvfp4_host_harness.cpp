@@ -27,7 +27,9 @@ static inline float __fmaf_rn(float a, float b, float c) { volatile float r = st
 #undef __forceinline__
 #define __forceinline__ inline
 template <typename T> static inline T __ldg(const T* p) { return *p; }
+#define NVFP4_HOST_HARNESS 1
 #include "nvfp4_device.cuh"
+int fp_recipes::nvfp4::g_fos_force_general = 0;
 using namespace fp_recipes::nvfp4;
 using fp_recipes::e2m1_decode;
 using fp_recipes::E2M1Rounded;
@@ -95,10 +97,10 @@ void h_2d(const float* x, int64_t M, int64_t N, float amax, int fos, int mse, fl
         for (int r = 0; r < 16; ++r) {
           uint2 q4, q6;
           switch (fos_mode(true, fos == 2, mse != 0)) {
-            case 1: fos_encode16<1>(v[r], c, t, q4, q6, e4[r], e6[r]); break;
-            case 2: fos_encode16<2>(v[r], c, t, q4, q6, e4[r], e6[r]); break;
-            case 3: fos_encode16<3>(v[r], c, t, q4, q6, e4[r], e6[r]); break;
-            case 4: fos_encode16<4>(v[r], c, t, q4, q6, e4[r], e6[r]); break;
+            case 1: fos_encode16_any<1>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
+            case 2: fos_encode16_any<2>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
+            case 3: fos_encode16_any<3>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
+            case 4: fos_encode16_any<4>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
           }
         }
         const bool use4 = fos_pick4(tree16(e4, 1), tree16(e6, 1));
@@ -153,4 +155,21 @@ extern "C" void h_div6e(const float* w, int64_t n, float E, float* out) {
 }
 extern "C" void h_sr(const float* y, const int64_t* bytes, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = (uint8_t)fp_recipes::e2m1_encode_sr(y[i], y[i], (uint32_t)bytes[i]);
+}
+
+// 1: every 4over6 block takes the general path (fos_take_short answers false), so a test can check
+// both paths of fos_encode16 on the same data; 0: each block's own fos_short_ok decides.
+extern "C" void h_set_force_general(int v) { g_fos_force_general = v; }
+extern "C" void h_div6(const float* w, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = div6_rn(w[i]);
+}
+// The short paths' clamp-free magic-add rounding of a >= 0: levels 2 (valid a <= 4.5), 3 (a < 7; 4 = the
+// exponent form of the three binades).
+extern "C" void h_e2m1_short(const float* a, int64_t n, int levels, uint8_t* idx, float* mag) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = levels == 2 ? e2m1_magic2(a[i]) : (levels == 3 ? e2m1_magic3(a[i]) : e2m1_magic3_exp(a[i]));
+    const float s = __fadd_rn(a[i], m);
+    idx[i] = (uint8_t)(__float_as_uint(s) & 0xFFu);
+    mag[i] = __fsub_rn(s, m);
+  }
 }
