@@ -201,16 +201,35 @@ struct FosCandidates {
   float enc4, enc6;
 };
 
+// A per-tensor table of {fp32(sf), enc(sf)} over all 256 E4M3 codes (step 4 for a fixed S_dec), built
+// once per thread block in shared memory: a block's scale code then costs one 8-byte shared load instead
+// of a decode and a correctly rounded reciprocal. Row-scaled tensors (an S_dec per row) pass no table.
+__device__ __forceinline__ void fill_enc_table(float2* tab, float s_dec, int tid, int nthreads) {
+  for (int code = tid; code < 256; code += nthreads) {
+    const float sf = nvfp4_e4m3_decode(static_cast<uint32_t>(code));
+    tab[code] = make_float2(sf, block_enc(sf, s_dec));
+  }
+}
+
 // base = RN(RN(bamax / 6) * S); sf6 = e4m3(min(base, 448)); sf4 = e4m3(min(RN(base * 1.5), 448)).
-__device__ __forceinline__ FosCandidates fos_candidates(float bamax, const TensorScale& t) {
+// tab: fill_enc_table for t.s_dec, or nullptr (computed here).
+__device__ __forceinline__ FosCandidates fos_candidates(float bamax, const TensorScale& t, const float2* tab) {
   FosCandidates c;
   const float base = __fmul_rn(div6_rn(bamax), t.s_enc);
   c.sf6 = nvfp4_e4m3_encode_satfinite(fmin_bound(base, 448.0f));
   c.sf4 = nvfp4_e4m3_encode_satfinite(fmin_bound(__fmul_rn(base, 1.5f), 448.0f));
-  c.sf6f = nvfp4_e4m3_decode(c.sf6);
-  c.sf4f = nvfp4_e4m3_decode(c.sf4);
-  c.enc6 = block_enc(c.sf6f, t.s_dec);
-  c.enc4 = block_enc(c.sf4f, t.s_dec);
+  if (tab != nullptr) {
+    const float2 e6 = tab[c.sf6], e4 = tab[c.sf4];
+    c.sf6f = e6.x;
+    c.enc6 = e6.y;
+    c.sf4f = e4.x;
+    c.enc4 = e4.y;
+  } else {
+    c.sf6f = nvfp4_e4m3_decode(c.sf6);
+    c.sf4f = nvfp4_e4m3_decode(c.sf4);
+    c.enc6 = block_enc(c.sf6f, t.s_dec);
+    c.enc4 = block_enc(c.sf4f, t.s_dec);
+  }
   return c;
 }
 
@@ -328,10 +347,11 @@ __device__ __forceinline__ void fos_encode16_any(const float (&x)[16], float bam
 __device__ __forceinline__ bool fos_pick4(float err4, float err6) { return err4 < err6; }
 
 // One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
+// tab: the 4over6 scale table of t (fill_enc_table) or nullptr.
 template <int kFos>
 __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t, bool sr,
                                                   uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
-                                                  uint32_t& sf) {
+                                                  uint32_t& sf, const float2* tab) {
   const float bamax = block_absmax16(x);
   if (kFos == 0) {
     sf = plain_scale_code(bamax, t);
@@ -342,7 +362,7 @@ __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const Te
       q = encode16_rn(x, enc);
     }
   } else {
-    const FosCandidates c = fos_candidates(bamax, t);
+    const FosCandidates c = fos_candidates(bamax, t, tab);
     uint2 q4, q6;
     float e4, e6;
     fos_encode16_any<kFos>(x, bamax, c, t, q4, q6, e4, e6);

@@ -41,6 +41,14 @@ __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
   const T* src = static_cast<const T*>(p.x);
   TensorScale t_all;
   if (!p.row_scaled) t_all = make_tensor_scale(__ldg(p.amax), p.e4m3_max);
+  // 4over6 with one tensor scale: the {fp32(sf), enc} table of its two candidate codes per block.
+  __shared__ float2 enc_tab[kFos != 0 ? 256 : 1];
+  const float2* tab = nullptr;
+  if (kFos != 0 && !p.row_scaled) {
+    fill_enc_table(enc_tab, t_all.s_dec, threadIdx.x, kThreads);
+    __syncthreads();
+    tab = enc_tab;
+  }
   for (int64_t g0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g0 < total; g0 += 2 * stride) {
     float x[2][16];
     const int64_t g[2] = {g0, g0 + stride};
@@ -54,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
           p.row_scaled ? make_tensor_scale(__ldg(p.amax + g[u] / blocks_per_row), p.e4m3_max) : t_all;
       uint2 q;
       uint32_t sf;
-      quantize_block_1d<kFos>(x[u], t, p.sr, static_cast<uint64_t>(g[u]), p.seed, p.offset, q, sf);
+      quantize_block_1d<kFos>(x[u], t, p.sr, static_cast<uint64_t>(g[u]), p.seed, p.offset, q, sf, tab);
       reinterpret_cast<uint2*>(p.data)[g[u]] = q;
       p.scale[g[u]] = static_cast<uint8_t>(sf);
     }
@@ -123,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       }
     } else {
       // The tile decision needs every row's error, also when only the columnwise copy is wanted.
-      const FosCandidates c = fos_candidates(tamax, t);
+      const FosCandidates c = fos_candidates(tamax, t, nullptr);
       uint2 q4, q6;
       float e4, e6;
       fos_encode16_any<kFos>(x, tamax, c, t, q4, q6, e4, e6);
@@ -151,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     uint2 q;
     uint32_t sf;
     quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
-                            p.seed, p.offset, q, sf);
+                            p.seed, p.offset, q, sf, nullptr);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
   }
@@ -178,13 +186,13 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
       q = p.sr ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn(v, enc);
     } else {
-      const FosCandidates c = fos_candidates(tamax, t);
+      const FosCandidates c = fos_candidates(tamax, t, nullptr);
       const bool use4 = fos_use4[rb][cc / 16] != 0;
       sf = use4 ? c.sf4 : c.sf6;
       q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
     }
   } else {
-    quantize_block_1d<kFos>(v, t, p.sr, b, p.seed, p.offset, q, sf);
+    quantize_block_1d<kFos>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr);
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);

@@ -39,12 +39,15 @@ template <int F>
 static void rows_impl(const float* x, int64_t M, int64_t N, const float* amax, int row_scaled,
                       float E, int sr, uint64_t seed, uint64_t offset, uint8_t* data, uint8_t* scale) {
   const int64_t bpr = N / 16;
+  // Like the rowwise kernel: one tensor scale -> the 4over6 code table; row-scaled -> computed per block.
+  float2 tab[256];
+  if (!row_scaled) fill_enc_table(tab, make_tensor_scale(amax[0], E).s_dec, 0, 1);
   for (int64_t g = 0; g < M * bpr; ++g) {
     float v[16];
     for (int k = 0; k < 16; ++k) v[k] = x[g * 16 + k];
     const TensorScale t = make_tensor_scale(row_scaled ? amax[g / bpr] : amax[0], E);
     uint2 q; uint32_t sf;
-    quantize_block_1d<F>(v, t, sr, (uint64_t)g, seed, offset, q, sf);
+    quantize_block_1d<F>(v, t, sr, (uint64_t)g, seed, offset, q, sf, row_scaled ? nullptr : tab);
     memcpy(data + g * 8, &q, 8);
     scale[g] = (uint8_t)sf;
   }
@@ -92,7 +95,7 @@ void h_2d(const float* x, int64_t M, int64_t N, float amax, int fos, int mse, fl
         sf = plain_scale_code(tamax, t);
         enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
       } else {
-        const FosCandidates c = fos_candidates(tamax, t);
+        const FosCandidates c = fos_candidates(tamax, t, nullptr);
         float e4[16], e6[16];
         for (int r = 0; r < 16; ++r) {
           uint2 q4, q6;
