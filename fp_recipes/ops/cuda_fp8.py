@@ -26,15 +26,16 @@ from . import backend
 from .ref_fp8 import (
     FP8GroupedQuantized,
     FP8Quantized,
-    _check_copies,
-    _check_fp8_data,
-    _check_fp32,
     _check_offsets,
-    check_float_input,
-    check_fmt,
-    check_out_dtype,
+    check_amax_input,
+    check_current_scaling_args,
+    check_fp8_dequantize_args,
+    check_fp8_quantize_args,
+    check_grouped_amax_args,
+    check_grouped_dequantize_args,
+    check_grouped_quantize_args,
 )
-from .ref_per_token import PerTokenQuantized, _check_scale_format, _resolve_block
+from .ref_per_token import PerTokenQuantized, check_cast_back_args, check_per_token_cast_args
 
 # Dtype codes: the DType table of csrc/common.h.
 DTYPE_CODE = {
@@ -357,9 +358,7 @@ def _(data, scales, fmt, out_dtype, scale_format, block_size):
 
 @backend.register_cuda_impl("fp8_amax")
 def fp8_amax(x: torch.Tensor) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODE or DTYPE_CODE[x.dtype] > 2:
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise TypeError(f"fp8_amax: x must be a float32/float16/bfloat16 tensor, got {got}")
+    check_amax_input(x)
     return _call(_fp8_amax_op, _fp8_amax_impl, _contiguous(x, "fp8_amax", "x"))
 
 
@@ -367,10 +366,7 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
 def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_quantize"
-    check_float_input(x, what)
-    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
-    scale = _check_fp32(scale, "scale", what, x, ())
-    _check_copies(rowwise, columnwise, what)
+    fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
     data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_impl, 
         _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
@@ -382,11 +378,7 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
                                  amax_epsilon: float = 0.0, rowwise: bool = True,
                                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_current_scaling_quantize"
-    check_float_input(x, what)
-    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
-    _check_copies(rowwise, columnwise, what)
-    if not (amax_epsilon >= 0.0):
-        raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+    fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
     data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_impl, 
         _contiguous(x, what, "x"), fmt, bool(use_power_2_scales), float(amax_epsilon), bool(rowwise),
         bool(columnwise))
@@ -398,32 +390,18 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
 def fp8_dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     what = "fp8_dequantize"
-    _check_fp8_data(data, what)
-    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, ())
-    check_out_dtype(out_dtype, what)
+    check_fp8_dequantize_args(data, scale_inv, out_dtype)
     return _call(_fp8_dequantize_op, _fp8_dequantize_impl, _contiguous(data, what, "data"), scale_inv, out_dtype)
 
 
-def _check_grouped(x: torch.Tensor, offsets: torch.Tensor, what: str) -> None:
-    if not x.is_contiguous():
-        raise ValueError(f"{what}: the buffer must be contiguous (it is read as one flat array)")
-    if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int64:
-        got = offsets.dtype if isinstance(offsets, torch.Tensor) else type(offsets).__name__
-        raise TypeError(f"{what}: offsets must be an int64 tensor, got {got}")
-    if offsets.device != x.device:
-        raise ValueError(f"{what}: offsets are on {offsets.device} but the data is on {x.device}")
-    if offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(f"{what}: offsets must be 1-D with G+1 >= 1 entries, got shape {tuple(offsets.shape)}")
-
+# The grouped wrappers leave the offsets' values to the custom op, which checks them once per offsets
+# tensor (_validated_groups) instead of one device-to-host copy per call.
 
 @backend.register_cuda_impl("fp8_grouped_quantize")
 def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor,
                          fmt: str) -> FP8GroupedQuantized:
     what = "fp8_grouped_quantize"
-    check_float_input(x, what, dims=(1, 2))
-    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
-    _check_grouped(x, offsets, what)
-    scales = _check_fp32(scales, "scales", what, x, (offsets.numel() - 1,))
+    fmt, _ = check_grouped_quantize_args(x, offsets, scales, fmt, offset_values=False)
     data, scale_inv, amax = _call(_fp8_grouped_quantize_op, _fp8_grouped_quantize_impl, 
         x, _contiguous(offsets, what, "offsets"), _contiguous(scales, what, "scales"), fmt)
     return FP8GroupedQuantized(data=data, scale_inv=scale_inv, amax=amax)
@@ -432,8 +410,7 @@ def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.T
 @backend.register_cuda_impl("fp8_grouped_amax")
 def fp8_grouped_amax(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     what = "fp8_grouped_amax"
-    check_float_input(x, what, dims=(1, 2))
-    _check_grouped(x, offsets, what)
+    check_grouped_amax_args(x, offsets, offset_values=False)
     return _call(_fp8_grouped_amax_op, _fp8_grouped_amax_impl, x, _contiguous(offsets, what, "offsets"))
 
 
@@ -441,12 +418,7 @@ def fp8_grouped_amax(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
 def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
                            out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     what = "fp8_grouped_dequantize"
-    _check_fp8_data(data, what)
-    if data.dim() not in (1, 2):
-        raise ValueError(f"{what}: data must be 1-D or 2-D, got shape {tuple(data.shape)}")
-    _check_grouped(data, offsets, what)
-    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, (offsets.numel() - 1,))
-    check_out_dtype(out_dtype, what)
+    check_grouped_dequantize_args(data, offsets, scale_inv, out_dtype, offset_values=False)
     return _call(_fp8_grouped_dequantize_op, _fp8_grouped_dequantize_impl, 
         data, _contiguous(offsets, what, "offsets"), _contiguous(scale_inv, what, "scale_inv"), out_dtype)
 
@@ -471,10 +443,7 @@ def _per_token_kernel_fits(h: int, block: int) -> bool:
 def per_token_cast(x: torch.Tensor, fmt: str, *, round_sf: bool = False, scale_format: str = "fp32",
                    block_size: Optional[int] = None) -> PerTokenQuantized:
     what = "per_token_cast"
-    check_float_input(x, what)
-    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
-    _check_scale_format(scale_format, round_sf, what)
-    block = _resolve_block(x.shape[1], block_size, fmt, what)
+    fmt, block = check_per_token_cast_args(x, fmt, round_sf, scale_format, block_size)
     if not _per_token_kernel_fits(x.shape[1], block):
         from . import ref_per_token
 
@@ -492,33 +461,7 @@ def per_token_cast(x: torch.Tensor, fmt: str, *, round_sf: bool = False, scale_f
 def cast_back(data: torch.Tensor, scales: torch.Tensor, fmt: str, *, out_dtype: torch.dtype = torch.bfloat16,
               scale_format: str = "fp32", block_size: Optional[int] = None) -> torch.Tensor:
     what = "cast_back"
-    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
-    check_out_dtype(out_dtype, what)
-    if scale_format not in ("fp32", "ue8m0"):
-        raise ValueError(f"{what}: scale_format must be 'fp32' or 'ue8m0', got {scale_format!r}")
-    if not isinstance(data, torch.Tensor) or data.dim() != 2:
-        raise ValueError(f"{what}: data must be a 2-D tensor")
-    if fmt == "e5m6":
-        if data.dtype != torch.uint8:
-            raise TypeError(f"{what}: e5m6 data must be packed uint8, got {data.dtype}")
-        if data.shape[1] % 12:
-            raise ValueError(f"{what}: packed e5m6 rows must hold a multiple of 12 bytes, got {data.shape[1]}")
-        h = data.shape[1] * 2 // 3
-    else:
-        if data.dtype != torch.float8_e4m3fn:
-            raise TypeError(f"{what}: e4m3 data must be float8_e4m3fn, got {data.dtype}")
-        h = data.shape[1]
-    t = data.shape[0]
-    block = _resolve_block(h, block_size, fmt, what)
-    want_dtype = torch.uint8 if scale_format == "ue8m0" else torch.float32
-    if not isinstance(scales, torch.Tensor) or scales.dtype != want_dtype:
-        raise TypeError(f"{what}: scale_format={scale_format!r} needs {want_dtype} scales, got "
-                        f"{scales.dtype if isinstance(scales, torch.Tensor) else type(scales).__name__}")
-    if scales.device != data.device:
-        raise ValueError(f"{what}: scales are on {scales.device} but data is on {data.device}")
-    if tuple(scales.shape) != (t, h // block):
-        raise ValueError(f"{what}: scales must have shape {(t, h // block)} for hidden {h} and block "
-                         f"{block_size}, got {tuple(scales.shape)}")
+    fmt, _, _, block = check_cast_back_args(data, scales, fmt, out_dtype, scale_format, block_size)
     return _call(_cast_back_op, _cast_back_impl, _contiguous(data, what, "data"), _contiguous(scales, what, "scales"),
                                           fmt, out_dtype, scale_format, block)
 

@@ -95,11 +95,16 @@ def _check_fp8_data(data: torch.Tensor, what: str) -> None:
 
 # ---- single tensor -------------------------------------------------------------------------------
 
-def fp8_amax(x: torch.Tensor) -> torch.Tensor:
-    """max |x| as an FP32 0-dim tensor, taken on FP32 values; NaN propagates; empty -> 0."""
+def check_amax_input(x: torch.Tensor) -> None:
+    """fp8_amax's argument check (shared with the CUDA wrapper)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"fp8_amax: x must be a float32/float16/bfloat16 tensor, got "
                         f"{_dtype_name(x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__}")
+
+
+def fp8_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as an FP32 0-dim tensor, taken on FP32 values; NaN propagates; empty -> 0."""
+    check_amax_input(x)
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     a = x.to(torch.float32).abs()
@@ -128,14 +133,21 @@ def _check_copies(rowwise: bool, columnwise: bool, what: str) -> None:
         raise ValueError(f"{what}: nothing to produce: rowwise and columnwise are both False")
 
 
-def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
-                 columnwise: bool = False) -> FP8Quantized:
-    """Quantize 2-D ``x`` with a given per-tensor ``scale`` (FP32 0-dim): see the module docstring."""
+def check_fp8_quantize_args(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
+                            columnwise: bool) -> str:
+    """fp8_quantize's argument checks (shared with the CUDA wrapper); returns the normalised fmt."""
     what = "fp8_quantize"
     check_float_input(x, what)
     fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
-    scale = _check_fp32(scale, "scale", what, x, ())
+    _check_fp32(scale, "scale", what, x, ())
     _check_copies(rowwise, columnwise, what)
+    return fmt
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
+                 columnwise: bool = False) -> FP8Quantized:
+    """Quantize 2-D ``x`` with a given per-tensor ``scale`` (FP32 0-dim): see the module docstring."""
+    fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
     return _quantize_with_scale(x, scale, fmt, rowwise, columnwise)
 
 
@@ -161,37 +173,50 @@ def current_scale(amax: torch.Tensor, fmt_max: float, *, use_power_2_scales: boo
     return s
 
 
-def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scales: bool = False,
-                                 amax_epsilon: float = 0.0, rowwise: bool = True,
-                                 columnwise: bool = False) -> FP8Quantized:
-    """Current scaling: the scale comes from this tensor's own amax (:func:`current_scale`). The returned
-    ``amax`` is the raw amax of ``x`` (before the epsilon floor); ``scale`` is the scale used."""
+def check_current_scaling_args(x: torch.Tensor, fmt: str, amax_epsilon: float, rowwise: bool,
+                               columnwise: bool) -> str:
+    """fp8_current_scaling_quantize's argument checks (shared with the CUDA wrapper); returns the fmt."""
     what = "fp8_current_scaling_quantize"
     check_float_input(x, what)
     fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
     _check_copies(rowwise, columnwise, what)
     if not (amax_epsilon >= 0.0):
         raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+    return fmt
+
+
+def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scales: bool = False,
+                                 amax_epsilon: float = 0.0, rowwise: bool = True,
+                                 columnwise: bool = False) -> FP8Quantized:
+    """Current scaling: the scale comes from this tensor's own amax (:func:`current_scale`). The returned
+    ``amax`` is the raw amax of ``x`` (before the epsilon floor); ``scale`` is the scale used."""
+    fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
     amax = fp8_amax(x)
     scale = current_scale(amax, formats.FP8_MAX[fmt], use_power_2_scales=use_power_2_scales,
                           amax_epsilon=amax_epsilon)
     return _quantize_with_scale(x, scale, fmt, rowwise, columnwise)
 
 
+def check_fp8_dequantize_args(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> None:
+    """fp8_dequantize's argument checks (shared with the CUDA wrapper)."""
+    what = "fp8_dequantize"
+    _check_fp8_data(data, what)
+    _check_fp32(scale_inv, "scale_inv", what, data, ())
+    check_out_dtype(out_dtype, what)
+
+
 def fp8_dequantize(data: torch.Tensor, scale_inv: torch.Tensor,
                    out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``out_dtype(RN(fp32(data) * scale_inv))`` for fp8 ``data`` of any shape; scale_inv FP32 0-dim."""
-    what = "fp8_dequantize"
-    _check_fp8_data(data, what)
-    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, ())
-    check_out_dtype(out_dtype, what)
+    check_fp8_dequantize_args(data, scale_inv, out_dtype)
     return (formats.fp8_decode(data) * scale_inv).to(out_dtype)
 
 
 # ---- grouped -------------------------------------------------------------------------------------
 
-def _check_offsets(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: str) -> int:
-    """Validate (G+1,) int64 element offsets; returns G."""
+def _check_offsets_layout(offsets: torch.Tensor, ref: torch.Tensor, what: str) -> int:
+    """Validate the dtype, device and shape of (G+1,) int64 element offsets (no device-to-host copy);
+    returns G."""
     if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int64:
         got = _dtype_name(offsets.dtype) if isinstance(offsets, torch.Tensor) else type(offsets).__name__
         raise TypeError(f"{what}: offsets must be an int64 tensor, got {got}")
@@ -199,6 +224,12 @@ def _check_offsets(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: s
         raise ValueError(f"{what}: offsets are on {offsets.device} but the data is on {ref.device}")
     if offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError(f"{what}: offsets must be 1-D with G+1 >= 1 entries, got shape {tuple(offsets.shape)}")
+    return offsets.numel() - 1
+
+
+def _check_offsets(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: str) -> int:
+    """Validate (G+1,) int64 element offsets, values included; returns G."""
+    g = _check_offsets_layout(offsets, ref, what)
     o = offsets.cpu()
     if int(o[0]) != 0:
         raise ValueError(f"{what}: offsets[0] must be 0, got {int(o[0])}")
@@ -208,7 +239,7 @@ def _check_offsets(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what: s
                          f"offsets[{i}]={int(o[i])}")
     if int(o[-1]) != numel:
         raise ValueError(f"{what}: offsets[-1] must equal the number of elements {numel}, got {int(o[-1])}")
-    return offsets.numel() - 1
+    return g
 
 
 def _member_ids(offsets: torch.Tensor, numel: int) -> torch.Tensor:
@@ -218,9 +249,45 @@ def _member_ids(offsets: torch.Tensor, numel: int) -> torch.Tensor:
     return torch.repeat_interleave(g, counts, output_size=numel)
 
 
-def _check_grouped_buffer(x: torch.Tensor, what: str) -> None:
+def _check_grouped_buffer(x: torch.Tensor, offsets: torch.Tensor, what: str, offset_values: bool) -> int:
+    """A grouped op's buffer and offsets; returns G. ``offset_values=False`` leaves out the offsets'
+    values (a device-to-host copy): the CUDA wrapper checks those once per offsets tensor, cached."""
     if not x.is_contiguous():
         raise ValueError(f"{what}: the buffer must be contiguous (it is read as one flat array)")
+    if offset_values:
+        return _check_offsets(offsets, x.numel(), x, what)
+    return _check_offsets_layout(offsets, x, what)
+
+
+def check_grouped_amax_args(x: torch.Tensor, offsets: torch.Tensor, *, offset_values: bool = True) -> int:
+    """fp8_grouped_amax's argument checks (shared with the CUDA wrapper); returns G."""
+    what = "fp8_grouped_amax"
+    check_float_input(x, what, dims=(1, 2))
+    return _check_grouped_buffer(x, offsets, what, offset_values)
+
+
+def check_grouped_quantize_args(x: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor, fmt: str, *,
+                                offset_values: bool = True) -> tuple[str, int]:
+    """fp8_grouped_quantize's argument checks (shared with the CUDA wrapper); returns (fmt, G)."""
+    what = "fp8_grouped_quantize"
+    check_float_input(x, what, dims=(1, 2))
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    g = _check_grouped_buffer(x, offsets, what, offset_values)
+    _check_fp32(scales, "scales", what, x, (g,))
+    return fmt, g
+
+
+def check_grouped_dequantize_args(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
+                                  out_dtype: torch.dtype, *, offset_values: bool = True) -> int:
+    """fp8_grouped_dequantize's argument checks (shared with the CUDA wrapper); returns G."""
+    what = "fp8_grouped_dequantize"
+    _check_fp8_data(data, what)
+    if data.dim() not in (1, 2):
+        raise ValueError(f"{what}: data must be 1-D or 2-D, got shape {tuple(data.shape)}")
+    g = _check_grouped_buffer(data, offsets, what, offset_values)
+    _check_fp32(scale_inv, "scale_inv", what, data, (g,))
+    check_out_dtype(out_dtype, what)
+    return g
 
 
 def _segment_amax(flat: torch.Tensor, ids: torch.Tensor, g: int) -> torch.Tensor:
@@ -236,10 +303,7 @@ def _segment_amax(flat: torch.Tensor, ids: torch.Tensor, g: int) -> torch.Tensor
 def fp8_grouped_amax(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Per-member amax (G,) FP32 of a grouped buffer (the first pass of grouped current scaling);
     member i's entry equals :func:`fp8_amax` of that member alone."""
-    what = "fp8_grouped_amax"
-    check_float_input(x, what, dims=(1, 2))
-    _check_grouped_buffer(x, what)
-    g = _check_offsets(offsets, x.numel(), x, what)
+    g = check_grouped_amax_args(x, offsets)
     flat = x.reshape(-1).to(torch.float32)
     return _segment_amax(flat, _member_ids(offsets, flat.numel()), g)
 
@@ -249,12 +313,7 @@ def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.T
     """Quantize G tensors stored back to back in one buffer, member i = flat elements
     [offsets[i], offsets[i+1]), each with its own scale. Per member, the bytes, amax and scale_inv are
     exactly those of :func:`fp8_quantize` on that member alone. Any G >= 0; empty members get amax 0."""
-    what = "fp8_grouped_quantize"
-    check_float_input(x, what, dims=(1, 2))
-    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
-    _check_grouped_buffer(x, what)
-    g = _check_offsets(offsets, x.numel(), x, what)
-    scales = _check_fp32(scales, "scales", what, x, (g,))
+    fmt, g = check_grouped_quantize_args(x, offsets, scales, fmt)
     flat = x.reshape(-1).to(torch.float32)
     ids = _member_ids(offsets, flat.numel())
     data = formats.fp8_encode(flat * scales[ids], fmt).reshape(x.shape)
@@ -267,14 +326,7 @@ def fp8_grouped_quantize(x: torch.Tensor, offsets: torch.Tensor, scales: torch.T
 def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv: torch.Tensor,
                            out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`fp8_grouped_quantize`: member i is ``out_dtype(RN(fp32(data) * scale_inv[i]))``."""
-    what = "fp8_grouped_dequantize"
-    _check_fp8_data(data, what)
-    if data.dim() not in (1, 2):
-        raise ValueError(f"{what}: data must be 1-D or 2-D, got shape {tuple(data.shape)}")
-    _check_grouped_buffer(data, what)
-    g = _check_offsets(offsets, data.numel(), data, what)
-    scale_inv = _check_fp32(scale_inv, "scale_inv", what, data, (g,))
-    check_out_dtype(out_dtype, what)
+    check_grouped_dequantize_args(data, offsets, scale_inv, out_dtype)
     ids = _member_ids(offsets, data.numel())
     flat = formats.fp8_decode(data.reshape(-1))
     return (flat * scale_inv[ids]).to(out_dtype).reshape(data.shape)

@@ -66,6 +66,50 @@ def _check_scale_format(scale_format: str, round_sf: bool, what: str) -> None:
                          "round_sf=True")
 
 
+def check_per_token_cast_args(x: torch.Tensor, fmt: str, round_sf: bool, scale_format: str,
+                              block_size: Optional[int]) -> tuple[str, int]:
+    """per_token_cast's argument checks (shared with the CUDA wrapper); returns (fmt, block)."""
+    what = "per_token_cast"
+    check_float_input(x, what)
+    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
+    _check_scale_format(scale_format, round_sf, what)
+    return fmt, _resolve_block(x.shape[1], block_size, fmt, what)
+
+
+def check_cast_back_args(data: torch.Tensor, scales: torch.Tensor, fmt: str, out_dtype: torch.dtype,
+                         scale_format: str, block_size: Optional[int]) -> tuple[str, int, int, int]:
+    """cast_back's argument checks (shared with the CUDA wrapper); returns (fmt, tokens, hidden, block)."""
+    what = "cast_back"
+    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
+    check_out_dtype(out_dtype, what)
+    if scale_format not in ("fp32", "ue8m0"):
+        raise ValueError(f"{what}: scale_format must be 'fp32' or 'ue8m0', got {scale_format!r}")
+    if not isinstance(data, torch.Tensor) or data.dim() != 2:
+        raise ValueError(f"{what}: data must be a 2-D tensor")
+    if fmt == "e5m6":
+        if data.dtype != torch.uint8:
+            raise TypeError(f"{what}: e5m6 data must be packed uint8, got {data.dtype}")
+        if data.shape[1] % 12:
+            raise ValueError(f"{what}: packed e5m6 rows must hold a multiple of 12 bytes, got {data.shape[1]}")
+        h = data.shape[1] * 2 // 3
+    else:
+        if data.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{what}: e4m3 data must be float8_e4m3fn, got {data.dtype}")
+        h = data.shape[1]
+    t = data.shape[0]
+    block = _resolve_block(h, block_size, fmt, what)
+    want_dtype = torch.uint8 if scale_format == "ue8m0" else torch.float32
+    if not isinstance(scales, torch.Tensor) or scales.dtype != want_dtype:
+        raise TypeError(f"{what}: scale_format={scale_format!r} needs {want_dtype} scales, got "
+                        f"{scales.dtype if isinstance(scales, torch.Tensor) else type(scales).__name__}")
+    if scales.device != data.device:
+        raise ValueError(f"{what}: scales are on {scales.device} but data is on {data.device}")
+    if tuple(scales.shape) != (t, h // block):
+        raise ValueError(f"{what}: scales must have shape {(t, h // block)} for hidden {h} and block "
+                         f"{block_size}, got {tuple(scales.shape)}")
+    return fmt, t, h, block
+
+
 def per_token_scales(amax: torch.Tensor, fmt_max: float, round_sf: bool):
     """Steps 2-4 on an FP32 amax tensor: returns (sf, sf_inv, e) with e None unless round_sf."""
     floor = torch.tensor(AMAX_FLOOR, dtype=torch.float32, device=amax.device)
@@ -87,12 +131,8 @@ def per_token_scales(amax: torch.Tensor, fmt_max: float, round_sf: bool):
 def per_token_cast(x: torch.Tensor, fmt: str, *, round_sf: bool = False, scale_format: str = "fp32",
                    block_size: Optional[int] = None) -> PerTokenQuantized:
     """Per-token (per-block) cast of 2-D ``x`` (T, H); see the module docstring for the formula."""
-    what = "per_token_cast"
-    check_float_input(x, what)
-    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
-    _check_scale_format(scale_format, round_sf, what)
+    fmt, block = check_per_token_cast_args(x, fmt, round_sf, scale_format, block_size)
     t, h = x.shape
-    block = _resolve_block(h, block_size, fmt, what)
     nb = h // block
     xf = x.to(torch.float32).reshape(t, nb, block)
     a = xf.abs().amax(dim=-1) if t else torch.zeros(t, nb, dtype=torch.float32, device=x.device)
@@ -113,35 +153,12 @@ def per_token_cast(x: torch.Tensor, fmt: str, *, round_sf: bool = False, scale_f
 def cast_back(data: torch.Tensor, scales: torch.Tensor, fmt: str, *, out_dtype: torch.dtype = torch.bfloat16,
               scale_format: str = "fp32", block_size: Optional[int] = None) -> torch.Tensor:
     """Dequantize a :func:`per_token_cast` result: ``out_dtype(RN(decode(code) * sf))`` per block."""
-    what = "cast_back"
-    fmt = check_fmt(fmt, ("e5m6", "e4m3"), what)
-    check_out_dtype(out_dtype, what)
-    if scale_format not in ("fp32", "ue8m0"):
-        raise ValueError(f"{what}: scale_format must be 'fp32' or 'ue8m0', got {scale_format!r}")
-    if not isinstance(data, torch.Tensor) or data.dim() != 2:
-        raise ValueError(f"{what}: data must be a 2-D tensor")
+    fmt, t, h, block = check_cast_back_args(data, scales, fmt, out_dtype, scale_format, block_size)
     if fmt == "e5m6":
-        if data.dtype != torch.uint8:
-            raise TypeError(f"{what}: e5m6 data must be packed uint8, got {data.dtype}")
-        if data.shape[1] % 12:
-            raise ValueError(f"{what}: packed e5m6 rows must hold a multiple of 12 bytes, got {data.shape[1]}")
         values = formats.e5m6_decode(formats.unpack_e5m6(data))
     else:
-        if data.dtype != torch.float8_e4m3fn:
-            raise TypeError(f"{what}: e4m3 data must be float8_e4m3fn, got {data.dtype}")
         values = formats.e4m3_decode(data)
-    t, h = values.shape
-    block = _resolve_block(h, block_size, fmt, what)
     nb = h // block
-    want_dtype = torch.uint8 if scale_format == "ue8m0" else torch.float32
-    if not isinstance(scales, torch.Tensor) or scales.dtype != want_dtype:
-        raise TypeError(f"{what}: scale_format={scale_format!r} needs {want_dtype} scales, got "
-                        f"{scales.dtype if isinstance(scales, torch.Tensor) else type(scales).__name__}")
-    if scales.device != data.device:
-        raise ValueError(f"{what}: scales are on {scales.device} but data is on {data.device}")
-    if tuple(scales.shape) != (t, nb):
-        raise ValueError(f"{what}: scales must have shape {(t, nb)} for hidden {h} and block "
-                         f"{block_size}, got {tuple(scales.shape)}")
     sf = formats.ue8m0_decode(scales) if scale_format == "ue8m0" else scales
     out = values.reshape(t, nb, block) * sf.unsqueeze(-1)
     return out.reshape(t, h).to(out_dtype)
