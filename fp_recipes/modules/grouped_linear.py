@@ -17,7 +17,7 @@ from ..quantizers.roles import ModuleKind
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
                    quantize_operand, token_multiple)
 from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
-from .linear import _factory, reset_linear_parameters
+from .linear import _factory, check_features, new_linear_parameters
 
 __all__ = ["GroupedLinear"]
 
@@ -108,19 +108,14 @@ class GroupedLinear(QuantizedModule):
         super().__init__()
         if num_gemms <= 0:
             raise ValueError(f"GroupedLinear: num_gemms must be positive, got {num_gemms}")
-        if in_features <= 0 or out_features <= 0:
-            raise ValueError(f"GroupedLinear: in_features and out_features must be positive, got "
-                             f"{in_features}, {out_features}")
+        check_features("GroupedLinear", in_features, out_features)
         self._num_gemms = num_gemms
         self.in_features = in_features
         self.out_features = out_features
         self.use_bias = bias
         kw = _factory(params_dtype, device)
         for g in range(num_gemms):
-            w = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
-            b = torch.nn.Parameter(torch.empty(out_features, **kw)) if bias else None
-            with torch.no_grad():
-                reset_linear_parameters(w, b)
+            w, b = new_linear_parameters(in_features, out_features, bias, kw)
             self.register_parameter(f"weight{g}", w)
             self.register_parameter(f"bias{g}", b)
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..quantizers.roles import ModuleKind
 from .base import QuantizedModule, quantized_linear
-from .linear import _factory, reset_linear_parameters
+from .linear import _factory, check_features, new_linear_parameters
 
 __all__ = ["LayerNormLinear"]
 
@@ -36,9 +36,7 @@ class LayerNormLinear(QuantizedModule):
         if normalization not in _NORMS:
             raise ValueError(f"LayerNormLinear: normalization={normalization!r} is not supported; "
                              f"allowed: {', '.join(_NORMS)}")
-        if in_features <= 0 or out_features <= 0:
-            raise ValueError(f"LayerNormLinear: in_features and out_features must be positive, got "
-                             f"{in_features}, {out_features}")
+        check_features("LayerNormLinear", in_features, out_features)
         self.in_features = in_features
         self.out_features = out_features
         self.normalization = normalization
@@ -52,13 +50,9 @@ class LayerNormLinear(QuantizedModule):
             self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features, **kw))
         else:
             self.register_parameter("layer_norm_bias", None)
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(out_features, **kw))
-        else:
-            self.register_parameter("bias", None)
-        with torch.no_grad():
-            reset_linear_parameters(self.weight, self.bias)
+        weight, b = new_linear_parameters(in_features, out_features, bias, kw)
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", b)
 
     def _gamma(self) -> torch.Tensor:
         return self.layer_norm_weight + 1 if self.zero_centered_gamma else self.layer_norm_weight

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -27,6 +27,22 @@ def reset_linear_parameters(weight: torch.Tensor, bias: Optional[torch.Tensor]) 
         torch.nn.init.uniform_(bias, -bound, bound)
 
 
+def check_features(owner: str, in_features: int, out_features: int) -> None:
+    if in_features <= 0 or out_features <= 0:
+        raise ValueError(f"{owner}: in_features and out_features must be positive, got "
+                         f"{in_features}, {out_features}")
+
+
+def new_linear_parameters(in_features: int, out_features: int, bias: bool,
+                          kw: dict) -> Tuple[torch.nn.Parameter, Optional[torch.nn.Parameter]]:
+    """A (out, in) weight and an optional (out,) bias, initialised by :func:`reset_linear_parameters`."""
+    weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
+    b = torch.nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+    with torch.no_grad():
+        reset_linear_parameters(weight, b)
+    return weight, b
+
+
 class Linear(QuantizedModule):
     """``y = x W^T + b``. Outside autocast: exactly ``torch.nn.functional.linear``. Inside: fprop,
     dgrad and wgrad operands quantized by role as the autocast recipe plans them."""
@@ -36,19 +52,12 @@ class Linear(QuantizedModule):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  params_dtype: Optional[torch.dtype] = None, device=None) -> None:
         super().__init__()
-        if in_features <= 0 or out_features <= 0:
-            raise ValueError(f"Linear: in_features and out_features must be positive, got "
-                             f"{in_features}, {out_features}")
+        check_features("Linear", in_features, out_features)
         self.in_features = in_features
         self.out_features = out_features
-        kw = _factory(params_dtype, device)
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
-        if bias:
-            self.bias = torch.nn.Parameter(torch.empty(out_features, **kw))
-        else:
-            self.register_parameter("bias", None)
-        with torch.no_grad():
-            reset_linear_parameters(self.weight, self.bias)
+        weight, b = new_linear_parameters(in_features, out_features, bias, _factory(params_dtype, device))
+        self.register_parameter("weight", weight)
+        self.register_parameter("bias", b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sets = self.gemm_quantizers()
