@@ -25,6 +25,11 @@ from fp_recipes.quantizers.roles import (
 )
 
 
+def none_from_string(value: Any) -> Any:
+    """The string "none" (any case, surrounding spaces ignored) as None, for optional fields set from text (env, CLI)."""
+    return None if isinstance(value, str) and value.strip().lower() == "none" else value
+
+
 class CaseInsensitiveEnum(str, Enum):
     """A string enum that accepts its values in any case; ``str()`` gives the value."""
 

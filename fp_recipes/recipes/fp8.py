@@ -15,7 +15,7 @@ from fp_recipes.quantizers.roles import (
     high_precision_spec,
 )
 
-from .base import CaseInsensitiveEnum, Format, Recipe
+from .base import CaseInsensitiveEnum, Format, Recipe, none_from_string
 
 
 class AmaxComputeAlgo(CaseInsensitiveEnum):
@@ -36,7 +36,7 @@ class _Float8Recipe(Recipe):
     @field_validator("backward_override", mode="before")
     @classmethod
     def _none_string(cls, value):
-        return None if isinstance(value, str) and value.strip().lower() == "none" else value
+        return none_from_string(value)
 
     def _extra_spec_fields(self) -> dict:
         return {}

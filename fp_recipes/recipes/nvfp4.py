@@ -24,7 +24,7 @@ from fp_recipes.quantizers.roles import (
     high_precision_spec,
 )
 
-from .base import CaseInsensitiveEnum, Recipe
+from .base import CaseInsensitiveEnum, Recipe, none_from_string
 
 
 class FourOverSixScope(CaseInsensitiveEnum):
@@ -77,7 +77,7 @@ class NVFP4BlockScaling(Recipe):
     @field_validator("backward_override", mode="before")
     @classmethod
     def _none_string(cls, value):
-        return None if isinstance(value, str) and value.strip().lower() == "none" else value
+        return none_from_string(value)
 
     # ------------------------------------------------------------------ effective per-tensor options
     @property
