@@ -136,12 +136,23 @@ def _validated_groups(offsets: torch.Tensor, numel: int, ref: torch.Tensor, what
     return g
 
 
-def _empty(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(_EMPTY_SHAPE, dtype=dtype, device=device)
-
-
 def _scalar(device: torch.device) -> torch.Tensor:
     return torch.empty((), dtype=torch.float32, device=device)
+
+
+def _fp8_copies(x: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (M, N) rowwise and (N, M) columnwise outputs of casting 2-D ``x`` (real or fake); an unwanted
+    copy is an empty tensor."""
+    m, n = x.shape
+    dt = FP8_DTYPE[fmt]
+    data = x.new_empty((m, n), dtype=dt) if rowwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    data_t = x.new_empty((n, m), dtype=dt) if columnwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    return data, data_t
+
+
+def _cast_back_shape(data: torch.Tensor, fmt: str) -> tuple[int, int]:
+    """(tokens, hidden) of per-token ``data``: packed E5M6 holds 8 values in 12 bytes."""
+    return data.shape[0], data.shape[1] * 2 // 3 if fmt == "e5m6" else data.shape[1]
 
 
 # ---- custom ops: FP8 per tensor ------------------------------------------------------------------
@@ -167,8 +178,7 @@ def _fp8_quantize_impl(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: 
     device = _require_cuda("fp8_quantize", x=x, scale=scale)
     m, n = x.shape
     dt = FP8_DTYPE[fmt]
-    data = torch.empty((m, n), dtype=dt, device=device) if rowwise else _empty(device, dt)
-    data_t = torch.empty((n, m), dtype=dt, device=device) if columnwise else _empty(device, dt)
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     with _on(device):
         _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[dt],
@@ -182,10 +192,7 @@ _fp8_quantize_op = torch.library.custom_op("fp_recipes::fp8_quantize", mutates_a
 
 @_fp8_quantize_op.register_fake
 def _(x, scale, fmt, rowwise, columnwise):
-    m, n = x.shape
-    dt = FP8_DTYPE[fmt]
-    data = x.new_empty((m, n), dtype=dt) if rowwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
-    data_t = x.new_empty((n, m), dtype=dt) if columnwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
 
 
@@ -195,8 +202,7 @@ def _fp8_current_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_
     device = _require_cuda("fp8_current_scaling_quantize", x=x)
     m, n = x.shape
     dt = FP8_DTYPE[fmt]
-    data = torch.empty((m, n), dtype=dt, device=device) if rowwise else _empty(device, dt)
-    data_t = torch.empty((n, m), dtype=dt, device=device) if columnwise else _empty(device, dt)
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
     with _on(device):
         _ext().fp8_current_scaling_quantize(
@@ -211,10 +217,7 @@ _fp8_current_op = torch.library.custom_op("fp_recipes::fp8_current_scaling_quant
 
 @_fp8_current_op.register_fake
 def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
-    m, n = x.shape
-    dt = FP8_DTYPE[fmt]
-    data = x.new_empty((m, n), dtype=dt) if rowwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
-    data_t = x.new_empty((n, m), dtype=dt) if columnwise else x.new_empty(_EMPTY_SHAPE, dtype=dt)
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     s = [x.new_empty((), dtype=torch.float32) for _ in range(3)]
     return data, data_t, s[0], s[1], s[2]
 
@@ -335,8 +338,7 @@ def _cast_back_impl(data: torch.Tensor, scales: torch.Tensor, fmt: str, out_dtyp
                   block_size: int) -> torch.Tensor:
     device = _require_cuda("cast_back", data=data, scales=scales)
     data = _aligned(data)
-    t = data.shape[0]
-    h = data.shape[1] * 2 // 3 if fmt == "e5m6" else data.shape[1]
+    t, h = _cast_back_shape(data, fmt)
     out = torch.empty((t, h), dtype=out_dtype, device=device)
     with _on(device):
         _ext().per_token_cast_back(_ptr(data), _ptr(scales), PER_TOKEN_FMT_CODE[fmt], scale_format == "ue8m0", t, h,
@@ -349,9 +351,7 @@ _cast_back_op = torch.library.custom_op("fp_recipes::cast_back", mutates_args=()
 
 @_cast_back_op.register_fake
 def _(data, scales, fmt, out_dtype, scale_format, block_size):
-    t = data.shape[0]
-    h = data.shape[1] * 2 // 3 if fmt == "e5m6" else data.shape[1]
-    return data.new_empty((t, h), dtype=out_dtype)
+    return data.new_empty(_cast_back_shape(data, fmt), dtype=out_dtype)
 
 
 # ---- the implementations fp_recipes.ops dispatches to (the twins' signatures) ----------------------
