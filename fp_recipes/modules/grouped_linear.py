@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..gemm import gemm, grouped_gemm
+from ..quantizers.grouped import split_sizes
 from ..quantizers.roles import ModuleKind
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
                    quantize_operand, token_multiple)
@@ -130,7 +131,7 @@ class GroupedLinear(QuantizedModule):
         return [getattr(self, f"bias{g}") for g in range(self._num_gemms)]
 
     def _check_splits(self, x: torch.Tensor, m_splits: Sequence[int]) -> tuple:
-        splits = tuple(int(m) for m in (m_splits.tolist() if isinstance(m_splits, torch.Tensor) else m_splits))
+        splits = tuple(split_sizes(m_splits))
         if len(splits) != self._num_gemms:
             raise ValueError(f"GroupedLinear: got {len(splits)} m_splits for {self._num_gemms} GEMMs")
         if any(m < 0 for m in splits):

@@ -15,8 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from .. import formats, ops
-from ..ops.ref_fp8 import current_scale
+from .. import ops
 from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
                          dtype_from_name, dtype_name, resolve_out_dtype)
 from .base import QuantizedTensor, Quantizer, check_input
@@ -32,6 +31,11 @@ def offsets_from_numels(numels: Sequence[int], device=None) -> torch.Tensor:
     for n in numels:
         out.append(out[-1] + int(n))
     return torch.tensor(out, dtype=torch.int64, device=device)
+
+
+def split_sizes(m_splits: Union[Sequence[int], torch.Tensor]) -> List[int]:
+    """Row counts given as a sequence of ints or a tensor, as host ints."""
+    return [int(v) for v in (m_splits.tolist() if isinstance(m_splits, torch.Tensor) else m_splits)]
 
 
 def offsets_from_m_splits(m_splits: Sequence[int], n: int, device=None) -> torch.Tensor:
@@ -207,7 +211,7 @@ class GroupedQuantizer(Quantizer):
             raise ValueError(f"{what}: a single tensor must be 2-D (sum(m_splits), N), got {tuple(x.shape)}")
         if m_splits is None:
             raise ValueError(f"{what}: a single 2-D tensor needs m_splits (rows per member)")
-        m = [int(v) for v in (m_splits.tolist() if isinstance(m_splits, torch.Tensor) else m_splits)]
+        m = split_sizes(m_splits)
         if len(m) != self.num_members:
             raise ValueError(f"{what}: m_splits has {len(m)} entries for {self.num_members} members")
         if any(v < 0 for v in m) or sum(m) != x.shape[0]:
@@ -226,9 +230,8 @@ class GroupedQuantizer(Quantizer):
                                      f"the input is on {buf.device}")
             scales = torch.stack([q.scale for q in self.quantizers])
         else:
-            amax = ops.fp8_grouped_amax(buf, offsets)
-            scales = current_scale(amax, formats.FP8_MAX[self.fmt], use_power_2_scales=self.spec.use_power_2_scales,
-                                   amax_epsilon=self.spec.amax_epsilon)
+            # the members share fmt, use_power_2_scales and amax_epsilon (checked in __init__)
+            scales = self.quantizers[0].scale_from_amax(ops.fp8_grouped_amax(buf, offsets))
         res = ops.fp8_grouped_quantize(buf, offsets, scales, self.fmt)
         if self.delayed:
             for i, q in enumerate(self.quantizers):
