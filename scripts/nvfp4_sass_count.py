@@ -33,16 +33,18 @@ __global__ void one_block(const __nv_bfloat16* __restrict__ in, float amax, floa
   load16(in + 16 * i, x);
   const TensorScale t = make_tensor_scale(amax, e4m3_max);
   __builtin_assume(tab != nullptr);  // the rowwise kernel's per-tensor case: the {sf, enc} table
+  __shared__ float vtab[16 * kValStride];  // the strict short path's value tables
+  float* vt = vtab + threadIdx.x;
   uint2 qq;
   uint32_t s;
   if (kPath == 0 || kFos == 0) {
-    quantize_block_1d<kFos>(x, t, false, 0, 0, 0, qq, s, kFos ? tab : nullptr);
+    quantize_block_1d<kFos>(x, t, false, 0, 0, 0, qq, s, kFos ? tab : nullptr, vt);
   } else {
     const float bamax = block_absmax16(x);
     const FosCandidates c = fos_candidates(bamax, t, tab);
     uint2 q4, q6;
     float e4, e6;
-    fos_encode16<kFos, kPath == 1>(x, c, t, q4, q6, e4, e6);
+    fos_encode16<kFos, kPath == 1, kPath == 1 && (kFos == 1 || kFos == 3)>(x, c, t, q4, q6, e4, e6, vt);
     const bool use4 = fos_pick4(e4, e6);
     qq = use4 ? q4 : q6;
     s = use4 ? c.sf4 : c.sf6;

@@ -288,19 +288,54 @@ __device__ __forceinline__ float fos_elem_err(float q, float sf, float ax, float
   return fos_mse(kFos) ? __fmul_rn(d, d) : fabsf(d);
 }
 
+// Strict short path: the eight values val(idx) = RN(RN(RN(q_idx * sf) * amax) / 6E) of a candidate in a
+// per-thread table, entry idx at vt[idx * kValStride] (kValStride floats = 1 KiB apart, so the byte
+// offset of entry idx is the magic sum's bits << 10: idx sits in the low byte and the exponent bits shift
+// out). Under fos_div_ok every RN(q * sf * amax) is normal and finite, so scaling q by a power of two
+// scales w and val exactly: val(q = 2^k) = 2^k val(1) and val(1.5 * 2^k) = 2^k val(1.5) = 2^(k-1) val(3)
+// (3 sf is exact), and val(0) = RN(0 * amax) / 6E (NaN when amax is not finite, as element by element).
+constexpr int kValStride = 256;
+__device__ __forceinline__ void fos_fill_vals(float* vt, float sf, const TensorScale& t) {
+  const float w0 = __fmul_rn(0.0f, t.amax), w1 = __fmul_rn(sf, t.amax);
+  const float w3 = __fmul_rn(__fmul_rn(sf, 3.0f), t.amax);
+  const float v0 = __fmaf_rn(w0, t.zh, __fmul_rn(w0, t.zl));
+  const float v1 = __fmaf_rn(w1, t.zh, __fmul_rn(w1, t.zl));
+  const float v3 = __fmaf_rn(w3, t.zh, __fmul_rn(w3, t.zl));
+  vt[0 * kValStride] = v0;
+  vt[1 * kValStride] = __fmul_rn(v1, 0.5f);
+  vt[2 * kValStride] = v1;
+  vt[3 * kValStride] = __fmul_rn(v3, 0.5f);
+  vt[4 * kValStride] = __fmul_rn(v1, 2.0f);
+  vt[5 * kValStride] = v3;
+  vt[6 * kValStride] = __fmul_rn(v1, 4.0f);
+  vt[7 * kValStride] = __fmul_rn(v3, 2.0f);
+}
+__device__ __forceinline__ float fos_val(const float* vt, uint32_t magic_sum_bits) {
+  return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(vt) + (magic_sum_bits << 10));
+}
+
 // Codes of both candidates for 16 elements plus their summed errors (element order). The error runs
 // on |x|: RN is sign-symmetric, so RN(|x| * enc) = |RN(x * enc)|, and with q carrying x's sign,
 // |RN(q*sf - x*S)| = |RN(|q|*sf - |x|*S)| (likewise for the strict path and for d*d): the errors are
 // bitwise the contract's. Codes come from the magic sums, signs from x (e2m1_pack8).
 // kShort: the block passed fos_short_ok (no clamps, two binades for map-to-4, no per-element range
 // test in the strict division); otherwise every value is clamped to 6 and rounded over three binades.
-template <int kFos, bool kShort>
+// kVals (strict short path only): vt holds 16 * kValStride floats of shared scratch for this thread, the
+// value tables of both candidates; otherwise the values are computed per element and vt is unused.
+template <int kFos, bool kShort, bool kVals = false>
 __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCandidates& c,
                                              const TensorScale& t, uint2& q4, uint2& q6, float& err4,
-                                             float& err6) {
+                                             float& err6, float* vt) {
   const float sf4 = c.sf4f, sf6 = c.sf6f;
   uint32_t s4[16], s6[16];
   float e4 = 0.0f, e6 = 0.0f;
+  static_assert(!kVals || (kShort && !fos_fast(kFos)), "value tables serve the strict short path");
+  float* vt4 = vt;
+  float* vt6 = vt + 8 * kValStride;
+  if (kVals) {
+    fos_fill_vals(vt4, sf4, t);
+    fos_fill_vals(vt6, sf6, t);
+  }
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const float ax = fabsf(x[j]);
@@ -319,8 +354,15 @@ __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCand
     s4[j] = __float_as_uint(r4);
     s6[j] = __float_as_uint(r6);
     const float orig = fos_fast(kFos) ? __fmul_rn(ax, t.s_enc) : 0.0f;
-    const float v4 = fos_elem_err<kFos, kShort>(__fsub_rn(r4, m4), sf4, ax, orig, t);
-    const float v6 = fos_elem_err<kFos, kShort>(__fsub_rn(r6, m6), sf6, ax, orig, t);
+    float v4, v6;
+    if (kVals) {
+      const float d4 = __fsub_rn(fos_val(vt4, s4[j]), ax), d6 = __fsub_rn(fos_val(vt6, s6[j]), ax);
+      v4 = fos_mse(kFos) ? __fmul_rn(d4, d4) : fabsf(d4);
+      v6 = fos_mse(kFos) ? __fmul_rn(d6, d6) : fabsf(d6);
+    } else {
+      v4 = fos_elem_err<kFos, kShort>(__fsub_rn(r4, m4), sf4, ax, orig, t);
+      v6 = fos_elem_err<kFos, kShort>(__fsub_rn(r6, m6), sf6, ax, orig, t);
+    }
     // err = e_0, then RN(err + e_i): the two candidates' chains interleave.
     e4 = j == 0 ? v4 : __fadd_rn(e4, v4);
     e6 = j == 0 ? v6 : __fadd_rn(e6, v6);
@@ -335,11 +377,15 @@ __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCand
 template <int kFos>
 __device__ __forceinline__ void fos_encode16_any(const float (&x)[16], float bamax, const FosCandidates& c,
                                                  const TensorScale& t, uint2& q4, uint2& q6, float& err4,
-                                                 float& err6) {
+                                                 float& err6, float* vt) {
   if (fos_take_short(fos_short_ok<kFos>(bamax, c, t))) {
-    fos_encode16<kFos, true>(x, c, t, q4, q6, err4, err6);
+    if (!fos_fast(kFos) && vt != nullptr) {
+      fos_encode16<kFos, true, !fos_fast(kFos)>(x, c, t, q4, q6, err4, err6, vt);
+    } else {
+      fos_encode16<kFos, true>(x, c, t, q4, q6, err4, err6, nullptr);
+    }
   } else {
-    fos_encode16<kFos, false>(x, c, t, q4, q6, err4, err6);
+    fos_encode16<kFos, false>(x, c, t, q4, q6, err4, err6, nullptr);
   }
 }
 
@@ -347,11 +393,12 @@ __device__ __forceinline__ void fos_encode16_any(const float (&x)[16], float bam
 __device__ __forceinline__ bool fos_pick4(float err4, float err6) { return err4 < err6; }
 
 // One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
-// tab: the 4over6 scale table of t (fill_enc_table) or nullptr.
+// tab: the 4over6 scale table of t (fill_enc_table) or nullptr; vt: the strict value scratch of
+// fos_encode16 or nullptr.
 template <int kFos>
 __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t, bool sr,
                                                   uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
-                                                  uint32_t& sf, const float2* tab) {
+                                                  uint32_t& sf, const float2* tab, float* vt) {
   const float bamax = block_absmax16(x);
   if (kFos == 0) {
     sf = plain_scale_code(bamax, t);
@@ -365,7 +412,7 @@ __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const Te
     const FosCandidates c = fos_candidates(bamax, t, tab);
     uint2 q4, q6;
     float e4, e6;
-    fos_encode16_any<kFos>(x, bamax, c, t, q4, q6, e4, e6);
+    fos_encode16_any<kFos>(x, bamax, c, t, q4, q6, e4, e6, vt);
     const bool use4 = fos_pick4(e4, e6);
     q = use4 ? q4 : q6;
     sf = use4 ? c.sf4 : c.sf6;

@@ -49,6 +49,14 @@ __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
     __syncthreads();
     tab = enc_tab;
   }
+  // Strict 4over6: per-thread value tables of both candidates, one set per block in flight (u).
+  static_assert(kThreads == kValStride, "fos_val addresses entries kValStride floats apart");
+  __shared__ float val_tab[fos_fast(kFos) || kFos == 0 ? 1 : 2 * 16 * kThreads];
+  float* vt[2] = {nullptr, nullptr};
+  if (!fos_fast(kFos) && kFos != 0) {
+    vt[0] = val_tab + threadIdx.x;
+    vt[1] = val_tab + 16 * kThreads + threadIdx.x;
+  }
   for (int64_t g0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g0 < total; g0 += 2 * stride) {
     float x[2][16];
     const int64_t g[2] = {g0, g0 + stride};
@@ -62,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
           p.row_scaled ? make_tensor_scale(__ldg(p.amax + g[u] / blocks_per_row), p.e4m3_max) : t_all;
       uint2 q;
       uint32_t sf;
-      quantize_block_1d<kFos>(x[u], t, p.sr, static_cast<uint64_t>(g[u]), p.seed, p.offset, q, sf, tab);
+      quantize_block_1d<kFos>(x[u], t, p.sr, static_cast<uint64_t>(g[u]), p.seed, p.offset, q, sf, tab, vt[u]);
       reinterpret_cast<uint2*>(p.data)[g[u]] = q;
       p.scale[g[u]] = static_cast<uint8_t>(sf);
     }
@@ -134,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       const FosCandidates c = fos_candidates(tamax, t, nullptr);
       uint2 q4, q6;
       float e4, e6;
-      fos_encode16_any<kFos>(x, tamax, c, t, q4, q6, e4, e6);
+      fos_encode16_any<kFos>(x, tamax, c, t, q4, q6, e4, e6, nullptr);
       fos_err[0][rr][cb] = e4;
       fos_err[1][rr][cb] = e6;
       __syncthreads();
@@ -159,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     uint2 q;
     uint32_t sf;
     quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
-                            p.seed, p.offset, q, sf, nullptr);
+                            p.seed, p.offset, q, sf, nullptr, nullptr);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
   }
@@ -192,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
     }
   } else {
-    quantize_block_1d<kFos>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr);
+    quantize_block_1d<kFos>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr, nullptr);
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);

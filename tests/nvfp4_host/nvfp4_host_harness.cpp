@@ -41,13 +41,14 @@ static void rows_impl(const float* x, int64_t M, int64_t N, const float* amax, i
   const int64_t bpr = N / 16;
   // Like the rowwise kernel: one tensor scale -> the 4over6 code table; row-scaled -> computed per block.
   float2 tab[256];
+  static float vt[16 * kValStride];  // the strict short path's value tables (one thread's column)
   if (!row_scaled) fill_enc_table(tab, make_tensor_scale(amax[0], E).s_dec, 0, 1);
   for (int64_t g = 0; g < M * bpr; ++g) {
     float v[16];
     for (int k = 0; k < 16; ++k) v[k] = x[g * 16 + k];
     const TensorScale t = make_tensor_scale(row_scaled ? amax[g / bpr] : amax[0], E);
     uint2 q; uint32_t sf;
-    quantize_block_1d<F>(v, t, sr, (uint64_t)g, seed, offset, q, sf, row_scaled ? nullptr : tab);
+    quantize_block_1d<F>(v, t, sr, (uint64_t)g, seed, offset, q, sf, row_scaled ? nullptr : tab, vt);
     memcpy(data + g * 8, &q, 8);
     scale[g] = (uint8_t)sf;
   }
@@ -100,10 +101,10 @@ void h_2d(const float* x, int64_t M, int64_t N, float amax, int fos, int mse, fl
         for (int r = 0; r < 16; ++r) {
           uint2 q4, q6;
           switch (fos_mode(true, fos == 2, mse != 0)) {
-            case 1: fos_encode16_any<1>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
-            case 2: fos_encode16_any<2>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
-            case 3: fos_encode16_any<3>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
-            case 4: fos_encode16_any<4>(v[r], tamax, c, t, q4, q6, e4[r], e6[r]); break;
+            case 1: fos_encode16_any<1>(v[r], tamax, c, t, q4, q6, e4[r], e6[r], nullptr); break;
+            case 2: fos_encode16_any<2>(v[r], tamax, c, t, q4, q6, e4[r], e6[r], nullptr); break;
+            case 3: fos_encode16_any<3>(v[r], tamax, c, t, q4, q6, e4[r], e6[r], nullptr); break;
+            case 4: fos_encode16_any<4>(v[r], tamax, c, t, q4, q6, e4[r], e6[r], nullptr); break;
           }
         }
         const bool use4 = fos_pick4(tree16(e4, 1), tree16(e6, 1));
