@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from fp_recipes.__main__ import main
 from fp_recipes.recipes.env import TABLE

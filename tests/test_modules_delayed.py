@@ -4,7 +4,6 @@ called twice in a step, and checkpoint continuity (save -> load -> continue is b
 from __future__ import annotations
 
 import io
-import os
 import socket
 
 import pytest
@@ -348,7 +347,6 @@ def test_checkpoint_continuity_grouped_fp8_fast_path(monkeypatch):
 def test_batched_scale_update_reuses_its_plan_across_steps():
     """The batched update caches its buffers and views per set of quantizers; step after step (new
     amaxes each time, the history rolling) it must keep equalling update_scale() bit for bit."""
-    from fp_recipes.modules import amax_reduction
     from fp_recipes.quantizers.float8 import Float8Quantizer
     from fp_recipes.quantizers.roles import QuantizerRole, QuantizerSpec
 

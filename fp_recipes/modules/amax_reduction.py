@@ -20,7 +20,7 @@ Quantizers whose spec says ``reduce_amax=False`` are updated without taking part
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 

@@ -18,7 +18,8 @@ from typing import Optional
 import torch
 
 from . import backend
-from .ref_nvfp4 import BLOCK, E4M3_BOUNDS, NVFP4Quantized, _check_options, _check_x
+from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_options, _check_x,
+                        check_nvfp4_dequantize_args)
 
 __all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize"]
 
@@ -271,30 +272,7 @@ def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
                      row_scaled: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The CUDA twin of ref_nvfp4.nvfp4_dequantize."""
     what = "nvfp4_dequantize"
-    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.dim() != 2:
-        raise TypeError(f"{what}: data must be a 2-D uint8 tensor (packed E2M1), got "
-                        f"{getattr(data, 'dtype', type(data))} {tuple(getattr(data, 'shape', ()))}")
-    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.float8_e4m3fn or scale.dim() != 2:
-        raise TypeError(f"{what}: scale must be a 2-D float8_e4m3fn tensor, got "
-                        f"{getattr(scale, 'dtype', type(scale))} {tuple(getattr(scale, 'shape', ()))}")
-    rows, half = data.shape
-    if scale.shape[0] != rows or scale.shape[1] * (BLOCK // 2) != half:
-        raise ValueError(f"{what}: scale shape {tuple(scale.shape)} does not match data shape "
-                         f"{tuple(data.shape)}: expected ({rows}, {half * 2 // BLOCK}) (one scale per 16 "
-                         "elements, unpadded)")
-    if e4m3_max not in E4M3_BOUNDS:
-        raise ValueError(f"{what}: e4m3_max must be 448 or 256, got {e4m3_max!r}")
-    if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32:
-        raise TypeError(f"{what}: amax must be an FP32 tensor, got {getattr(amax, 'dtype', type(amax))}")
-    want = (rows,) if row_scaled else ()
-    if tuple(amax.shape) != want and not (not row_scaled and tuple(amax.shape) == (1,)):
-        raise ValueError(f"{what}: amax shape {tuple(amax.shape)} does not match row_scaled={row_scaled}: "
-                         f"expected {'(' + str(rows) + ',)' if row_scaled else '0-dim'}")
-    if data.device != scale.device or data.device != amax.device:
-        raise ValueError(f"{what}: data ({data.device}), scale ({scale.device}) and amax ({amax.device}) "
-                         "must be on one device")
-    if out_dtype not in _DTYPE_CODES:
-        raise TypeError(f"{what}: out_dtype {out_dtype} is not supported; allowed: float32, bfloat16, float16")
+    check_nvfp4_dequantize_args(data, scale, amax, e4m3_max, row_scaled, out_dtype)
     _require_cuda(data, what)
     return _dequantize_op(data.contiguous(), scale.contiguous(), amax.contiguous(), int(e4m3_max),
                           bool(row_scaled), out_dtype)

@@ -457,13 +457,11 @@ def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, roww
 
 # ---- dequantize and GEMM alpha ---------------------------------------------------------------------
 
-def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, *, e4m3_max: int = 448,
-                     row_scaled: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """x = RN(q * RN(RN(fp32(sf) * amax) * RN(1/(6E)))), then RN to ``out_dtype``.
-
-    data uint8 (R, C/2), scale float8_e4m3fn (R, C/16), amax FP32 0-dim (or (R,) when row_scaled).
-    """
-    what = "nvfp4_dequantize"
+def check_nvfp4_dequantize_args(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor,
+                               e4m3_max: int, row_scaled: bool, out_dtype: torch.dtype,
+                               what: str = "nvfp4_dequantize") -> None:
+    """The argument contract of nvfp4_dequantize, shared with its CUDA twin so the two can never
+    disagree on what is valid."""
     if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.dim() != 2:
         raise TypeError(f"{what}: data must be a 2-D uint8 tensor (packed E2M1), got "
                         f"{getattr(data, 'dtype', type(data))} {tuple(getattr(data, 'shape', ()))}")
@@ -487,6 +485,16 @@ def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
                          "must be on one device")
     if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"{what}: out_dtype {out_dtype} is not supported; allowed: float32, bfloat16, float16")
+
+
+def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, *, e4m3_max: int = 448,
+                     row_scaled: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """x = RN(q * RN(RN(fp32(sf) * amax) * RN(1/(6E)))), then RN to ``out_dtype``.
+
+    data uint8 (R, C/2), scale float8_e4m3fn (R, C/16), amax FP32 0-dim (or (R,) when row_scaled).
+    """
+    check_nvfp4_dequantize_args(data, scale, amax, e4m3_max, row_scaled, out_dtype)
+    rows, half = data.shape
     a = amax.unsqueeze(-1) if row_scaled else amax.reshape(())
     factor = (_e4m3_f32(scale) * a) * _recip(_c(6.0 * e4m3_max, a))  # (R, C/16)
     q = formats.e2m1_decode(formats.unpack_e2m1(data)).reshape(rows, -1, BLOCK)
