@@ -11,6 +11,7 @@
 // boundaries (at most one per boundary) walks its elements one by one. No per-group arrays anywhere.
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -358,9 +359,35 @@ __device__ __forceinline__ int64_t group_of(const int64_t* __restrict__ offsets,
   return lo;
 }
 
+// Straddle tiles of the grouped kernels: a warp-uniform running (member, key) pair. Lane 0 merges
+// it into the member's amax slot when the warp moves on to a later member and at the end of a tile.
+__device__ __forceinline__ void warp_flush_key(int wmg, uint32_t& wkey, uint32_t* amax_bits) {
+  if (wmg >= 0 && wkey != 0u && (threadIdx.x % 32) == 0) atomicMax(amax_bits + wmg, canonical_key(wkey));
+  wkey = 0;
+}
+
+// Folds each lane's key (for its member mg) into the warp's running pair. Lanes' members are
+// nondecreasing with the lane index, so the loop visits the distinct members (usually one) in order;
+// all intrinsics run on the full, converged warp.
+__device__ __forceinline__ void warp_merge_key(int mg, uint32_t key, int& wmg, uint32_t& wkey,
+                                               uint32_t* amax_bits) {
+  uint32_t rest = 0xFFFFFFFFu;
+  while (rest != 0u) {
+    const int m = __shfl_sync(0xFFFFFFFFu, mg, __ffs(rest) - 1);
+    const bool in = (mg == m);
+    rest &= ~__ballot_sync(0xFFFFFFFFu, in);
+    const uint32_t r = __reduce_max_sync(0xFFFFFFFFu, in ? key : 0u);
+    if (m != wmg) {
+      warp_flush_key(wmg, wkey, amax_bits);
+      wmg = m;
+    }
+    wkey = max(wkey, r);
+  }
+}
+
 // kCast = false: the per-member amax only (the first pass of grouped current scaling).
 template <typename T, Fp8Fmt F, bool kVec, bool kCast>
-__global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
+__global__ void __launch_bounds__(kThreads, 8) grouped_cast_kernel(
     const T* __restrict__ x, int64_t n, const int64_t* __restrict__ offsets, int64_t G,
     const float* __restrict__ scales, uint8_t* __restrict__ out, float* __restrict__ scale_inv,
     uint32_t* __restrict__ amax_bits) {
@@ -373,8 +400,8 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
   int64_t t0, t1;
   block_tile_range((n + kTile - 1) / kTile, t0, t1);
   if (t0 >= t1) return;
-  int64_t g = group_of(offsets, G, t0 * kTile);  // block-uniform from here on
-  int64_t cur = -1;
+  int g = int(group_of(offsets, G, t0 * kTile));  // block-uniform from here on; G <= INT32_MAX
+  int cur = -1;
   float s = 0.0f;
   uint32_t key = 0;
   for (int64_t t = t0; t < t1; ++t) {
@@ -396,32 +423,26 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
     } else {
       // The tile straddles member boundaries. All of a full tile's 16-byte loads are issued first, as
       // on the single-member path, so a boundary tile costs about what any tile costs (in a persistent
-      // grid the slowest block sets the kernel's time). Then per vector: inside one member, the vector
-      // path with that member's scale; across a boundary (only when a boundary is not a multiple of
-      // the vector width), element by element from the (cached) input. Each thread walks the members
-      // forward (its positions increase) and merges its partial amax into a member's slot when it
-      // moves on: at most one atomic per member a thread touches, no fixed-size per-member arrays.
+      // grid the slowest block sets the kernel's time). Then per vector: each lane finds its member
+      // (positions increase with lane and k, so members do too), casts inside one member with that
+      // member's scale, and the warp merges the vector keys per member with a warp reduction into a
+      // warp-uniform running (wmg, wkey), flushed by one atomic from lane 0 when the warp moves on to a
+      // later member and at the end of the tile. One atomic per (warp, member) instead of one per
+      // (thread, member): with hundreds of small members the per-thread atomics all hit the same few
+      // L2 lines and set the kernel's time.
+      // A vector that crosses a boundary (boundary not a multiple of the vector width) goes element by
+      // element from the (cached) input with its own direct atomics (at most one such vector per
+      // boundary). Partial or misaligned tiles take the per-thread element path.
       constexpr int V = Vec16<T>::kElems;
-      int64_t mg = g;
+      int mg = g;
       int64_t nb = (g + 1 < G) ? offsets[g + 1] : INT64_MAX;  // where the next member starts
       float ms = kCast ? scales[g] : 0.0f;
-      uint32_t mkey = 0;
-      auto advance = [&](int64_t pos) {
-        if (pos >= nb) {
-          if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
-          mkey = 0;
-          do {  // empty members are skipped
-            ++mg;
-            nb = (mg + 1 < G) ? offsets[mg + 1] : INT64_MAX;
-          } while (pos >= nb);
+      auto to_member_of = [&](int64_t pos) {
+        while (pos >= nb) {  // empty members are skipped
+          ++mg;
+          nb = (mg + 1 < G) ? offsets[mg + 1] : INT64_MAX;
           if constexpr (kCast) ms = scales[mg];
         }
-      };
-      auto one = [&](int64_t i) {
-        advance(i);
-        const float f = to_f32(x[i]);
-        mkey = max(mkey, abs_key(f));
-        if constexpr (kCast) out[i] = encode_fp8<F>(__fmul_rn(f, ms));
       };
       if (kVec && te - ts == kTile) {
         uint4 in[kUnroll];
@@ -429,21 +450,47 @@ __global__ void __launch_bounds__(kThreads) grouped_cast_kernel(
         for (int k = 0; k < kUnroll; ++k) {
           in[k] = __ldcs(reinterpret_cast<const uint4*>(x + ts + (int64_t(k) * kThreads + threadIdx.x) * V));
         }
+        int wmg = -1;       // this warp's running member (warp-uniform) ...
+        uint32_t wkey = 0;  // ... and its key, not yet merged into amax_bits[wmg]
 #pragma unroll
         for (int k = 0; k < kUnroll; ++k) {
           const int64_t e0 = ts + (int64_t(k) * kThreads + threadIdx.x) * V;
-          advance(e0);
+          to_member_of(e0);
+          uint32_t vkey = 0;
           if (e0 + V <= nb) {
-            cast_vec<T, F, true, kCast>(in[k], ms, out + e0, mkey);
+            cast_vec<T, F, true, kCast>(in[k], ms, out + e0, vkey);
           } else {
+            uint32_t ekey = 0;
 #pragma unroll 1
-            for (int j = 0; j < V; ++j) one(e0 + j);
+            for (int j = 0; j < V; ++j) {
+              if (e0 + j >= nb) {
+                if (ekey != 0u) atomicMax(amax_bits + mg, canonical_key(ekey));
+                ekey = 0;
+                to_member_of(e0 + j);
+              }
+              const float f = to_f32(x[e0 + j]);
+              ekey = max(ekey, abs_key(f));
+              if constexpr (kCast) out[e0 + j] = encode_fp8<F>(__fmul_rn(f, ms));
+            }
+            if (ekey != 0u) atomicMax(amax_bits + mg, canonical_key(ekey));
           }
+          warp_merge_key(mg, vkey, wmg, wkey, amax_bits);
         }
+        warp_flush_key(wmg, wkey, amax_bits);  // per tile: nothing live across the single-member path
       } else {
-        for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) one(i);
+        uint32_t mkey = 0;
+        for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
+          if (i >= nb) {
+            if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
+            mkey = 0;
+            to_member_of(i);
+          }
+          const float f = to_f32(x[i]);
+          mkey = max(mkey, abs_key(f));
+          if constexpr (kCast) out[i] = encode_fp8<F>(__fmul_rn(f, ms));
+        }
+        if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
       }
-      if (mkey != 0u) atomicMax(amax_bits + mg, canonical_key(mkey));
     }
   }
   if (cur >= 0) flush_amax(key, amax_bits + cur);
@@ -810,6 +857,7 @@ void launch_fp8_grouped_quantize(const void* x, DType in_dtype, int64_t n, const
   require(n >= 0 && num_groups >= 0, "fp8_grouped_quantize: negative size");
   require(num_groups > 0 || n == 0,
           "fp8_grouped_quantize: " + std::to_string(n) + " elements but no groups");
+  require(num_groups <= INT32_MAX, "fp8_grouped_quantize: at most 2^31 - 1 groups, got " + std::to_string(num_groups));
   if (num_groups == 0) return;
   zero_amax(amax, num_groups, stream);
   dispatch_input(in_dtype, [&](auto tag) {
@@ -835,6 +883,7 @@ void launch_fp8_grouped_amax(const void* x, DType in_dtype, int64_t n, const int
   require_input_dtype(in_dtype, "fp8_grouped_amax input");
   require(n >= 0 && num_groups >= 0, "fp8_grouped_amax: negative size");
   require(num_groups > 0 || n == 0, "fp8_grouped_amax: " + std::to_string(n) + " elements but no groups");
+  require(num_groups <= INT32_MAX, "fp8_grouped_amax: at most 2^31 - 1 groups, got " + std::to_string(num_groups));
   if (num_groups == 0) return;
   zero_amax(amax, num_groups, stream);
   if (n == 0) return;
