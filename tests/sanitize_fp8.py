@@ -66,6 +66,8 @@ def main():
                            ("e5m6", 7168, 128, torch.bfloat16), ("e5m6", 8200, None, torch.float16),
                            ("e5m6", 264, 24, torch.bfloat16), ("e5m6", 32768, None, torch.bfloat16),
                            ("e5m6", 8, None, torch.float16),
+                           ("e5m6", 2048, 256, torch.bfloat16), ("e5m6", 1024, 8, torch.float16),
+                           ("e5m6", 4096, 512, torch.bfloat16),
                            ("e4m3", 1000, 8, torch.bfloat16), ("e4m3", 100, 4, torch.bfloat16),
                            ("e4m3", 1000, 5, torch.float16), ("e4m3", 512, None, torch.float32)):
         x = torch.randn(9, h, device=dev).to(dt)

@@ -336,8 +336,9 @@ def test_per_token_beyond_kernel_limits_falls_back_loudly(cu):
 def test_per_token_e5m6_register_kernel_paths(cu, dtype):
     """The 16-bit-input E5M6 kernel's branches: 16-byte loads or element loads (a base that is not 16-byte
     aligned), 16-byte staged stores or word stores (hidden % 32 != 0), one scale per row or per block
-    (power-of-two and other unit counts), 2/4/8 units per thread, and units that leave the fast encode
-    because a scaled value lies below 2^-14 (0 < |v| < 2^-14: the contract's non-RN rule there)."""
+    (unit counts dividing 32: warp-local block scales; others: shared-memory block amaxes), 2/4/8 units
+    per thread, and units that leave the fast encode because a scaled value lies below 2^-14
+    (0 < |v| < 2^-14: the contract's non-RN rule there)."""
     for t, h in ((5, 7168), (3, 1000), (3, 1536), (4, 8), (6, 2056), (2, 32768)):
         flat = make_input((t * h + 1,), dtype, "normal", seed=h)
         for x in (flat[: t * h].reshape(t, h), flat[1:].reshape(t, h)):
@@ -346,7 +347,8 @@ def test_per_token_e5m6_register_kernel_paths(cu, dtype):
             x[0, h - 1] = 30000.0
             if t > 2:
                 x[2, h // 4] = float("-inf")
-            for bs in (None, 8, 24, 128):
+            # 8..256: blocks inside one warp's 32-unit slot (warp-local scales); 24, 512: the shared path
+            for bs in (None, 8, 24, 128, 256, 512):
                 if bs is not None and h % bs:
                     continue
                 for rsf, sfmt in ((False, "fp32"), (True, "ue8m0")):

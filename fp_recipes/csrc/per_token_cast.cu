@@ -317,8 +317,16 @@ __global__ void __launch_bounds__(kE5M6MaxNT) e5m6_cast16_kernel(const T* __rest
   }
 
   // 2. Block amaxes (FP32 keys, NaN-propagating), 3. scales.
+  // Blocks of a unit count dividing 32 (block_size 8..256, the usual 128): a warp's 32 units of one k
+  // start at a multiple of 32, so every block lies inside one warp's slot; its amax, scale and sf_inv
+  // are then computed by the warp in step 4 (segment shuffles, every lane of the segment computing the
+  // same scale), with no shared memory and no barrier. Longer rows in flight per SM beat the shared
+  // atomics + two barriers of the general path, which left each CTA's loads idle between phases.
+  const bool warp_blocks = nblk > 1 && (32 % upb) == 0;
   float row_si = 0.0f;
-  if (nblk == 1) {
+  if (warp_blocks) {
+    // scales in step 4
+  } else if (nblk == 1) {
     uint32_t m = 0u;
 #pragma unroll
     for (int k = 0; k < UPT; ++k) m = max_u16x2(m, unit_max16(r[k]));  // zeros past the row end
@@ -375,7 +383,26 @@ __global__ void __launch_bounds__(kE5M6MaxNT) e5m6_cast16_kernel(const T* __rest
     if (base >= units) break;  // warp-uniform
     const int u = base + lane;
     const int uc = min(u, units - 1);
-    const float si = (nblk == 1) ? row_si : __uint_as_float(blk[upb_pow2 ? (uc >> upb_shift) : uc / upb]);
+    float si;
+    if (warp_blocks) {
+      uint32_t key = key_from16<T>(unit_max16(r[k]));  // zeros past the row end: a whole block there
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        if (off < upb) key = max(key, __shfl_xor_sync(0xFFFFFFFFu, key, off));  // upb warp-uniform
+      }
+      const BlockScale s = block_scale<PerTokenFmt::kE5M6>(key, round_sf);
+      if (u < units && (lane & (upb - 1)) == 0) {
+        const int64_t b = row * nblk + (u >> upb_shift);
+        if (ue8m0) {
+          static_cast<uint8_t*>(scales)[b] = static_cast<uint8_t>(s.e + 127);
+        } else {
+          static_cast<float*>(scales)[b] = s.sf;
+        }
+      }
+      si = s.sf_inv;
+    } else {
+      si = (nblk == 1) ? row_si : __uint_as_float(blk[upb_pow2 ? (uc >> upb_shift) : uc / upb]);
+    }
     float f[8];
     unpack_unit16<T>(r[k], f);
 #pragma unroll
