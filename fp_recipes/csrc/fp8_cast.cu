@@ -404,8 +404,11 @@ __global__ void __launch_bounds__(kThreads, 8) grouped_cast_kernel(
   int cur = -1;
   float s = 0.0f;
   uint32_t key = 0;
-  for (int64_t t = t0; t < t1; ++t) {
-    const int64_t ts = t * kTile, te = min(n, ts + kTile);
+  // A 32-bit tile counter (a block's range is ntiles / grid, with grid >= the SM count, far below 2^31)
+  // frees the register pair that kept the hot loop of the 90a build from spilling.
+  const int block_tiles = int(t1 - t0);
+  for (int i = 0; i < block_tiles; ++i) {
+    const int64_t ts = (t0 + i) * kTile, te = min(n, ts + kTile);
     while (g + 1 < G && offsets[g + 1] <= ts) ++g;
     if (g + 1 >= G || offsets[g + 1] >= te) {
       // The whole tile belongs to member g: the single-tensor fast path.
