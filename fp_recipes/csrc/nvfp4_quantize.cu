@@ -221,21 +221,8 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
     if (total == 0) return;
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    // One full wave of resident thread blocks (the grid-stride loop balances the work to within one
-    // iteration per thread): a fixed 16 per SM left a partial last wave whenever the occupancy (3 or 4
-    // thread blocks per SM, by variant) does not divide 16, e.g. 5.33 waves at 3 per SM.
-    static const int per_sm = [] {
-      int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rowwise_kernel<T, kFos>, kThreads, 0) != cudaSuccess ||
-          n < 1) {
-        cudaGetLastError();
-        n = 1;
-      }
-      return n;
-    }();
     const int64_t want = (total + 2 * kThreads - 1) / (2 * kThreads);
-    const int64_t wave = static_cast<int64_t>(sms) * per_sm;
-    const int64_t grid = want < wave ? want : wave;
+    const int64_t grid = want < static_cast<int64_t>(sms) * 16 ? want : static_cast<int64_t>(sms) * 16;
     rowwise_kernel<T, kFos><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
     check_launch("nvfp4 rowwise_kernel");
   } else {
