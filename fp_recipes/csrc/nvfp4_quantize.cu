@@ -35,11 +35,9 @@ struct KParams {
 // consecutive threads take consecutive blocks (coalesced 16-byte loads).
 // Occupancy: the fast 4over6 kernels fit 64 registers with no spill (4 thread blocks = 32 warps per SM
 // instead of 3 at 79 registers; the SASS is the same length), which hides more load latency at ~80 %
-// of copy bandwidth. Strict 4over6 at 80 registers (3 thread blocks = 24 warps instead of 2 at 125;
-// 3 x 34 KB shared memory fits) spills a few loop-invariant values (~17 local loads/stores, L1 hits)
-// against ~1000 instructions per iteration. Plain keeps the compiler's choice.
+// of copy bandwidth. Plain and strict keep the compiler's choice.
 template <int kFos>
-constexpr int rowwise_min_blocks() { return fos_fast(kFos) ? 4 : (kFos != 0 ? 3 : 1); }
+constexpr int rowwise_min_blocks() { return fos_fast(kFos) ? 4 : 1; }
 
 template <typename T, int kFos>
 __global__ void __launch_bounds__(kThreads, rowwise_min_blocks<kFos>()) rowwise_kernel(KParams p) {
