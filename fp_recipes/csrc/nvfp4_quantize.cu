@@ -33,14 +33,8 @@ struct KParams {
 
 // Rowwise, 1-D blocks: a grid-stride loop over 1x16 blocks, two blocks in flight per thread;
 // consecutive threads take consecutive blocks (coalesced 16-byte loads).
-// Occupancy: the fast 4over6 kernels fit 64 registers with no spill (4 thread blocks = 32 warps per SM
-// instead of 3 at 79 registers; the SASS is the same length), which hides more load latency at ~80 %
-// of copy bandwidth. Plain and strict keep the compiler's choice.
-template <int kFos>
-constexpr int rowwise_min_blocks() { return fos_fast(kFos) ? 4 : 1; }
-
 template <typename T, int kFos>
-__global__ void __launch_bounds__(kThreads, rowwise_min_blocks<kFos>()) rowwise_kernel(KParams p) {
+__global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
   const int64_t blocks_per_row = p.N / 16;
   const int64_t total = p.M * blocks_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
