@@ -12,44 +12,26 @@ ops/formats.py, the packed bytes of whole units. The GPU tests then check the ke
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from fp_recipes import formats
 
-ROOT = Path(__file__).resolve().parent.parent
+from _host_harness import ROOT, build_harness, ptr
+
 HARNESS = ROOT / "tests" / "fp8_host" / "e5m6_host_harness.cpp"
-
-
-def _cuda_include() -> Path | None:
-    for base in ("/usr/local/cuda", shutil.which("nvcc") and str(Path(shutil.which("nvcc")).resolve().parent.parent)):
-        if base and (Path(base) / "include" / "cuda_fp8.h").is_file():
-            return Path(base) / "include"
-    return None
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    inc = _cuda_include()
-    if cxx is None or inc is None:
-        pytest.skip("needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
-    out = tmp_path_factory.mktemp("fp8_host") / "libe5m6_host.so"
-    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fPIC", "-shared", "-w",
-           f"-I{ROOT / 'fp_recipes' / 'csrc'}", f"-I{inc}", str(HARNESS), "-o", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    so = ctypes.CDLL(str(out))
+    so = build_harness(HARNESS, tmp_path_factory.mktemp("fp8_host"), "e5m6_host", "-O2")
     so.e5m6_exhaustive.restype = ctypes.c_int64
     so.e5m6_exhaustive.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(ctypes.c_int64)]
     return so
 
 
-def _p(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+_p = ptr
 
 
 def test_e5m6_encoders_over_every_fp32_value(lib):

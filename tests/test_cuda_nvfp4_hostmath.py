@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,32 +20,17 @@ import torch
 from fp_recipes import formats
 from fp_recipes.ops import ref_nvfp4 as R
 
-ROOT = Path(__file__).resolve().parent.parent
+from _host_harness import ROOT, build_harness, ptr
+
 HARNESS = ROOT / "tests" / "nvfp4_host" / "nvfp4_host_harness.cpp"
-
-
-def _cuda_include() -> Path | None:
-    for base in ("/usr/local/cuda", shutil.which("nvcc") and str(Path(shutil.which("nvcc")).resolve().parent.parent)):
-        if base and (Path(base) / "include" / "cuda_fp8.h").is_file():
-            return Path(base) / "include"
-    return None
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    inc = _cuda_include()
-    if cxx is None or inc is None:
-        pytest.skip("needs a C++ compiler and the CUDA headers (cuda_fp8.h)")
-    out = tmp_path_factory.mktemp("nvfp4_host") / "libnvfp4_host.so"
-    cmd = [cxx, "-O1", "-std=c++17", "-ffp-contract=off", "-fPIC", "-shared", "-w",
-           f"-I{ROOT / 'fp_recipes' / 'csrc'}", f"-I{inc}", str(HARNESS), "-o", str(out)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return ctypes.CDLL(str(out))
+    return build_harness(HARNESS, tmp_path_factory.mktemp("nvfp4_host"), "nvfp4_host", "-O1")
 
 
-def _p(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+_p = ptr
 
 
 def host_quantize(lib, x, amax=None, rowwise=True, columnwise=False, block_2d=False, row_scaled=False,
