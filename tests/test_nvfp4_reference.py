@@ -513,7 +513,6 @@ def test_gemm_alpha_matches_dequantized_product_and_scales_are_not_folded():
 # ---- RHT ----------------------------------------------------------------------------------------------
 
 def _hadamard16() -> torch.Tensor:
-    i = torch.arange(16)
     pc = torch.tensor([[bin(a & b).count("1") for b in range(16)] for a in range(16)])
     return (1 - 2 * (pc % 2)).double()
 
