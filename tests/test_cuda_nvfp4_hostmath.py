@@ -21,6 +21,7 @@ from fp_recipes import formats
 from fp_recipes.ops import ref_nvfp4 as R
 
 from _host_harness import ROOT, build_harness, ptr
+from _nvfp4_stress import fos_stress
 
 HARNESS = ROOT / "tests" / "nvfp4_host" / "nvfp4_host_harness.cpp"
 
@@ -149,31 +150,12 @@ def test_quantize_modes(lib, kind, dtype):
                 lib.h_set_force_general(0)
 
 
-def _fos_stress(seed: int) -> torch.Tensor:
-    """Blocks that straddle the short-path bounds: scaled magnitudes near 4.5 / 7, E2M1 midpoints, E4M3
-    scales that round down (larger RN(bamax * enc)), subnormal E4M3 scales and near-tied candidates."""
-    g = torch.Generator().manual_seed(seed)
-    m, n = 64, 64
-    x = torch.randn(m, n, generator=g)
-    blocks = x.view(m, n // 16, 16)
-    # per-block dynamic range spread over 2^-30 .. 2^4 of the tensor's largest block
-    blocks.mul_(torch.exp2(torch.randint(-30, 5, (m, n // 16, 1), generator=g).float()))
-    # a third of the blocks: values on E2M1 midpoints relative to the block max
-    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 4.5, 4.25, 1.875, 3.75, 6.5, 6.9, 0.5, 1.0])
-    pick = torch.rand(m, n // 16, generator=g) < 0.33
-    scale = blocks.abs().amax(dim=-1, keepdim=True) / 6
-    perm = mids[torch.argsort(torch.rand(m, n // 16, 16, generator=g), dim=-1)]
-    blocks.copy_(torch.where(pick.unsqueeze(-1), perm * scale * torch.sign(torch.randn(m, n // 16, 16, generator=g)),
-                             blocks))
-    return x
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_four_over_six_paths(lib, seed):
     """4over6 over stress blocks, with the tensor amax as computed and as given (smaller and larger than the
     true one: clamped scales, huge and tiny global scales), and whole tensors scaled to the ends of the FP32
     range (the strict error's RN(q * sf * amax) then leaves [2^-80, FLT_MAX]); both paths, all modes."""
-    x0 = _fos_stress(seed)
+    x0 = fos_stress(seed)
     true_amax = x0.abs().amax()
     cases = [(x0, None), (x0, true_amax * 0.3), (x0, true_amax * 7.0), (x0, torch.tensor(3e38)),
              (x0, torch.tensor(1e-30))] + [(x0 * 2.0**k, None) for k in (-100, -118, 112.75, 116.5, 118.75)]

@@ -15,6 +15,7 @@ import torch
 
 from fp_recipes.ops import cuda_nvfp4 as K
 from fp_recipes.ops import ref_nvfp4 as R
+from _nvfp4_stress import fos_stress
 
 cuda = pytest.mark.cuda
 
@@ -268,30 +269,13 @@ BIG_CASES = [
 ]
 
 
-def _fos_stress(seed: int) -> torch.Tensor:
-    """Blocks across the 4over6 short-path bounds (as tests/test_cuda_nvfp4_hostmath.py): block ranges over
-    2^-30..2^4, a third of the blocks on E2M1 midpoints of their maximum."""
-    g = torch.Generator().manual_seed(seed)
-    m, n = 256, 512
-    x = torch.randn(m, n, generator=g)
-    blocks = x.view(m, n // 16, 16)
-    blocks.mul_(torch.exp2(torch.randint(-30, 5, (m, n // 16, 1), generator=g).float()))
-    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 4.5, 4.25, 1.875, 3.75, 6.5, 6.9, 0.5, 1.0])
-    pick = torch.rand(m, n // 16, generator=g) < 0.33
-    scale = blocks.abs().amax(dim=-1, keepdim=True) / 6
-    perm = mids[torch.argsort(torch.rand(m, n // 16, 16, generator=g), dim=-1)]
-    sign = torch.sign(torch.randn(m, n // 16, 16, generator=g))
-    blocks.copy_(torch.where(pick.unsqueeze(-1), perm * scale * sign, blocks))
-    return x
-
-
 @cuda
 @pytest.mark.parametrize("k", [0.0, -100.0, 116.5])
 @pytest.mark.parametrize("layout", ["1d", "row", "2d"])
 def test_four_over_six_stress(k, layout):
     """4over6 where warps mix blocks of the short and the general path, and (k != 0) the strict error's
     RN(q * sf * amax) leaves [2^-80, FLT_MAX]: every mode, both E, rowwise kernel and tile kernel."""
-    x = (_fos_stress(1) * 2.0**k).cuda()
+    x = (fos_stress(1, 256, 512) * 2.0**k).cuda()
     for (err, fast), emax in itertools.product(itertools.product(("MAE", "MSE"), (False, True)), (448, 256)):
         kw = dict(four_over_six=True, err_mode=err, err_fast_math=fast, e4m3_max=emax,
                   row_scaled=layout == "row", block_2d=layout == "2d", columnwise=layout == "2d")
