@@ -110,6 +110,19 @@ def _enqueue_ms(step, reps: int = 5) -> float:
     return best
 
 
+def _gpu_busy_ms(step, steps: int = 3) -> float:
+    """GPU kernel time of one step (sum of kernel durations, so the floor a host-bound step could reach
+    if its launches were free)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / steps / 1e3
+
+
 def _profile(step, rows: int = 12) -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -188,10 +201,11 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         print(f"    host time to enqueue one step (best of 5): {_enqueue_ms(step):.3f} ms")
         print(f"    step time (median of 10, CUDA events):     {_median_ms(step, 10):.3f} ms")
+        print(f"    GPU kernel time of one step (profiler):    {_gpu_busy_ms(step):.3f} ms")
     if args.only in ("all", "linear") and not args.no_isolate:
         _isolate()
     if not args.no_torch_profiler:
-        for label, step in cases[::2]:
+        for label, step in (cases if args.only == "grouped" else cases[::2]):
             print(f"\n== torch.profiler: {label}")
             _profile(step)
     return 0
