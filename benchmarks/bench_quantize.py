@@ -6,7 +6,8 @@ torch.compile comparators: torchao's float8 dynamic cast (``hp_tensor_to_float8_
 rowwise/axiswise) and a compiled ``(x * scale).clamp().to(float8)`` + amax for the given-scale cast.
 What each comparator computes is printed in the note column.
 
-Usage: python benchmarks/bench_quantize.py [--json PATH] [--quick] [--no-compile] [--only fp8,per_token,grouped]
+Usage: python benchmarks/bench_quantize.py [--json PATH] [--quick] [--no-compile]
+       [--only fp8,per_token,grouped,multi,nvfp4]
 NVFP4 rows come from benchmarks/bench_quantize_nvfp4.py (H5) when it defines ``run(table, quick)``.
 """
 
@@ -222,7 +223,79 @@ def run_grouped(table: Table, quick: bool, compile_: bool) -> None:
     torch.cuda.empty_cache()
 
 
-SECTIONS = {"fp8": run_fp8, "per_token": run_per_token, "grouped": run_grouped}
+# ---- multi-tensor (G separate tensors, one launch) -----------------------------------------------
+
+def _host_us(fn, iters: int = 200) -> float:
+    """Host microseconds per call (small inputs, so the GPU never holds the host back)."""
+    import time
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
+
+
+def run_multi(table: Table, quick: bool, compile_: bool) -> None:
+    """G = 8 experts of 2048 x 7168 bf16, both copies (rowwise + transposed), in one multi-tensor call,
+    against the single-tensor cast+transpose of the same total (16384 x 7168); plus host time per call
+    of the multi op against G single-tensor calls."""
+    from fp_recipes.ops import cuda_fp8 as cu
+
+    iters = 20 if quick else 100
+    g, rows, hidden = 8, 2048, 7168
+    total = g * rows
+    n = total * hidden
+    nbytes = 4 * n  # read bf16, write both FP8 copies
+    xs = _inputs((total, hidden), torch.bfloat16, 3 * n)
+    scale = torch.tensor(0.5, device="cuda")
+    scales = [torch.tensor(0.5 + 0.125 * i, device="cuda") for i in range(g)]
+    splits = [list(x.split(rows)) for x in xs]
+    s_single, s_multi = f"{total}x{hidden}", f"G={g} x {rows}x{hidden}"
+    print(f"FP8 multi-tensor, bf16 {s_multi}, both copies:", flush=True)
+    base = table.add("single cast+transpose (delayed)", "fp_recipes", s_single, nbytes,
+                     measure(lambda x: cu.fp8_quantize(x, scale, "e4m3", columnwise=True), [(x,) for x in xs],
+                             iters=iters), note="baseline for the multi rows")
+    row = table.add("multi cast+transpose (delayed)", "fp_recipes", s_multi, nbytes,
+                    measure(lambda m: cu._fp8_multi_quantize_impl(m, scales, "e4m3", True, True),
+                            [(m,) for m in splits], iters=iters))
+    row.note = f"{100.0 * row.gbps / base.gbps:.1f}% of single-tensor GB/s {row.note}"
+    row.extra["pct_of_single"] = 100.0 * row.gbps / base.gbps
+    base = table.add("single cast+transpose (current)", "fp_recipes", s_single, nbytes,
+                     measure(lambda x: cu.fp8_current_scaling_quantize(x, "e4m3", columnwise=True),
+                             [(x,) for x in xs], iters=iters), note="baseline for the multi rows")
+    row = table.add("multi cast+transpose (current)", "fp_recipes", s_multi, nbytes,
+                    measure(lambda m: cu._fp8_multi_current_impl(m, "e4m3", False, 0.0, True, True),
+                            [(m,) for m in splits], iters=iters))
+    row.note = f"{100.0 * row.gbps / base.gbps:.1f}% of single-tensor GB/s {row.note}"
+    row.extra["pct_of_single"] = 100.0 * row.gbps / base.gbps
+    # The per-expert loop the multi op replaces (G single-tensor calls).
+    table.add("per-expert loop cast+transpose (delayed)", "fp_recipes", s_multi, nbytes,
+              measure(lambda m: [cu.fp8_quantize(x, s, "e4m3", columnwise=True) for x, s in zip(m, scales)],
+                      [(m,) for m in splits], iters=iters), note=f"{g} single-tensor calls")
+    del xs, splits
+    torch.cuda.empty_cache()
+    small = list(torch.randn((g * 16, hidden), device="cuda").to(torch.bfloat16).split(16))
+    host = {
+        "multi delayed (eager entry)": _host_us(lambda: cu._fp8_multi_quantize_impl(small, scales, "e4m3", True, True)),
+        "multi delayed (dispatched op)": _host_us(lambda: cu.fp8_multi_quantize(small, scales, "e4m3", columnwise=True)),
+        "multi current (eager entry)": _host_us(lambda: cu._fp8_multi_current_impl(small, "e4m3", False, 0.0, True,
+                                                                                   True)),
+        f"{g} x single delayed": _host_us(lambda: [cu._fp8_quantize_impl(x, s, "e4m3", True, True)
+                                                   for x, s in zip(small, scales)]),
+        f"{g} x single current": _host_us(lambda: [cu._fp8_current_impl(x, "e4m3", False, 0.0, True, True)
+                                                   for x in small]),
+    }
+    for k, v in host.items():
+        print(f"  host time per call, {k:<32} {v:8.1f} us", flush=True)
+    table.notes.append("host us per call (G=8, both copies): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
+
+
+SECTIONS = {"fp8": run_fp8, "per_token": run_per_token, "grouped": run_grouped, "multi": run_multi}
 
 
 def main(argv=None) -> Table:
@@ -230,7 +303,7 @@ def main(argv=None) -> Table:
     ap.add_argument("--json", default=DEFAULT_JSON, help="where to write the results (default %(default)s)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile / torchao comparators")
-    ap.add_argument("--only", default="fp8,per_token,grouped,nvfp4", help="comma-separated sections")
+    ap.add_argument("--only", default="fp8,per_token,grouped,multi,nvfp4", help="comma-separated sections")
     a = ap.parse_args(argv)
     from fp_recipes.ops import backend
 

@@ -2,6 +2,9 @@
 // counts, dtype codes (common.h DType) and the CUDA stream as an int; fp_recipes/ops/cuda_fp8.py
 // validates tensors and calls these. Errors surface as Python ValueError/RuntimeError.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <vector>
 
 #include "common.h"
 #include "fp8_kernels.h"
@@ -24,6 +27,32 @@ PerTokenFmt pt_fmt(int code) {
 template <typename T = void>
 T* p(std::uintptr_t v) {
   return reinterpret_cast<T*>(v);
+}
+
+// Member descriptors of the multi-tensor casts from per-member lists (x, rows, and out / out_t /
+// scale, each either one entry per member or empty = null for every member).
+std::vector<Fp8MultiMember> multi_members(const char* what, const std::vector<std::uintptr_t>& x,
+                                          const std::vector<int64_t>& rows, const std::vector<std::uintptr_t>& out,
+                                          const std::vector<std::uintptr_t>& out_t,
+                                          const std::vector<std::uintptr_t>& scale) {
+  const size_t g = x.size();
+  const std::string w(what);
+  require(rows.size() == g, w + ": " + std::to_string(g) + " inputs but " + std::to_string(rows.size()) + " row counts");
+  require(out.empty() || out.size() == g, w + ": out must have one pointer per member or none, got " +
+                                              std::to_string(out.size()) + " for " + std::to_string(g) + " members");
+  require(out_t.empty() || out_t.size() == g, w + ": out_t must have one pointer per member or none, got " +
+                                                  std::to_string(out_t.size()) + " for " + std::to_string(g) + " members");
+  require(scale.empty() || scale.size() == g, w + ": scales must have one pointer per member or none, got " +
+                                                  std::to_string(scale.size()) + " for " + std::to_string(g) + " members");
+  std::vector<Fp8MultiMember> m(g);
+  for (size_t i = 0; i < g; ++i) {
+    m[i].x = p(x[i]);
+    m[i].rows = rows[i];
+    m[i].out = out.empty() ? nullptr : p(out[i]);
+    m[i].out_t = out_t.empty() ? nullptr : p(out_t[i]);
+    m[i].scale = scale.empty() ? nullptr : p<const float>(scale[i]);
+  }
+  return m;
 }
 }  // namespace
 
@@ -89,6 +118,34 @@ void register_fp8(py::module_& m) {
         },
         py::arg("data"), py::arg("fp8_dtype"), py::arg("n"), py::arg("offsets"), py::arg("num_groups"),
         py::arg("scale_inv"), py::arg("out"), py::arg("out_dtype"), py::arg("stream"));
+  m.def("fp8_multi_quantize",
+        [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
+           const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t,
+           const std::vector<std::uintptr_t>& scales, int out_dtype, std::uintptr_t scale_out,
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream) {
+          const auto m = multi_members("fp8_multi_quantize", x, rows, out, out_t, scales);
+          launch_fp8_multi_quantize(m.data(), int64_t(m.size()), cols, dt(in_dtype), dt(out_dtype), p<float>(scale_out),
+                                    p<float>(scale_inv), p<float>(amax), as_stream(stream));
+        },
+        py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
+        py::arg("scales"), py::arg("out_dtype"), py::arg("scale_out"), py::arg("scale_inv"), py::arg("amax"),
+        py::arg("stream"),
+        "Delayed-scaling FP8 cast of many (rows[g], cols) tensors in one launch; out / out_t / scales: one "
+        "pointer per member or an empty list (none).");
+  m.def("fp8_multi_current_scaling_quantize",
+        [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
+           const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t, int out_dtype,
+           bool power_2, float amax_epsilon, std::uintptr_t scale, std::uintptr_t scale_inv, std::uintptr_t amax,
+           std::uintptr_t stream) {
+          const auto m = multi_members("fp8_multi_current_scaling_quantize", x, rows, out, out_t, {});
+          launch_fp8_multi_current_scaling_quantize(m.data(), int64_t(m.size()), cols, dt(in_dtype), dt(out_dtype),
+                                                    power_2, amax_epsilon, p<float>(scale), p<float>(scale_inv),
+                                                    p<float>(amax), as_stream(stream));
+        },
+        py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
+        py::arg("out_dtype"), py::arg("power_2"), py::arg("amax_epsilon"), py::arg("scale"), py::arg("scale_inv"),
+        py::arg("amax"), py::arg("stream"),
+        "Current-scaling FP8 cast of many (rows[g], cols) tensors: one amax launch, one cast launch.");
   m.def("per_token_cast",
         [](std::uintptr_t x, int in_dtype, int64_t tokens, int64_t hidden, int fmt, bool round_sf, bool ue8m0,
            int64_t block_size, std::uintptr_t data, std::uintptr_t scales, std::uintptr_t stream) {

@@ -9,6 +9,7 @@
 // and merged with one atomicMax per block and group. Groups: a block looks up the group of each tile
 // from the offsets; a tile inside one group takes the vector path; a tile that straddles group
 // boundaries (at most one per boundary) walks its elements one by one. No per-group arrays anywhere.
+// The tile-level device code is in fp8_device.cuh, shared with fp8_multi_cast.cu.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -18,91 +19,11 @@
 
 #include "common.h"
 #include "formats.cuh"
+#include "fp8_device.cuh"
 #include "fp8_kernels.h"
 
 namespace fp_recipes {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
-
-// ---------------------------------------------------------------------------------------------
-// Input element helpers
-template <typename T>
-struct Vec16 {
-  static constexpr int kElems = 16 / sizeof(T);
-};
-
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ void unpack16(const uint4& u, float* f);
-
-template <>
-__device__ __forceinline__ void unpack16<float>(const uint4& u, float* f) {
-  f[0] = __uint_as_float(u.x);
-  f[1] = __uint_as_float(u.y);
-  f[2] = __uint_as_float(u.z);
-  f[3] = __uint_as_float(u.w);
-}
-
-template <>
-__device__ __forceinline__ void unpack16<__half>(const uint4& u, float* f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    __half2 h = *reinterpret_cast<const __half2*>(&w[i]);
-    float2 p = __half22float2(h);
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
-
-template <>
-__device__ __forceinline__ void unpack16<__nv_bfloat16>(const uint4& u, float* f) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    // bf16 -> fp32 is a 16-bit shift: exact, NaN payloads kept.
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
-  }
-}
-
-template <typename OutT>
-__device__ __forceinline__ OutT from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Block-wide max of unsigned keys; the result is valid in thread 0. Ends with a barrier so the
-// shared scratch may be reused immediately (no iteration-to-iteration race: seed 001).
-__device__ __forceinline__ uint32_t block_max_key(uint32_t key) {
-  __shared__ uint32_t warp_keys[kThreads / 32];
-  key = __reduce_max_sync(0xFFFFFFFFu, key);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_keys[warp] = key;
-  __syncthreads();
-  if (warp == 0) {
-    key = lane < kThreads / 32 ? warp_keys[lane] : 0u;
-    key = __reduce_max_sync(0xFFFFFFFFu, key);
-  }
-  __syncthreads();
-  return key;
-}
-
-__device__ __forceinline__ void flush_amax(uint32_t key, uint32_t* amax_bits) {
-  key = block_max_key(canonical_key(key));
-  if (threadIdx.x == 0 && key != 0u) atomicMax(amax_bits, key);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Where the scale comes from: a given FP32 scale (delayed scaling), or computed from an amax on the
@@ -117,22 +38,6 @@ struct ScaleSpec {
   float* scale_inv_out;   // written
 };
 
-// The current-scaling rule of the reference (ops/ref_fp8.py, fp8_current_scaling_quantize):
-// a = max(amax, eps) (NaN stays NaN); scale = RN(fmt_max / a), +Inf -> FLT_MAX; a == 0 or a not
-// finite -> 1; power of two: keep only sign and exponent bits (2^floor(log2 scale), exact).
-__device__ __forceinline__ float fp8_current_scale(float amax, float fmt_max, float eps, int pow2) {
-  float a = (amax < eps) ? eps : amax;  // NaN compares false: NaN kept
-  float scale;
-  if (!(a > 0.0f) || !isfinite(a)) {
-    scale = 1.0f;
-  } else {
-    scale = __fdiv_rn(fmt_max, a);
-    if (isinf(scale)) scale = FLT_MAX;
-  }
-  if (pow2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
-  return scale;
-}
-
 __device__ __forceinline__ float resolve_scale(const ScaleSpec& spec) {
   float s = spec.amax_in != nullptr
                 ? fp8_current_scale(*spec.amax_in, spec.fmt_max, spec.amax_epsilon, spec.power_2)
@@ -142,89 +47,6 @@ __device__ __forceinline__ float resolve_scale(const ScaleSpec& spec) {
     if (spec.scale_inv_out != nullptr) *spec.scale_inv_out = __fdiv_rn(1.0f, s);
   }
   return s;
-}
-
-// ---------------------------------------------------------------------------------------------
-// One 16-byte vector of inputs -> V FP8 bytes at dst (with the amax folded into key).
-template <typename T, Fp8Fmt F, bool kAmax, bool kStore>
-__device__ __forceinline__ void cast_vec(const uint4& in, float s, uint8_t* __restrict__ dst, uint32_t& key) {
-  constexpr int V = Vec16<T>::kElems;
-  float f[V];
-  unpack16<T>(in, f);
-  uint32_t w[V / 4];
-#pragma unroll
-  for (int j = 0; j < V; j += 2) {
-    if (kAmax) key = max(key, max(abs_key(f[j]), abs_key(f[j + 1])));
-    if (kStore) {
-      uint32_t p = encode_fp8x2<F>(__fmul_rn(f[j], s), __fmul_rn(f[j + 1], s));
-      if ((j & 2) == 0) {
-        w[j / 4] = p;
-      } else {
-        w[j / 4] |= p << 16;
-      }
-    }
-  }
-  if constexpr (kStore) {
-    if constexpr (V == 8) {
-      __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
-    } else {
-      __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
-    }
-  }
-}
-
-// One tile [ts, te) of elements that all use scale s. Full aligned tiles: 16-byte vectors, all
-// kUnroll loads in flight before use. Otherwise (tail, misaligned base): element by element.
-template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
-__device__ __forceinline__ void cast_tile(const T* __restrict__ x, uint8_t* __restrict__ out,
-                                          int64_t ts, int64_t te, float s, uint32_t& key) {
-  constexpr int V = Vec16<T>::kElems;
-  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
-  if (kVec && te - ts == kTile) {
-    uint4 in[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      in[k] = __ldcs(reinterpret_cast<const uint4*>(x + ts + (int64_t(k) * kThreads + threadIdx.x) * V));
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      cast_vec<T, F, kAmax, true>(in[k], s, out + ts + (int64_t(k) * kThreads + threadIdx.x) * V, key);
-    }
-  } else {
-    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) {
-      float f = to_f32(x[i]);
-      if (kAmax) key = max(key, abs_key(f));
-      out[i] = encode_fp8<F>(__fmul_rn(f, s));
-    }
-  }
-}
-
-template <typename T, bool kVec>
-__device__ __forceinline__ void amax_tile(const T* __restrict__ x, int64_t ts, int64_t te, uint32_t& key) {
-  constexpr int V = Vec16<T>::kElems;
-  constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
-  if (kVec && te - ts == kTile) {
-    uint4 in[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      in[k] = __ldg(reinterpret_cast<const uint4*>(x + ts + (int64_t(k) * kThreads + threadIdx.x) * V));
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      float f[V];
-      unpack16<T>(in[k], f);
-#pragma unroll
-      for (int j = 0; j < V; ++j) key = max(key, abs_key(f[j]));
-    }
-  } else {
-    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) key = max(key, abs_key(to_f32(x[i])));
-  }
-}
-
-// The contiguous tile range [t0, t1) of this block in a persistent grid.
-__device__ __forceinline__ void block_tile_range(int64_t ntiles, int64_t& t0, int64_t& t1) {
-  t0 = ntiles * blockIdx.x / gridDim.x;
-  t1 = ntiles * (blockIdx.x + 1) / gridDim.x;
 }
 
 template <typename T, bool kVec>
@@ -258,92 +80,17 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x,
   if (kAmax) flush_amax(key, amax_bits);
 }
 
-// Rowwise and/or transposed copies in one pass over 64x64 tiles staged in shared memory.
-constexpr int kTR = 64, kTC = 64, kTPad = 2;
-
+// Rowwise and/or transposed copies in one pass: one 64x64 tile (cast_transpose_tile) per block.
 template <typename T, Fp8Fmt F, bool kAmax>
 __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __restrict__ x, int64_t M,
                                                                   int64_t N, ScaleSpec spec, bool vec_ok,
                                                                   uint8_t* __restrict__ out,
                                                                   uint8_t* __restrict__ out_t,
                                                                   uint32_t* __restrict__ amax_bits) {
-  constexpr int V = Vec16<T>::kElems;
-  constexpr int kVPR = kTC / V;                  // vectors per tile row
-  constexpr int kIters = kTR * kVPR / kThreads;  // vector loads per thread
-  static_assert(kTR * kVPR % kThreads == 0, "tile must split evenly");
-  __shared__ uint8_t tile[kTR][kTC + kTPad];
   const float s = resolve_scale(spec);
-  const int64_t r0 = int64_t(blockIdx.y) * kTR, c0 = int64_t(blockIdx.x) * kTC;
-  const bool full = r0 + kTR <= M && c0 + kTC <= N;
   uint32_t key = 0;
-  if (vec_ok && full) {
-    uint4 in[kIters];
-#pragma unroll
-    for (int k = 0; k < kIters; ++k) {
-      const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
-      in[k] = __ldcs(reinterpret_cast<const uint4*>(x + (r0 + r) * N + c0 + cv * V));
-    }
-#pragma unroll
-    for (int k = 0; k < kIters; ++k) {
-      const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
-      float f[V];
-      unpack16<T>(in[k], f);
-      uint32_t w[V / 4];
-#pragma unroll
-      for (int j = 0; j < V; j += 2) {
-        if (kAmax) key = max(key, max(abs_key(f[j]), abs_key(f[j + 1])));
-        uint32_t p = encode_fp8x2<F>(__fmul_rn(f[j], s), __fmul_rn(f[j + 1], s));
-        tile[r][cv * V + j] = static_cast<uint8_t>(p);
-        tile[r][cv * V + j + 1] = static_cast<uint8_t>(p >> 8);
-        if ((j & 2) == 0) {
-          w[j / 4] = p;
-        } else {
-          w[j / 4] |= p << 16;
-        }
-      }
-      if (out != nullptr) {
-        uint8_t* dst = out + (r0 + r) * N + c0 + cv * V;
-        if constexpr (V == 8) {
-          __stcs(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
-        } else {
-          __stcs(reinterpret_cast<unsigned int*>(dst), w[0]);
-        }
-      }
-    }
-  } else {
-    for (int i = threadIdx.x; i < kTR * kTC; i += kThreads) {
-      const int r = i / kTC, c = i % kTC;
-      if (r0 + r < M && c0 + c < N) {
-        const float f = to_f32(x[(r0 + r) * N + c0 + c]);
-        if (kAmax) key = max(key, abs_key(f));
-        const uint8_t b = encode_fp8<F>(__fmul_rn(f, s));
-        tile[r][c] = b;
-        if (out != nullptr) out[(r0 + r) * N + c0 + c] = b;
-      }
-    }
-  }
-  __syncthreads();
-  if (out_t != nullptr) {
-    // Thread -> (column c of the tile, 16-row segment seg): one 16-byte store of out_t[c0 + c, r0 + seg*16 ...].
-    const int c = threadIdx.x / 4, seg = threadIdx.x % 4;
-    if (c0 + c < N) {
-      const int64_t base = (c0 + c) * M + r0 + seg * 16;
-      if (r0 + kTR <= M && M % 16 == 0) {
-        uint32_t w[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          w[q] = uint32_t(tile[seg * 16 + 4 * q][c]) | (uint32_t(tile[seg * 16 + 4 * q + 1][c]) << 8) |
-                 (uint32_t(tile[seg * 16 + 4 * q + 2][c]) << 16) |
-                 (uint32_t(tile[seg * 16 + 4 * q + 3][c]) << 24);
-        }
-        __stcs(reinterpret_cast<uint4*>(out_t + base), make_uint4(w[0], w[1], w[2], w[3]));
-      } else {
-        for (int j = 0; j < 16; ++j) {
-          if (r0 + seg * 16 + j < M) out_t[base + j] = tile[seg * 16 + j][c];
-        }
-      }
-    }
-  }
+  cast_transpose_tile<T, F, kAmax>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s, vec_ok,
+                                   M % 16 == 0, out, out_t, key);
   if (kAmax) flush_amax(key, amax_bits);
 }
 
@@ -639,69 +386,7 @@ __global__ void __launch_bounds__(kThreads, 8) dequant_kernel(const uint8_t* __r
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
-int sm_count() {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  static int cached[64] = {0};
-  if (dev < 64 && cached[dev] > 0) return cached[dev];
-  int n = 0;
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  if (dev < 64) cached[dev] = n;
-  return n;
-}
-
-// Persistent grid: as many resident blocks as the kernel's occupancy allows, at most one per tile.
-template <typename Kernel>
-int64_t persistent_grid(Kernel kernel, int64_t ntiles) {
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int64_t resident = int64_t(std::max(per_sm, 1)) * sm_count();
-  return std::max<int64_t>(1, std::min<int64_t>(ntiles, resident));
-}
-
-Fp8Fmt fp8_fmt_of(DType t, const char* what) {
-  if (t == DType::kFloat8E4M3) return Fp8Fmt::kE4M3;
-  if (t == DType::kFloat8E5M2) return Fp8Fmt::kE5M2;
-  throw std::invalid_argument(std::string("fp_recipes: ") + what + " must be float8_e4m3fn or float8_e5m2, got " +
-                              dtype_name(t));
-}
-
-void require_input_dtype(DType t, const char* what) {
-  require(t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16,
-          std::string(what) + " must be float32, float16 or bfloat16, got " + dtype_name(t));
-}
-
-template <typename Fn>
-void dispatch_input(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::kFloat32: fn(float{}); break;
-    case DType::kFloat16: fn(__half{}); break;
-    case DType::kBFloat16: fn(__nv_bfloat16{}); break;
-    default: require(false, std::string("unsupported input dtype ") + dtype_name(t));
-  }
-}
-
-template <typename Fn>
-void dispatch_fmt(Fp8Fmt f, Fn&& fn) {
-  if (f == Fp8Fmt::kE4M3) {
-    fn(std::integral_constant<Fp8Fmt, Fp8Fmt::kE4M3>{});
-  } else {
-    fn(std::integral_constant<Fp8Fmt, Fp8Fmt::kE5M2>{});
-  }
-}
-
-template <typename Fn>
-void dispatch_bool(bool b, Fn&& fn) {
-  if (b) fn(std::true_type{}); else fn(std::false_type{});
-}
-
-void zero_amax(float* amax, int64_t count, cudaStream_t stream) {
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(float) * size_t(count), stream), "cudaMemsetAsync(amax)");
-}
+// Host side (the shared helpers are in fp8_device.cuh)
 
 // grid > 0: use that many blocks (current scaling gives the amax kernel the cast kernel's grid, so
 // that both split the tensor into the same per-block ranges).

@@ -1,6 +1,6 @@
 // Host launchers of the FP8 kernel family: per-tensor FP8 casts with fused amax, grouped FP8
-// per-tensor casts, and per-token E5M6 / E4M3 casts. Framework-agnostic: raw device pointers,
-// element counts, dtype codes and a stream. Every launcher validates its arguments (throws
+// per-tensor casts, multi-tensor FP8 casts (many tensors, one launch), and per-token E5M6 / E4M3
+// casts. Framework-agnostic: raw device pointers, element counts, dtype codes and a stream. Every launcher validates its arguments (throws
 // std::invalid_argument with a clear message) and checks every launch (std::runtime_error).
 #pragma once
 
@@ -47,6 +47,32 @@ void launch_fp8_grouped_amax(const void* x, DType in_dtype, int64_t n, const int
 void launch_fp8_grouped_dequantize(const void* data, DType fp8_dtype, int64_t n, const int64_t* offsets,
                                    int64_t num_groups, const float* scale_inv, void* out,
                                    DType out_dtype, cudaStream_t stream);
+
+// Multi-tensor casts: G separate row-major (rows_g, cols) inputs, all of in_dtype, quantized in one
+// launch per chunk of members (G = 8: one launch for delayed, two for current scaling, plus one memset
+// of amax). Member g's bytes equal those of launch_fp8_quantize / launch_fp8_current_scaling_quantize
+// on member g alone. scale_out / scale_inv / amax are contiguous (G,) FP32 device arrays indexed by
+// member; any G >= 0, rows_g >= 0 (an empty member still gets scale_inv, amax 0 and the scale rule).
+struct Fp8MultiMember {
+  const void* x;       // (rows, cols) row-major contiguous; may be null when rows * cols == 0
+  int64_t rows;        // >= 0
+  void* out;           // (rows, cols) FP8, or null (not wanted)
+  void* out_t;         // (cols, rows) FP8, or null (not wanted)
+  const float* scale;  // delayed scaling: this member's FP32 scale (device scalar); unused by current
+};
+
+// Delayed: data = satRN(RN(x * scale_g)), scale_inv[g] = RN(1 / scale_g), amax[g] = max |x_g| (same
+// pass); scale_out[g] = scale_g (the scales gathered; scale_out may be null).
+void launch_fp8_multi_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols, DType in_dtype,
+                               DType out_dtype, float* scale_out, float* scale_inv, float* amax,
+                               cudaStream_t stream);
+
+// Current: an amax pass over all members, then the cast with scale[g] computed on the device from
+// amax[g] (fp8_current_scale: power_2, amax_epsilon). Writes amax, scale, scale_inv.
+void launch_fp8_multi_current_scaling_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols,
+                                               DType in_dtype, DType out_dtype, bool power_2_scale,
+                                               float amax_epsilon, float* scale, float* scale_inv, float* amax,
+                                               cudaStream_t stream);
 
 // Per-token casts. fmt: 0 = E5M6 (packed 8 codes in 12 bytes), 1 = E4M3. block_size divides hidden
 // (== hidden for one scale per token). scales: FP32 (tokens, hidden/block_size) holding the dequant

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Optional
+from itertools import accumulate
+from typing import Optional, Sequence
 
 import torch
 
 from . import backend
 from .ref_fp8 import (
     FP8GroupedQuantized,
+    FP8MultiQuantized,
     FP8Quantized,
     _check_offsets,
     check_amax_input,
@@ -34,6 +36,8 @@ from .ref_fp8 import (
     check_grouped_amax_args,
     check_grouped_dequantize_args,
     check_grouped_quantize_args,
+    check_multi_current_args,
+    check_multi_quantize_args,
 )
 from .ref_per_token import PerTokenQuantized, check_cast_back_args, check_per_token_cast_args
 
@@ -303,6 +307,145 @@ def _(data, offsets, scale_inv, out_dtype):
     return data.new_empty(data.shape, dtype=out_dtype)
 
 
+# ---- custom ops: multi-tensor (G separate tensors, one launch) ------------------------------------
+# The custom ops return the two output buffers whole (outputs of a custom op may not alias each other);
+# the per-member views are taken outside, by _multi_result. Eager callers (the GroupedLinear hot path)
+# use _fp8_multi_quantize_impl / _fp8_multi_current_impl: no validation beyond what the kernel's
+# launcher checks, one pass over the members to collect pointers, one launch (delayed) or two (current).
+
+def _multi_buffers(xs, fmt: str, rowwise: bool, columnwise: bool, total: int, cols: int):
+    """The (total, cols) rowwise buffer and the (total * cols,) transposed buffer (empty when unwanted)."""
+    x0, dt = xs[0], FP8_DTYPE[fmt]
+    data = x0.new_empty((total, cols) if rowwise else _EMPTY_SHAPE, dtype=dt)
+    data_t = x0.new_empty((total * cols,) if columnwise else _EMPTY_SHAPE, dtype=dt)
+    return data, data_t
+
+
+def _multi_pointers(xs, rows: list, cols: int, data: torch.Tensor, data_t: torch.Tensor, rowwise: bool,
+                    columnwise: bool):
+    """Per-member input pointers and output pointers into the two buffers (plain int arithmetic)."""
+    starts = list(accumulate(rows, initial=0))[:-1]
+    x_ptrs = [x.data_ptr() for x in xs]
+    out = [data.data_ptr() + s * cols for s in starts] if rowwise and data.numel() else []
+    out_t = [data_t.data_ptr() + s * cols for s in starts] if columnwise and data_t.numel() else []
+    return x_ptrs, out, out_t
+
+
+def _multi_scalars(x0: torch.Tensor, g: int, separate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """scale_inv, amax, scale (G,) FP32: one allocation on the eager path; three where they are the
+    outputs of a custom op (which may not alias each other)."""
+    if separate:
+        return tuple(x0.new_empty((g,), dtype=torch.float32) for _ in range(3))  # type: ignore[return-value]
+    f32 = x0.new_empty((3, g), dtype=torch.float32)
+    return f32[0], f32[1], f32[2]
+
+
+def _multi_delayed(xs, scales, fmt: str, rowwise: bool, columnwise: bool, separate: bool):
+    x0 = xs[0]
+    device, cols = x0.device, x0.shape[1]
+    rows = [x.shape[0] for x in xs]
+    data, data_t = _multi_buffers(xs, fmt, rowwise, columnwise, sum(rows), cols)
+    scale_inv, amax, scale = _multi_scalars(x0, len(rows), separate)
+    x_ptrs, out, out_t = _multi_pointers(xs, rows, cols, data, data_t, rowwise, columnwise)
+    with _on(device):
+        _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
+                                  [s.data_ptr() for s in scales], DTYPE_CODE[data.dtype], scale.data_ptr(),
+                                  scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+    return data, data_t, scale_inv, amax, scale
+
+
+def _multi_current(xs, fmt: str, power_2: bool, eps: float, rowwise: bool, columnwise: bool, separate: bool):
+    x0 = xs[0]
+    device, cols = x0.device, x0.shape[1]
+    rows = [x.shape[0] for x in xs]
+    data, data_t = _multi_buffers(xs, fmt, rowwise, columnwise, sum(rows), cols)
+    scale_inv, amax, scale = _multi_scalars(x0, len(rows), separate)
+    x_ptrs, out, out_t = _multi_pointers(xs, rows, cols, data, data_t, rowwise, columnwise)
+    with _on(device):
+        _ext().fp8_multi_current_scaling_quantize(
+            x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[data.dtype], bool(power_2),
+            float(eps), scale.data_ptr(), scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+    return data, data_t, scale_inv, amax, scale
+
+
+def _fp8_multi_quantize_buffers(xs: list[torch.Tensor], scales: list[torch.Tensor], fmt: str, rowwise: bool,
+                                columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           torch.Tensor]:
+    _require_cuda("fp8_multi_quantize", **{f"xs[{i}]": x for i, x in enumerate(xs)},
+                  **{f"scales[{i}]": s for i, s in enumerate(scales)})
+    return _multi_delayed(xs, scales, fmt, rowwise, columnwise, True)
+
+
+def _fp8_multi_current_buffers(xs: list[torch.Tensor], fmt: str, use_power_2_scales: bool, amax_epsilon: float,
+                               rowwise: bool, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor, torch.Tensor]:
+    _require_cuda("fp8_multi_current_scaling_quantize", **{f"xs[{i}]": x for i, x in enumerate(xs)})
+    return _multi_current(xs, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, True)
+
+
+def _multi_fake(xs, fmt, rowwise, columnwise):
+    rows = sum(x.shape[0] for x in xs)
+    data, data_t = _multi_buffers(xs, fmt, rowwise, columnwise, rows, xs[0].shape[1])
+    g = len(xs)
+    return data, data_t, *(xs[0].new_empty((g,), dtype=torch.float32) for _ in range(3))
+
+
+_fp8_multi_quantize_op = torch.library.custom_op("fp_recipes::fp8_multi_quantize",
+                                                 mutates_args=())(_fp8_multi_quantize_buffers)
+
+
+@_fp8_multi_quantize_op.register_fake
+def _(xs, scales, fmt, rowwise, columnwise):
+    return _multi_fake(xs, fmt, rowwise, columnwise)
+
+
+_fp8_multi_current_op = torch.library.custom_op("fp_recipes::fp8_multi_current_scaling_quantize",
+                                                mutates_args=())(_fp8_multi_current_buffers)
+
+
+@_fp8_multi_current_op.register_fake
+def _(xs, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
+    return _multi_fake(xs, fmt, rowwise, columnwise)
+
+
+def _multi_result(xs, buffers, rowwise: bool, columnwise: bool) -> FP8MultiQuantized:
+    """Per-member views of the two buffers (FP8MultiQuantized's layout)."""
+    data, data_t, scale_inv, amax, scale = buffers
+    rows = [x.shape[0] for x in xs]
+    g = len(rows)
+    if rowwise:
+        data_views = list(data.split(rows))
+    else:
+        data_views = [None] * g
+    if columnwise:
+        cols = xs[0].shape[1]
+        data_t_views = [v.view(cols, r) for v, r in zip(data_t.split([r * cols for r in rows]), rows)]
+    else:
+        data_t_views = [None] * g
+    return FP8MultiQuantized(data=data_views, data_t=data_t_views, scale_inv=scale_inv, amax=amax, scale=scale)
+
+
+def _fp8_multi_quantize_impl(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, rowwise: bool,
+                             columnwise: bool) -> FP8MultiQuantized:
+    """Eager, validation-light entry point (the module hot path): xs contiguous 2-D CUDA tensors of one
+    dtype/device/cols (a non-empty list), scales FP32 scalars on that device, fmt 'e4m3' or 'e5m2'."""
+    return _multi_result(xs, _multi_delayed(xs, scales, fmt, rowwise, columnwise, False), rowwise, columnwise)
+
+
+def _fp8_multi_current_impl(xs: Sequence[torch.Tensor], fmt: str, power_2: bool, eps: float, rowwise: bool,
+                            columnwise: bool) -> FP8MultiQuantized:
+    """Eager, validation-light entry point of current scaling (see _fp8_multi_quantize_impl)."""
+    return _multi_result(xs, _multi_current(xs, fmt, power_2, eps, rowwise, columnwise, False), rowwise, columnwise)
+
+
+def _contiguous_members(xs: Sequence[torch.Tensor], op: str) -> list[torch.Tensor]:
+    out = list(xs)
+    for i, x in enumerate(out):
+        if not x.is_contiguous():
+            out[i] = _contiguous(x, op, f"xs[{i}]")
+    return out
+
+
 # ---- custom ops: per token -----------------------------------------------------------------------
 
 def _per_token_shapes(t: int, h: int, fmt: str, block: int, scale_format: str):
@@ -423,6 +566,35 @@ def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv:
         data, _contiguous(offsets, what, "offsets"), _contiguous(scale_inv, what, "scale_inv"), out_dtype)
 
 
+@backend.register_cuda_impl("fp8_multi_quantize")
+def fp8_multi_quantize(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, *, rowwise: bool = True,
+                       columnwise: bool = False) -> FP8MultiQuantized:
+    what = "fp8_multi_quantize"
+    fmt = check_multi_quantize_args(xs, scales, fmt, rowwise, columnwise)
+    xs = _contiguous_members(xs, what)
+    rowwise, columnwise = bool(rowwise), bool(columnwise)
+    if torch.compiler.is_compiling() or not xs[0].is_cuda:  # traced, or meta/fake (or CPU: refused there)
+        buffers = _fp8_multi_quantize_op(xs, list(scales), fmt, rowwise, columnwise)
+    else:
+        buffers = _multi_delayed(xs, scales, fmt, rowwise, columnwise, False)
+    return _multi_result(xs, buffers, rowwise, columnwise)
+
+
+@backend.register_cuda_impl("fp8_multi_current_scaling_quantize")
+def fp8_multi_current_scaling_quantize(xs: Sequence[torch.Tensor], fmt: str, *, use_power_2_scales: bool = False,
+                                       amax_epsilon: float = 0.0, rowwise: bool = True,
+                                       columnwise: bool = False) -> FP8MultiQuantized:
+    what = "fp8_multi_current_scaling_quantize"
+    fmt = check_multi_current_args(xs, fmt, amax_epsilon, rowwise, columnwise)
+    xs = _contiguous_members(xs, what)
+    args = (fmt, bool(use_power_2_scales), float(amax_epsilon), bool(rowwise), bool(columnwise))
+    if torch.compiler.is_compiling() or not xs[0].is_cuda:
+        buffers = _fp8_multi_current_op(list(xs), *args)
+    else:
+        buffers = _multi_current(xs, *args, False)
+    return _multi_result(xs, buffers, bool(rowwise), bool(columnwise))
+
+
 def _per_token_limits() -> dict:
     ext = backend.extension()
     if ext is None:
@@ -474,6 +646,8 @@ __all__ = [
     "fp8_grouped_amax",
     "fp8_grouped_dequantize",
     "fp8_grouped_quantize",
+    "fp8_multi_current_scaling_quantize",
+    "fp8_multi_quantize",
     "fp8_quantize",
     "per_token_cast",
 ]

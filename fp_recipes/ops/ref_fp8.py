@@ -15,7 +15,7 @@ quantizing ``x.T`` gives exactly the transposed bytes.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -45,6 +45,23 @@ class FP8GroupedQuantized(NamedTuple):
     data: torch.Tensor
     scale_inv: torch.Tensor
     amax: torch.Tensor
+
+
+class FP8MultiQuantized(NamedTuple):
+    """Result of :func:`fp8_multi_quantize` / :func:`fp8_multi_current_scaling_quantize` over G tensors.
+
+    data: per member the (rows_g, cols) fp8 copy, or None when not rowwise; the members are views of ONE
+    (sum(rows), cols) buffer, in order. data_t: per member the (cols, rows_g) fp8 copy, or None when not
+    columnwise; views of ONE flat buffer holding the members' (cols, rows_g) blocks one after another.
+    scale_inv, amax, scale: (G,) FP32, entry g for member g (delayed: scale is the given scales gathered;
+    current: the computed scales).
+    """
+
+    data: list
+    data_t: list
+    scale_inv: torch.Tensor
+    amax: torch.Tensor
+    scale: torch.Tensor
 
 
 # ---- validation (shared with ref_per_token) -------------------------------------------------------
@@ -332,6 +349,113 @@ def fp8_grouped_dequantize(data: torch.Tensor, offsets: torch.Tensor, scale_inv:
     return (flat * scale_inv[ids]).to(out_dtype).reshape(data.shape)
 
 
+# ---- multi-tensor (G separate tensors, one launch on CUDA) -----------------------------------------
+
+def check_multi_inputs(xs: Sequence[torch.Tensor], what: str) -> None:
+    """The inputs of the multi-tensor casts: a non-empty sequence of 2-D float tensors with the same
+    number of columns, dtype and device (shared with the CUDA wrapper)."""
+    if isinstance(xs, torch.Tensor) or not isinstance(xs, (list, tuple)):
+        raise TypeError(f"{what}: xs must be a list or tuple of 2-D tensors (e.g. x.split(m_splits)), got "
+                        f"{type(xs).__name__}")
+    if len(xs) == 0:
+        raise ValueError(f"{what}: xs is empty; pass at least one tensor (members may have 0 rows)")
+    x0 = xs[0]
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{what}: xs[{i}] must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{what}: xs[{i}] has dtype {_dtype_name(x.dtype)}; allowed: float32, float16, bfloat16")
+        if x.dim() != 2:
+            raise ValueError(f"{what}: xs[{i}] must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+        if i == 0:
+            continue
+        if x.dtype != x0.dtype:
+            raise TypeError(f"{what}: all members must have one dtype; xs[{i}] is {_dtype_name(x.dtype)} but xs[0] "
+                            f"is {_dtype_name(x0.dtype)}")
+        if x.shape[1] != x0.shape[1]:
+            raise ValueError(f"{what}: all members must have the same number of columns; xs[{i}] has "
+                             f"{x.shape[1]} but xs[0] has {x0.shape[1]}")
+        if x.device != x0.device:
+            raise ValueError(f"{what}: all members must be on one device; xs[{i}] is on {x.device} but xs[0] is on "
+                             f"{x0.device}")
+
+
+def check_multi_quantize_args(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, rowwise: bool,
+                              columnwise: bool) -> str:
+    """fp8_multi_quantize's argument checks (shared with the CUDA wrapper); returns the normalised fmt."""
+    what = "fp8_multi_quantize"
+    check_multi_inputs(xs, what)
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    if isinstance(scales, torch.Tensor) or not isinstance(scales, (list, tuple)):
+        raise TypeError(f"{what}: scales must be a list or tuple of FP32 scalar tensors (one per member), got "
+                        f"{type(scales).__name__}")
+    if len(scales) != len(xs):
+        raise ValueError(f"{what}: {len(xs)} members but {len(scales)} scales; pass one scale per member")
+    dev = xs[0].device
+    for i, s in enumerate(scales):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"{what}: scales[{i}] must be an FP32 tensor, got {type(s).__name__}")
+        if s.dtype != torch.float32:
+            raise TypeError(f"{what}: scales[{i}] must be float32, got {_dtype_name(s.dtype)}")
+        if s.numel() != 1:
+            raise ValueError(f"{what}: scales[{i}] must be a 0-dim or 1-element tensor, got shape {tuple(s.shape)}")
+        if s.device != dev:
+            raise ValueError(f"{what}: scales[{i}] is on {s.device} but the data is on {dev}; they must be on the "
+                             "same device")
+    _check_copies(rowwise, columnwise, what)
+    return fmt
+
+
+def check_multi_current_args(xs: Sequence[torch.Tensor], fmt: str, amax_epsilon: float, rowwise: bool,
+                             columnwise: bool) -> str:
+    """fp8_multi_current_scaling_quantize's argument checks (shared with the CUDA wrapper); returns the fmt."""
+    what = "fp8_multi_current_scaling_quantize"
+    check_multi_inputs(xs, what)
+    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
+    _check_copies(rowwise, columnwise, what)
+    if not (amax_epsilon >= 0.0):
+        raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+    return fmt
+
+
+def _assemble_multi(parts: list, xs: Sequence[torch.Tensor], rowwise: bool, columnwise: bool) -> FP8MultiQuantized:
+    """Per-member FP8Quantized results -> FP8MultiQuantized with the one-buffer layout of the kernel."""
+    rows = [x.shape[0] for x in xs]
+    cols = xs[0].shape[1]
+    data: list = [None] * len(xs)
+    data_t: list = [None] * len(xs)
+    if rowwise:
+        data = list(torch.cat([q.data for q in parts], 0).split(rows))
+    if columnwise:
+        flat = torch.cat([q.data_t.reshape(-1) for q in parts])
+        data_t = [v.view(cols, r) for v, r in zip(flat.split([r * cols for r in rows]), rows)]
+    return FP8MultiQuantized(data=data, data_t=data_t,
+                             scale_inv=torch.stack([q.scale_inv.reshape(()) for q in parts]),
+                             amax=torch.stack([q.amax.reshape(()) for q in parts]),
+                             scale=torch.stack([q.scale.reshape(()) for q in parts]))
+
+
+def fp8_multi_quantize(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, *,
+                       rowwise: bool = True, columnwise: bool = False) -> FP8MultiQuantized:
+    """Quantize G separate 2-D tensors (same cols, dtype, device; any rows, 0 included), member g with its
+    own scale ``scales[g]`` (FP32, 0-dim or 1 element). Member g's bytes, scale_inv, amax are exactly
+    :func:`fp8_quantize` of ``xs[g]`` alone; the outputs use the layout of :class:`FP8MultiQuantized`."""
+    fmt = check_multi_quantize_args(xs, scales, fmt, rowwise, columnwise)
+    parts = [_quantize_with_scale(x, s.reshape(()), fmt, rowwise, columnwise) for x, s in zip(xs, scales)]
+    return _assemble_multi(parts, xs, rowwise, columnwise)
+
+
+def fp8_multi_current_scaling_quantize(xs: Sequence[torch.Tensor], fmt: str, *, use_power_2_scales: bool = False,
+                                       amax_epsilon: float = 0.0, rowwise: bool = True,
+                                       columnwise: bool = False) -> FP8MultiQuantized:
+    """Current scaling of G separate 2-D tensors: member g is exactly
+    :func:`fp8_current_scaling_quantize` of ``xs[g]`` alone (its own amax and scale)."""
+    fmt = check_multi_current_args(xs, fmt, amax_epsilon, rowwise, columnwise)
+    parts = [fp8_current_scaling_quantize(x, fmt, use_power_2_scales=use_power_2_scales, amax_epsilon=amax_epsilon,
+                                          rowwise=rowwise, columnwise=columnwise) for x in xs]
+    return _assemble_multi(parts, xs, rowwise, columnwise)
+
+
 # Ops only (the dispatcher wraps every name here); the result types are imported from this module.
 __all__ = [
     "fp8_amax",
@@ -340,5 +464,7 @@ __all__ = [
     "fp8_grouped_amax",
     "fp8_grouped_dequantize",
     "fp8_grouped_quantize",
+    "fp8_multi_current_scaling_quantize",
+    "fp8_multi_quantize",
     "fp8_quantize",
 ]
