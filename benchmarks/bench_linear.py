@@ -131,15 +131,18 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
 
     cases.append(("bf16 GroupedLinear (no autocast: loop of F.linear)", loop_step))
 
+    from fp_recipes.modules import grouped_fp8 as GF
     from fp_recipes.modules import grouped_linear as GL
 
     for name, recipe in recipes.items():
         mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
         fp8 = name.startswith(("delayed", "current"))
-        paths = ["fp8 path"] + (["generic"] if fp8 and with_generic else [])
+        paths = ["fp8 path"] + (["fp8 path, per-expert _scaled_mm"] if fp8 else []) + \
+            (["generic"] if fp8 and with_generic else [])
         for path in paths:
             def step(mod=mod, recipe=recipe, path=path):
                 GL.FP8_FAST_PATH = path != "generic"
+                GF.USE_CUBLASLT = "_scaled_mm" not in path
                 x.grad = None
                 for p in mod.parameters():
                     p.grad = None
@@ -167,8 +170,10 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
             rows.append({"case": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
         finally:
+            from fp_recipes.modules import grouped_fp8 as GF
             from fp_recipes.modules import grouped_linear as GL
             GL.FP8_FAST_PATH = True
+            GF.USE_CUBLASLT = True
         if label == baseline_label:
             base_ms = t["median_ms"]
         row = {"case": label, **t, "tflops": flops / (t["median_ms"] * 1e-3) / 1e12}

@@ -11,6 +11,7 @@ namespace py = pybind11;
 namespace fp_recipes {
 void register_fp8(py::module_& m);
 void register_nvfp4(py::module_& m);
+void register_gemm_lt(py::module_& m);
 }  // namespace fp_recipes
 
 #ifndef FP_RECIPES_ARCHS
@@ -32,4 +33,5 @@ PYBIND11_MODULE(_C, m) {
   }, "Number of CUDA devices visible to the extension's runtime (0 when none).");
   fp_recipes::register_fp8(m);
   fp_recipes::register_nvfp4(m);
+  fp_recipes::register_gemm_lt(m);
 }

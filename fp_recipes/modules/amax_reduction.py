@@ -188,6 +188,16 @@ class AmaxReducer:
             self._forward[id(quantizer)] = quantizer
             self._forward_group = group
 
+    def record_forward_many(self, quantizers: List[Any], group: Any) -> None:
+        """:meth:`record_forward` for a list (one lock round for a grouped layer's experts)."""
+        if not quantizers:
+            return
+        self._ensure_exit_hook()
+        with self._lock:
+            for q in quantizers:
+                self._forward[id(q)] = q
+            self._forward_group = group
+
     def on_outermost_exit(self, state: Any = None) -> None:
         with self._lock:
             quantizers = list(self._forward.values())
@@ -216,6 +226,15 @@ class AmaxReducer:
                 # Not inside an autograd backward (a direct call of the Function's backward, e.g. in
                 # a test): update now, as the end of this "backward" is the end of this call.
                 self.on_backward_end()
+
+    def record_backward_many(self, quantizers: List[Any], group: Any) -> None:
+        """:meth:`record_backward` for a list."""
+        if not quantizers:
+            return
+        with self._lock:
+            for q in quantizers[1:]:
+                self._backward[id(q)] = q
+        self.record_backward(quantizers[0], group)
 
     def on_backward_end(self) -> None:
         with self._lock:

@@ -3,15 +3,17 @@
 What one training step costs on a GPU is mostly host time when the experts' GEMMs are short, so this
 path does the least work per expert that the numerics allow, and no copies:
 
-* each expert's activation, weight and grad_output is cast ONCE by the cast kernel with both copies
-  (rowwise for fprop/dgrad, the transposed columnwise copy for wgrad: ``ops.fp8_quantize`` /
-  ``ops.fp8_current_scaling_quantize`` with ``rowwise=True, columnwise=True``), reading its rows of
+* each operand (activations, weights, grad_output) of ALL experts is cast in ONE multi-tensor cast
+  (``ops.fp8_multi_quantize`` / ``ops.fp8_multi_current_scaling_quantize``: one kernel launch for
+  delayed scaling, two for current scaling, whatever the number of experts) writing both copies
+  (rowwise for fprop/dgrad, the transposed columnwise copy for wgrad), reading each expert's rows of
   the input buffer in place (row slices of a contiguous tensor are contiguous);
 * delayed scaling records the amaxes of all experts with one ``_foreach_maximum_`` per operand;
-* every GEMM is one ``torch._scaled_mm`` per expert (per-tensor scales, Hopper's K-major operands)
-  writing straight into its rows of the output (``out=``), so no concatenation. One
-  ``torch._scaled_grouped_mm`` would need the weights stacked (a copy of all of them per step) and
-  per-row scale vectors; per-expert ``_scaled_mm`` at MoE sizes runs as fast without the copies.
+* each pass's per-expert GEMMs (per-tensor scales, Hopper's K-major operands) are ONE host call into
+  cuBLASLt with cached descriptors and algorithms (:mod:`fp_recipes.gemm_lt`), writing straight into
+  each expert's rows of the output, so no concatenation; where that is unavailable, one
+  ``torch._scaled_mm`` per expert. ``torch._scaled_grouped_mm`` would need the weights stacked (a copy
+  of all of them per step) and per-row scale vectors, and measured slower on Hopper.
 
 Numerically it is the generic path (``_GroupedLinearFunction``): the same quantizations (the same
 ops on the same rows with the same scales) and, per expert, the same ``gemm_fp8_fp8`` GEMM (which
@@ -27,6 +29,7 @@ import torch
 
 from .. import ops
 from .. import gemm as G
+from .. import gemm_lt
 from ..quantizers.roles import ScalingKind, TensorKind
 from .amax_reduction import reducer
 from .base import GemmQuantizers
@@ -54,27 +57,29 @@ def fast_path_eligible(sets: Sequence[GemmQuantizers]) -> bool:
     return True
 
 
-class _Cast:
-    """One expert's operand: rowwise data, columnwise data (transposed), scale_inv (0-dim FP32)."""
+class _Casts:
+    """One operand of every expert: per-member rowwise data, columnwise (transposed) data and 0-dim
+    scale_inv views (None for a member that was not cast)."""
 
     __slots__ = ("data", "data_t", "scale_inv")
 
-    def __init__(self, data: torch.Tensor, data_t: torch.Tensor, scale_inv: torch.Tensor) -> None:
+    def __init__(self, data: List[Optional[torch.Tensor]], data_t: List[Optional[torch.Tensor]],
+                 scale_inv: List[Optional[torch.Tensor]]) -> None:
         self.data, self.data_t, self.scale_inv = data, data_t, scale_inv
 
 
 def _kernel_lane(x: torch.Tensor):
-    """(delayed cast, current cast) taking and returning plain tensors: the CUDA kernels' eager entry
-    points for a CUDA input (the public ops validate every argument on every call, which is host time
-    spent once per expert and operand; here the arguments are known good: contiguous row slices of
-    one checked input, the quantizers' own FP32 scales), else None (the dispatched ops run)."""
+    """(delayed multi-cast, current multi-cast) taking and returning plain tensors: the CUDA kernels'
+    eager entry points for a CUDA input (the public ops validate every argument on every call, which is
+    host time; here the arguments are known good: contiguous row slices of one checked input or the
+    module's own weights, the quantizers' own FP32 scales), else None (the dispatched ops run)."""
     if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
     from ..ops import backend
-    if backend.cuda_impl("fp8_quantize") is None:
+    if backend.cuda_impl("fp8_multi_quantize") is None:
         return None
     from ..ops import cuda_fp8
-    return cuda_fp8._fp8_quantize_impl, cuda_fp8._fp8_current_impl
+    return cuda_fp8._fp8_multi_quantize_impl, cuda_fp8._fp8_multi_current_impl
 
 
 def _slot0(q: Any) -> torch.Tensor:
@@ -87,43 +92,55 @@ def _slot0(q: Any) -> torch.Tensor:
     return cached[1]
 
 
-def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], live: Sequence[bool], group: Any,
-              backward: bool) -> List[Optional[_Cast]]:
-    """Cast ``parts[g]`` by ``quantizers[g]`` (both copies) where ``live[g]``; record delayed amaxes."""
+def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, backward: bool,
+              splits: Optional[Sequence[int]] = None) -> _Casts:
+    """Cast every ``parts[g]`` by ``quantizers[g]`` (both copies) in one multi-tensor cast (one kernel
+    launch for delayed scaling, two for current scaling, whatever the number of experts); record the
+    delayed amaxes. Members with no rows are cast too (empty data, a valid scale_inv), but, as in the
+    generic path, a delayed quantizer whose member is empty (``splits[g] == 0``) saw no tensor this
+    step: it is not recorded for the scale update."""
     spec = quantizers[0].spec
     fmt = quantizers[0].fmt
-    out: List[Optional[_Cast]] = [None] * len(parts)
     lane = _kernel_lane(parts[0])
     if spec.scaling is ScalingKind.DELAYED:
-        slots, amaxes = [], []
-        record = reducer.record_backward if backward else reducer.record_forward
-        for g, (q, p) in enumerate(zip(quantizers, parts)):
-            if not live[g]:
-                continue
-            if lane is not None:
-                data, data_t, scale_inv, amax = lane[0](p.contiguous(), q.scale, fmt, True, True)
-            else:
-                res = ops.fp8_quantize(p, q.scale, fmt, rowwise=True, columnwise=True)
-                data, data_t, scale_inv, amax = res.data, res.data_t, res.scale_inv, res.amax
-            out[g] = _Cast(data, data_t, scale_inv)
-            slots.append(_slot0(q))
-            amaxes.append(amax)
-            record(q, group)
-        if slots:  # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
-            torch._foreach_maximum_(slots, amaxes)
+        scales = [q.scale for q in quantizers]
+        if lane is not None:
+            data, data_t, scale_inv, amax = lane[0](parts, scales, fmt, True, True)[:4]
+        else:
+            res = ops.fp8_multi_quantize(parts, scales, fmt, rowwise=True, columnwise=True)
+            data, data_t, scale_inv, amax = res.data, res.data_t, res.scale_inv, res.amax
+        # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
+        torch._foreach_maximum_([_slot0(q) for q in quantizers], list(amax.unbind(0)))
+        seen = quantizers if splits is None else [q for q, m in zip(quantizers, splits) if m > 0]
+        (reducer.record_backward_many if backward else reducer.record_forward_many)(seen, group)
     else:
         p2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
-        for g, p in enumerate(parts):
-            if not live[g]:
-                continue
-            if lane is not None:
-                data, data_t, scale_inv, _, _ = lane[1](p.contiguous(), fmt, p2, eps, True, True)
-            else:
-                res = ops.fp8_current_scaling_quantize(p, fmt, use_power_2_scales=p2, amax_epsilon=eps,
-                                                       rowwise=True, columnwise=True)
-                data, data_t, scale_inv = res.data, res.data_t, res.scale_inv
-            out[g] = _Cast(data, data_t, scale_inv)
-    return out
+        if lane is not None:
+            data, data_t, scale_inv = lane[1](parts, fmt, p2, eps, True, True)[:3]
+        else:
+            res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=p2, amax_epsilon=eps,
+                                                         rowwise=True, columnwise=True)
+            data, data_t, scale_inv = res.data, res.data_t, res.scale_inv
+    return _Casts(list(data), list(data_t), list(scale_inv.unbind(0)))
+
+
+USE_CUBLASLT = True  # grouped GEMMs through fp_recipes.gemm_lt when available (benchmarks switch it off)
+
+
+def _gemms(out: Sequence[torch.Tensor], a: Sequence[torch.Tensor], sa: Sequence[torch.Tensor],
+           b: Sequence[torch.Tensor], sb: Sequence[torch.Tensor], out_dtype: torch.dtype, native: bool,
+           bias: Optional[Sequence[Optional[torch.Tensor]]] = None, fast_accum: bool = False) -> None:
+    """``out[i] = a[i] @ b[i]^T * sa[i] * sb[i] (+ bias[i])`` for every i (every ``out[i]`` non-empty).
+
+    On CUDA with cuBLASLt available: one host call for all of them (:mod:`fp_recipes.gemm_lt`); the
+    GEMMs it cannot take (and everything elsewhere) go through :func:`_gemm_into` one by one."""
+    todo: Sequence[int] = range(len(out))
+    if native and USE_CUBLASLT and gemm_lt.available() and \
+            (bias is None or all(t is None or t.dtype == out_dtype for t in bias)):
+        todo = gemm_lt.fp8_gemms(a, sa, b, sb, out, bias=bias, fast_accum=fast_accum)
+    for i in todo:
+        _gemm_into(out[i], a[i], sa[i], b[i], sb[i], out_dtype, native,
+                   bias=None if bias is None else bias[i], fast_accum=fast_accum)
 
 
 _SCALED_MM_OUT_OK = True  # torch._scaled_mm(..., out=) works here (set False after a failure)
@@ -171,24 +188,23 @@ class GroupedFP8Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, splits: tuple, sets: List[GemmQuantizers], *params):
         num = len(splits)
-        weights, biases = params[:num], params[num:]
+        weights, biases = list(params[:num]), list(params[num:])
         n = weights[0].shape[0]
         group = sets[0].amax_reduction_group
         x = x.contiguous()
-        live = [m > 0 for m in splits]
-        xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), live, group, False)
-        wc = _cast_all([qs.weight for qs in sets], weights, [True] * num, group, False)
+        xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), group, False, splits)
+        wc = _cast_all([qs.weight for qs in sets], weights, group, False)
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-        first = next((g for g in range(num) if live[g]), None)
-        native = first is not None and _native(xc[first].data, wc[first].data)
-        for g, y_g in enumerate(_row_slices(y, splits)):
-            if live[g]:
-                _gemm_into(y_g, xc[g].data, xc[g].scale_inv, wc[g].data, wc[g].scale_inv, x.dtype, native,
-                           bias=biases[g], fast_accum=True)
+        live = [g for g in range(num) if splits[g] > 0]
+        if live:
+            native = _native(xc.data[live[0]], wc.data[live[0]])
+            y_parts = _row_slices(y, splits)
+            _gemms([y_parts[g] for g in live], [xc.data[g] for g in live], [xc.scale_inv[g] for g in live],
+                   [wc.data[g] for g in live], [wc.scale_inv[g] for g in live], x.dtype, native,
+                   bias=None if all(b is None for b in biases) else [biases[g] for g in live], fast_accum=True)
         ctx.sets, ctx.splits = sets, splits
         # the backward reads only the columnwise copies of x and the weights
-        ctx.saved = ([None if c is None else (c.data_t, c.scale_inv) for c in xc],
-                     [(c.data_t, c.scale_inv) for c in wc])
+        ctx.saved = (xc.data_t, xc.scale_inv, wc.data_t, wc.scale_inv)
         ctx.meta = (x.shape[1], n, x.dtype, [w.dtype for w in weights],
                     [None if b is None else b.dtype for b in biases])
         return y
@@ -196,36 +212,39 @@ class GroupedFP8Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
-        x_cols, w_cols = ctx.saved
+        x_t, x_sinv, w_t, w_sinv = ctx.saved
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(splits)
         need = ctx.needs_input_grad
         need_dw = [need[3 + g] for g in range(num)]
-        live = [m > 0 for m in splits]
+        live = [g for g in range(num) if splits[g] > 0]
         dy = dy.contiguous()
         dy_parts = _row_slices(dy, splits)
         dx = None
         dws: List[Optional[torch.Tensor]] = [None] * num
         if need[0] or any(need_dw):
-            dyc = _cast_all([qs.grad_output for qs in sets], dy_parts, live, sets[0].amax_reduction_group,
-                            True)
-            first = next((g for g in range(num) if live[g]), None)
-            native = first is not None and _native(dyc[first].data, w_cols[first][0])
-            native_w = first is not None and _native(dyc[first].data_t, x_cols[first][0])
+            dyc = _cast_all([qs.grad_output for qs in sets], dy_parts, sets[0].amax_reduction_group, True,
+                            splits)
             if need[0]:
                 dx = torch.empty(dy.shape[0], k, dtype=x_dtype, device=dy.device)
-                for g, dx_g in enumerate(_row_slices(dx, splits)):
-                    if live[g]:
-                        _gemm_into(dx_g, dyc[g].data, dyc[g].scale_inv, w_cols[g][0], w_cols[g][1], x_dtype,
-                                   native)
-            for g in range(num):
-                if not need_dw[g]:
-                    continue
-                if live[g]:
-                    dws[g] = _gemm_into(None, dyc[g].data_t, dyc[g].scale_inv, x_cols[g][0], x_cols[g][1],
-                                        w_dtypes[g], native_w)
-                else:
-                    dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
+                if live:
+                    dx_parts = _row_slices(dx, splits)
+                    _gemms([dx_parts[g] for g in live], [dyc.data[g] for g in live],
+                           [dyc.scale_inv[g] for g in live], [w_t[g] for g in live], [w_sinv[g] for g in live],
+                           x_dtype, _native(dyc.data[live[0]], w_t[live[0]]))
+            wanted = [g for g in range(num) if need_dw[g]]
+            for g in wanted:
+                dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
+                          else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
+            live_w = [g for g in wanted if splits[g] > 0]
+            if live_w:
+                by_dtype: dict = {}
+                for g in live_w:  # one GEMM list per weight dtype (the output dtype of the list)
+                    by_dtype.setdefault(w_dtypes[g], []).append(g)
+                native_w = _native(dyc.data_t[live_w[0]], x_t[live_w[0]])
+                for w_dtype, gs in by_dtype.items():
+                    _gemms([dws[g] for g in gs], [dyc.data_t[g] for g in gs], [dyc.scale_inv[g] for g in gs],
+                           [x_t[g] for g in gs], [x_sinv[g] for g in gs], w_dtype, native_w)
         dbs: List[Optional[torch.Tensor]] = [None] * num
         for g in range(num):
             if b_dtypes[g] is not None and need[3 + num + g]:

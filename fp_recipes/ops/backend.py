@@ -129,4 +129,7 @@ def backend_info() -> Dict[str, Any]:
         info["backend"] = "reference"
         reason = "no CUDA device" if not info["cuda_available"] else f"no extension: {_ext_error}"
         info["summary"] = f"reference ({reason})"
+    from .. import gemm_lt
+
+    info["grouped_gemm"] = gemm_lt.status()
     return info

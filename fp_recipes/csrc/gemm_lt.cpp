@@ -1,0 +1,279 @@
+// Many per-tensor-scaled FP8 GEMMs from one host call, through cuBLASLt.
+//
+// Why: a grouped (MoE) layer runs one GEMM per expert and per pass; from Python each
+// torch._scaled_mm costs tens of microseconds of host time (argument checks, descriptor set-up and an
+// algorithm heuristic query on every call), which at MoE sizes is longer than the GEMM itself. Here
+// the descriptors and the chosen algorithm are cached per problem shape, so one expert's GEMM is a
+// few attribute writes and one cublasLtMatmul.
+//
+// The library is not linked: it is opened at run time (the copy torch already loaded, by path from
+// Python), so the extension still builds and imports where cuBLASLt is absent. Without <cublasLt.h>
+// at build time the functions exist and report "not compiled".
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common.h"
+
+#if __has_include(<cublasLt.h>)
+#include <cublasLt.h>
+#define FPR_HAVE_CUBLASLT 1
+#else
+#define FPR_HAVE_CUBLASLT 0
+#endif
+
+namespace py = pybind11;
+
+namespace fp_recipes {
+
+#if FPR_HAVE_CUBLASLT
+namespace {
+
+struct LtApi {
+  void* lib = nullptr;
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtGetVersion) get_version = nullptr;
+  decltype(&cublasLtGetStatusString) status_string = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+};
+
+LtApi g_api;
+std::mutex g_mutex;
+
+template <typename F>
+void bind_symbol(F& fn, const char* name) {
+  fn = reinterpret_cast<F>(dlsym(g_api.lib, name));
+  if (fn == nullptr) throw std::runtime_error(std::string("fp_recipes: cuBLASLt has no symbol ") + name);
+}
+
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::string msg = g_api.status_string ? g_api.status_string(status) : std::to_string(static_cast<int>(status));
+    throw std::runtime_error(std::string("fp_recipes cuBLASLt error in ") + what + ": " + msg);
+  }
+}
+
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kFloat16: return CUDA_R_16F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+    case DType::kFloat8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kFloat8E5M2: return CUDA_R_8F_E5M2;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("fp_recipes: cuBLASLt GEMM does not take dtype ") + dtype_name(t));
+}
+
+// One problem shape's descriptors and algorithm. Row-major D (m x n) = A (m x k) @ B^T with B (n x k),
+// both K-contiguous, is cuBLASLt's column-major D^T (n x m) = op_T(B) (n x k) . A^T (k x m): its "A"
+// is our B (transposed, ld k), its "B" is our A (ld k), D has ld n. That is the TN form Hopper's FP8
+// GEMMs require.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t lay_a = nullptr, lay_b = nullptr, lay_d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;  // a heuristic found an algorithm
+};
+
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t>;
+std::map<PlanKey, Plan> g_plans;
+std::map<int, cublasLtHandle_t> g_handles;
+
+cublasLtHandle_t handle_for(int device) {
+  auto it = g_handles.find(device);
+  if (it != g_handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  check_lt(g_api.create(&h), "cublasLtCreate");
+  g_handles[device] = h;
+  return h;
+}
+
+Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t, DType d_t, int bias_t,
+               bool fast_accum, size_t workspace) {
+  PlanKey key{device, m, n, k, static_cast<int>(a_t), static_cast<int>(b_t), static_cast<int>(d_t), bias_t,
+              fast_accum, workspace};
+  auto it = g_plans.find(key);
+  if (it != g_plans.end()) return it->second;
+  Plan p;
+  check_lt(g_api.desc_create(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)), "TRANSA");
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)), "TRANSB");
+  int8_t fast = fast_accum ? 1 : 0;
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "FAST_ACCUM");
+  // Placeholder scale pointers: the heuristic must see a scaled FP8 problem; the real pointers are
+  // written before every cublasLtMatmul.
+  static float* const kNoScale = nullptr;
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &kNoScale, sizeof(kNoScale)), "A_SCALE");
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &kNoScale, sizeof(kNoScale)), "B_SCALE");
+  if (bias_t >= 0) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "EPILOGUE");
+    cudaDataType_t bt = lt_type(static_cast<DType>(bias_t));
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "BIAS_DATA_TYPE");
+  }
+  check_lt(g_api.layout_create(&p.lay_a, lt_type(b_t), static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+           "layout A");
+  check_lt(g_api.layout_create(&p.lay_b, lt_type(a_t), static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+           "layout B");
+  check_lt(g_api.layout_create(&p.lay_d, lt_type(d_t), static_cast<uint64_t>(n), static_cast<uint64_t>(m), n),
+           "layout D");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(g_api.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
+  uint64_t ws = workspace;
+  check_lt(g_api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), "MAX_WORKSPACE");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st = g_api.heuristic(handle_for(device), p.desc, p.lay_a, p.lay_b, p.lay_d, p.lay_d, pref, 1,
+                                      &result, &found);
+  g_api.pref_destroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+    p.algo = result.algo;
+    p.ok = true;
+  }
+  return g_plans.emplace(key, p).first->second;
+}
+
+bool aligned16(std::uintptr_t ptr) { return ptr % 16 == 0; }
+
+}  // namespace
+#endif  // FPR_HAVE_CUBLASLT
+
+void register_gemm_lt(py::module_& m) {
+  m.def("lt_compiled", []() { return FPR_HAVE_CUBLASLT == 1; },
+        "Whether this build has the cuBLASLt grouped-GEMM path (needs <cublasLt.h> at build time).");
+  m.def(
+      "lt_load",
+      [](const std::string& path) -> int64_t {
+#if FPR_HAVE_CUBLASLT
+        std::lock_guard<std::mutex> lock(g_mutex);
+        if (g_api.lib != nullptr) return static_cast<int64_t>(g_api.get_version());
+        void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+          const char* err = dlerror();
+          throw std::runtime_error(std::string("fp_recipes: cannot open cuBLASLt at '") + path +
+                                   "': " + (err ? err : "unknown error"));
+        }
+        g_api.lib = lib;
+        try {
+          bind_symbol(g_api.create, "cublasLtCreate");
+          bind_symbol(g_api.get_version, "cublasLtGetVersion");
+          bind_symbol(g_api.status_string, "cublasLtGetStatusString");
+          bind_symbol(g_api.desc_create, "cublasLtMatmulDescCreate");
+          bind_symbol(g_api.desc_set, "cublasLtMatmulDescSetAttribute");
+          bind_symbol(g_api.layout_create, "cublasLtMatrixLayoutCreate");
+          bind_symbol(g_api.pref_create, "cublasLtMatmulPreferenceCreate");
+          bind_symbol(g_api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+          bind_symbol(g_api.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+          bind_symbol(g_api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+          bind_symbol(g_api.matmul, "cublasLtMatmul");
+        } catch (...) {
+          g_api = LtApi{};
+          dlclose(lib);
+          throw;
+        }
+        size_t version = g_api.get_version();
+        if (version / 10000 != CUBLAS_VER_MAJOR) {
+          g_api = LtApi{};
+          dlclose(lib);
+          throw std::runtime_error("fp_recipes: cuBLASLt at '" + path + "' is version " + std::to_string(version) +
+                                   ", this extension was built against major version " +
+                                   std::to_string(CUBLAS_VER_MAJOR));
+        }
+        return static_cast<int64_t>(version);
+#else
+        (void)path;
+        throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
+#endif
+      },
+      py::arg("path"), "Open cuBLASLt (path or soname); returns its version.");
+  m.def(
+      "lt_fp8_gemms",
+      [](const std::vector<std::uintptr_t>& a, const std::vector<std::uintptr_t>& b,
+         const std::vector<std::uintptr_t>& scale_a, const std::vector<std::uintptr_t>& scale_b,
+         const std::vector<std::uintptr_t>& d, const std::vector<std::uintptr_t>& bias,
+         const std::vector<int64_t>& ms, const std::vector<int64_t>& ns, const std::vector<int64_t>& ks, int a_dtype,
+         int b_dtype, int d_dtype, int bias_dtype, bool fast_accum, std::uintptr_t workspace, int64_t workspace_size,
+         int device, std::uintptr_t stream) -> std::vector<int64_t> {
+#if FPR_HAVE_CUBLASLT
+        const size_t num = a.size();
+        require(b.size() == num && scale_a.size() == num && scale_b.size() == num && d.size() == num &&
+                    ms.size() == num && ns.size() == num && ks.size() == num && (bias.empty() || bias.size() == num),
+                "lt_fp8_gemms: every per-GEMM list must have the same length");
+        require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
+                "lt_fp8_gemms: workspace must be a device buffer of workspace_size bytes");
+        std::lock_guard<std::mutex> lock(g_mutex);
+        require(g_api.lib != nullptr, "lt_fp8_gemms: cuBLASLt is not loaded (call lt_load first)");
+        const DType at = static_cast<DType>(a_dtype), bt = static_cast<DType>(b_dtype),
+                    dt = static_cast<DType>(d_dtype);
+        cublasLtHandle_t handle = handle_for(device);
+        const float alpha = 1.0f, beta = 0.0f;
+        std::vector<int64_t> skipped;
+        for (size_t i = 0; i < num; ++i) {
+          const int64_t m = ms[i], n = ns[i], k = ks[i];
+          require(m >= 0 && n >= 0 && k >= 0, "lt_fp8_gemms: negative GEMM size");
+          if (m == 0 || n == 0) continue;  // an empty output: nothing to write
+          const std::uintptr_t bias_i = bias.empty() ? 0 : bias[i];
+          const int bias_code = bias_i != 0 ? bias_dtype : -1;
+          // cuBLASLt's FP8 kernels need K and N in multiples of 16 and 16-byte aligned operands; any
+          // other GEMM (and K == 0, whose output is the bias or zeros) is left to the caller.
+          if (k == 0 || k % 16 != 0 || n % 16 != 0 || !aligned16(a[i]) || !aligned16(b[i]) || !aligned16(d[i]) ||
+              (bias_i != 0 && !aligned16(bias_i)) || scale_a[i] == 0 || scale_b[i] == 0) {
+            skipped.push_back(static_cast<int64_t>(i));
+            continue;
+          }
+          Plan& p = plan_for(device, m, n, k, at, bt, dt, bias_code, fast_accum, static_cast<size_t>(workspace_size));
+          if (!p.ok) {
+            skipped.push_back(static_cast<int64_t>(i));
+            continue;
+          }
+          const void* sa = reinterpret_cast<const void*>(scale_b[i]);  // cuBLASLt's A is our B
+          const void* sb = reinterpret_cast<const void*>(scale_a[i]);
+          check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A_SCALE");
+          check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B_SCALE");
+          if (bias_i != 0) {
+            const void* bp = reinterpret_cast<const void*>(bias_i);
+            check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
+          }
+          void* dp = reinterpret_cast<void*>(d[i]);
+          check_lt(g_api.matmul(handle, p.desc, &alpha, reinterpret_cast<const void*>(b[i]), p.lay_a,
+                                reinterpret_cast<const void*>(a[i]), p.lay_b, &beta, dp, p.lay_d, dp, p.lay_d,
+                                &p.algo, reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size),
+                                as_stream(stream)),
+                   "cublasLtMatmul");
+        }
+        return skipped;
+#else
+        (void)a; (void)b; (void)scale_a; (void)scale_b; (void)d; (void)bias; (void)ms; (void)ns; (void)ks;
+        (void)a_dtype; (void)b_dtype; (void)d_dtype; (void)bias_dtype; (void)fast_accum; (void)workspace;
+        (void)workspace_size; (void)device; (void)stream;
+        throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
+#endif
+      },
+      py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"), py::arg("d"), py::arg("bias"),
+      py::arg("ms"), py::arg("ns"), py::arg("ks"), py::arg("a_dtype"), py::arg("b_dtype"), py::arg("d_dtype"),
+      py::arg("bias_dtype"), py::arg("fast_accum"), py::arg("workspace"), py::arg("workspace_size"),
+      py::arg("device"), py::arg("stream"),
+      "D_i (m_i x n_i, row-major) = A_i (m_i x k_i) @ B_i^T (B_i: n_i x k_i) * scale_a_i * scale_b_i (+ bias_i), "
+      "each operand contiguous, FP8 per-tensor scales as device FP32 pointers. Returns the indices of the "
+      "GEMMs it did not run (shapes or alignment cuBLASLt's FP8 kernels cannot take, K == 0), for the caller's "
+      "fallback.");
+}
+
+}  // namespace fp_recipes

@@ -1,0 +1,126 @@
+"""Many FP8 GEMMs from one host call: the launch path of grouped (MoE) layers on CUDA.
+
+A grouped layer runs one GEMM per expert and pass. ``torch._scaled_mm`` spends tens of microseconds of
+host time per call (argument checks, descriptors and an algorithm query every time), which at MoE sizes
+is longer than the GEMM. :func:`fp8_gemms` hands the whole list to ``fp_recipes._C.lt_fp8_gemms``, which
+keeps cuBLASLt descriptors and the chosen algorithm per problem shape, so each expert costs one
+``cublasLtMatmul``. The math is ``torch._scaled_mm``'s (cuBLASLt, FP32 accumulation, per-tensor FP32
+scales, optional bias epilogue, fast accumulation as asked); GEMMs cuBLASLt's FP8 kernels cannot take
+are returned to the caller, who runs them the portable way.
+
+cuBLASLt itself is the copy torch loaded (found in this process's memory map), opened at run time, so
+the extension needs no link-time dependency on it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["available", "fp8_gemms", "status"]
+
+_WORKSPACE_BYTES = 32 * 2**20  # what torch gives cuBLASLt on Hopper; enough for every split-K algorithm
+
+_DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3,
+               torch.float8_e5m2: 4}
+
+_lock = threading.Lock()
+_state: Dict[str, object] = {"loaded": None, "error": None}
+_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
+
+
+def _loaded_cublaslt_path() -> str:
+    """The file of the cuBLASLt torch already mapped (same build as torch's GEMMs); the soname if torch
+    has not mapped one (the dynamic loader then finds it on the usual paths)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip().split(" ")[-1]
+                if "libcublasLt.so" in path:
+                    return path
+    except OSError:
+        pass
+    major = (torch.version.cuda or "13").split(".")[0]
+    return f"libcublasLt.so.{major}"
+
+
+def _load() -> bool:
+    if _state["loaded"] is not None:
+        return bool(_state["loaded"])
+    with _lock:
+        if _state["loaded"] is not None:
+            return bool(_state["loaded"])
+        from .ops import backend
+
+        ext = backend.extension()
+        if ext is None or not hasattr(ext, "lt_compiled"):
+            _state["error"] = "the CUDA extension is not built"
+        elif not ext.lt_compiled():
+            _state["error"] = "the extension was built without <cublasLt.h>"
+        elif not torch.cuda.is_available():
+            _state["error"] = "no CUDA device"
+        else:
+            try:
+                torch.cuda.current_blas_handle()  # makes torch map its cuBLAS / cuBLASLt
+                _state["version"] = ext.lt_load(_loaded_cublaslt_path())
+            except RuntimeError as exc:
+                _state["error"] = str(exc)
+        _state["loaded"] = _state["error"] is None
+    return bool(_state["loaded"])
+
+
+def available() -> bool:
+    """Whether :func:`fp8_gemms` can run here (extension built with cuBLASLt headers, library loaded)."""
+    return _load()
+
+
+def status() -> str:
+    """One line for ``backend_info`` / diagnostics."""
+    if _load():
+        return f"cuBLASLt {_state['version']} (grouped FP8 GEMMs in one host call)"
+    return f"unavailable: {_state['error']}"
+
+
+def _workspace(device: torch.device, stream: int) -> torch.Tensor:
+    """One workspace per device and stream: GEMMs on one stream run in order, so they can share it."""
+    key = (device.index, stream)
+    ws = _workspaces.get(key)
+    if ws is None:
+        ws = _workspaces[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return ws
+
+
+def fp8_gemms(a: Sequence[torch.Tensor], scale_a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
+              scale_b: Sequence[torch.Tensor], out: Sequence[torch.Tensor], *,
+              bias: Optional[Sequence[Optional[torch.Tensor]]] = None, fast_accum: bool = False) -> List[int]:
+    """``out[i] = a[i] @ b[i].T * scale_a[i] * scale_b[i] (+ bias[i])`` for every i, in one host call.
+
+    ``a[i]`` (m_i, k_i) and ``b[i]`` (n_i, k_i) are contiguous FP8 (one dtype per side for the whole
+    list), ``scale_*[i]`` one-element FP32 device tensors, ``out[i]`` a contiguous (m_i, n_i) tensor of
+    one dtype (bf16/fp16/fp32) to write into, ``bias[i]`` an (n_i,) vector of the output dtype or None.
+    All on one CUDA device, enqueued on its current stream. Returns the indices it did not run (K or N
+    not a multiple of 16, misaligned, or K == 0): the caller computes those some other way.
+    The caller guarantees the layouts; this is the hot path of the grouped FP8 layer (no per-tensor
+    validation beyond what the C++ side checks)."""
+    if not a:
+        return []
+    from .ops import backend
+
+    ext = backend.extension()
+    device = a[0].device
+    stream = torch.cuda.current_stream(device).cuda_stream
+    ws = _workspace(device, stream)
+    bias_ptrs: List[int] = []
+    bias_code = -1
+    if bias is not None and any(t is not None for t in bias):
+        bias_ptrs = [0 if t is None else t.data_ptr() for t in bias]
+        bias_code = _DTYPE_CODE[next(t for t in bias if t is not None).dtype]
+    return ext.lt_fp8_gemms(
+        [t.data_ptr() for t in a], [t.data_ptr() for t in b], [t.data_ptr() for t in scale_a],
+        [t.data_ptr() for t in scale_b], [t.data_ptr() for t in out], bias_ptrs,
+        [t.shape[0] for t in a], [t.shape[0] for t in b], [t.shape[1] for t in a],
+        _DTYPE_CODE[a[0].dtype], _DTYPE_CODE[b[0].dtype], _DTYPE_CODE[out[0].dtype], bias_code, bool(fast_accum),
+        ws.data_ptr(), ws.numel(), device.index if device.index is not None else torch.cuda.current_device(),
+        stream)

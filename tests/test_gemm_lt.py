@@ -1,0 +1,119 @@
+"""fp_recipes.gemm_lt: many FP8 GEMMs in one host call through cuBLASLt.
+
+On CUDA its results are compared with ``torch._scaled_mm`` (the same library and math: FP32
+accumulation, per-tensor FP32 scales) and with an FP32 emulation; without a GPU only the availability
+report and the pure-Python pieces are checked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp_recipes import gemm_lt
+
+cuda = pytest.mark.cuda
+
+
+def test_status_is_a_sentence_everywhere():
+    text = gemm_lt.status()
+    assert isinstance(text, str) and text
+    if not torch.cuda.is_available():
+        assert not gemm_lt.available()
+        assert text.startswith("unavailable: ")
+
+
+def test_loaded_library_path_names_cublaslt():
+    assert "libcublasLt.so" in gemm_lt._loaded_cublaslt_path()
+
+
+def _fp8(shape, dtype, seed, device="cuda"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 2).to(dtype).to(device)
+
+
+def _scale(v, device="cuda"):
+    return torch.tensor(v, dtype=torch.float32, device=device)
+
+
+def _emulated(a, sa, b, sb, bias, out_dtype):
+    out = (a.float() @ b.float().t()) * (sa * sb)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+@cuda
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("fast_accum", [False, True])
+@pytest.mark.parametrize("b_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_matches_scaled_mm(out_dtype, fast_accum, b_dtype):
+    assert gemm_lt.available(), gemm_lt.status()
+    shapes = [(64, 128, 256), (1, 16, 16), (333, 48, 96), (2048, 2048, 7168), (7, 4096, 32)]
+    a = [_fp8((m, k), torch.float8_e4m3fn, i) for i, (m, n, k) in enumerate(shapes)]
+    b = [_fp8((n, k), b_dtype, 100 + i) for i, (m, n, k) in enumerate(shapes)]
+    sa = [_scale(0.5 + i) for i in range(len(shapes))]
+    sb = [_scale(0.25 * (i + 1)) for i in range(len(shapes))]
+    out = [torch.empty(m, n, dtype=out_dtype, device="cuda") for m, n, k in shapes]
+    skipped = gemm_lt.fp8_gemms(a, sa, b, sb, out, fast_accum=fast_accum)
+    assert skipped == []
+    for i in range(len(shapes)):
+        ref = torch._scaled_mm(a[i], b[i].t(), scale_a=sa[i], scale_b=sb[i], out_dtype=out_dtype,
+                               use_fast_accum=fast_accum)
+        emu = _emulated(a[i], sa[i], b[i], sb[i], None, out_dtype)
+        # Same library, same problem: the same algorithm is expected, hence the same bits. Should the
+        # heuristics ever differ, the FP32-emulation check below still bounds the result.
+        same = torch.equal(out[i], ref)
+        k = shapes[i][2]
+        # FP32 accumulation over k products (different order) + one output rounding.
+        tol = torch.finfo(out_dtype).eps * emu.float().abs() + 2e-6 * k * (a[i].float().abs() @
+                                                                         b[i].float().abs().t()) * sa[i] * sb[i]
+        assert torch.all((out[i].float() - emu.float()).abs() <= tol + 1e-30), (i, same)
+        assert same, f"GEMM {i} {shapes[i]}: bits differ from torch._scaled_mm"
+
+
+@cuda
+def test_bias_epilogue_and_views_into_one_output():
+    m_splits, n, k = [128, 0, 64, 256], 96, 160
+    x = _fp8((sum(m_splits), k), torch.float8_e4m3fn, 1)
+    w = [_fp8((n, k), torch.float8_e4m3fn, 10 + g) for g in range(len(m_splits))]
+    bias = [torch.randn(n, device="cuda").to(torch.bfloat16) for _ in m_splits]
+    s = [_scale(1.0 / (g + 1)) for g in range(len(m_splits))]
+    y = torch.full((sum(m_splits), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    xs, ys = list(x.split(m_splits)), list(y.split(m_splits))
+    live = [g for g, m in enumerate(m_splits) if m]
+    skipped = gemm_lt.fp8_gemms([xs[g] for g in live], [s[g] for g in live], [w[g] for g in live],
+                                [s[g] for g in live], [ys[g] for g in live], bias=[bias[g] for g in live])
+    assert skipped == []
+    for g in live:
+        ref = torch._scaled_mm(xs[g], w[g].t(), scale_a=s[g], scale_b=s[g], bias=bias[g], out_dtype=torch.bfloat16)
+        assert torch.equal(ys[g], ref), g
+
+
+@cuda
+def test_shapes_cublaslt_cannot_take_are_returned_not_run():
+    # K = 24 (not a multiple of 16), N = 40 (not a multiple of 16), K = 0: skipped, output untouched.
+    a = [_fp8((32, 24), torch.float8_e4m3fn, 1), _fp8((32, 64), torch.float8_e4m3fn, 2),
+         _fp8((32, 0), torch.float8_e4m3fn, 3), _fp8((32, 64), torch.float8_e4m3fn, 4)]
+    b = [_fp8((32, 24), torch.float8_e4m3fn, 5), _fp8((40, 64), torch.float8_e4m3fn, 6),
+         _fp8((32, 0), torch.float8_e4m3fn, 7), _fp8((32, 64), torch.float8_e4m3fn, 8)]
+    s = [_scale(1.0) for _ in a]
+    out = [torch.full((32, bi.shape[0]), 7.0, dtype=torch.bfloat16, device="cuda") for bi in b]
+    skipped = gemm_lt.fp8_gemms(a, s, b, s, out)
+    assert skipped == [0, 1, 2]
+    for i in skipped:
+        assert torch.all(out[i] == 7.0)
+    ref = torch._scaled_mm(a[3], b[3].t(), scale_a=s[3], scale_b=s[3], out_dtype=torch.bfloat16)
+    assert torch.equal(out[3], ref)
+
+
+@cuda
+def test_scales_are_read_on_the_device_at_run_time():
+    # The plan caches descriptors per shape; the scale pointers must be the ones of this call.
+    a = _fp8((64, 64), torch.float8_e4m3fn, 1)
+    b = _fp8((64, 64), torch.float8_e4m3fn, 2)
+    outs = []
+    for v in (1.0, 2.0, 0.5):
+        out = torch.empty(64, 64, dtype=torch.float32, device="cuda")
+        assert gemm_lt.fp8_gemms([a], [_scale(v)], [b], [_scale(1.0)], [out]) == []
+        outs.append(out)
+    assert torch.equal(outs[1], outs[0] * 2) and torch.equal(outs[2], outs[0] * 0.5)
