@@ -94,7 +94,56 @@ __device__ __forceinline__ float block_enc(float sf, float s_dec) {
   return fmin_bound(__frcp_rn(__fmul_rn(sf, s_dec)), FLT_MAX);
 }
 
+// Packing of 8 magic sums (e2m1_round_magic / fos_encode16) into one word of codes, two ways with the
+// same result: kPack 0 = e2m1_pack8 (byte permutes, ALU pipe); kPack 2 = integer multiply-adds (FMA
+// pipe): w = hi * 4096 + (lo | signs) with lo = (s0 + 16 s1 + 256 s2) & 0xFFF and hi = s3 + 16 s4 +
+// ... + 16^4 s7 (Horner), where s_j = exponent bits | idx_j (idx_j <= 7, so bits 3..22 are zero): the
+// exponent bits of s_j * 16^j leave the 32-bit word for j >= 3 (bit 23 + 4j >= 35), every idx_j lands
+// in nibble j without carries, and the low 12 bits of s0 + 16 s1 + 256 s2 are exactly idx0 | idx1 << 4
+// | idx2 << 8. The multipliers 16 and 4096 come from constant memory so that ptxas keeps IMADs with a
+// constant-bank operand (immediate multipliers become LEAs / shifts on the ALU pipe).
+#if defined(__CUDACC__)
+static __constant__ uint32_t c_pack_k16 = 16u;
+static __constant__ uint32_t c_pack_k4096 = 4096u;
+#endif
+__device__ __forceinline__ uint32_t pack_k16() {
+#if defined(__CUDA_ARCH__)
+  return c_pack_k16;
+#else
+  return 16u;
+#endif
+}
+__device__ __forceinline__ uint32_t pack_k4096() {
+#if defined(__CUDA_ARCH__)
+  return c_pack_k4096;
+#else
+  return 4096u;
+#endif
+}
+
+// The sign bits of 8 elements at bits 4j + 3, exactly the sign part of e2m1_pack8.
+__device__ __forceinline__ uint32_t e2m1_signs8(const float* x) {
+  const uint32_t seven = prmt(prmt(__float_as_uint(x[0]), __float_as_uint(x[2]), 0x00FBu),
+                              prmt(__float_as_uint(x[4]), __float_as_uint(x[6]), 0x00FBu), 0x5410u);
+  const uint32_t sodd = prmt(prmt(__float_as_uint(x[1]), __float_as_uint(x[3]), 0x00FBu),
+                             prmt(__float_as_uint(x[5]), __float_as_uint(x[7]), 0x00FBu), 0x5410u);
+  return (seven & 0x08080808u) | (sodd & 0x80808080u);
+}
+
+template <int kPack>
+__device__ __forceinline__ uint32_t pack8(const uint32_t* s, const float* x) {
+  static_assert(kPack == 0 || kPack == 2, "kPack: 0 (byte permutes) or 2 (integer multiply-adds)");
+  if (kPack == 0) return e2m1_pack8(s, x);
+  const uint32_t k16 = pack_k16();
+  const uint32_t lo = ((s[2] * k16 + s[1]) * k16 + s[0]) & 0xFFFu;
+  uint32_t hi = s[7];
+#pragma unroll
+  for (int j = 6; j >= 3; --j) hi = hi * k16 + s[j];
+  return hi * pack_k4096() + (lo | e2m1_signs8(x));
+}
+
 // Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
+template <int kPack = 0>
 __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
   uint2 out;
 #if !(defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000))
@@ -105,8 +154,8 @@ __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
     float m;
     s[j] = __float_as_uint(e2m1_round_magic(__fmul_rn(x[j], enc), m));
   }
-  out.x = e2m1_pack8(s, x);
-  out.y = e2m1_pack8(s + 8, x + 8);
+  out.x = pack8<kPack>(s, x);
+  out.y = pack8<kPack>(s + 8, x + 8);
   return out;
 #else
   uint32_t w0 = 0, w1 = 0;
@@ -322,7 +371,7 @@ __device__ __forceinline__ float fos_val(const float* vt, uint32_t magic_sum_bit
 // test in the strict division); otherwise every value is clamped to 6 and rounded over three binades.
 // kVals (strict short path only): vt holds 16 * kValStride floats of shared scratch for this thread, the
 // value tables of both candidates; otherwise the values are computed per element and vt is unused.
-template <int kFos, bool kShort, bool kVals = false>
+template <int kFos, bool kShort, bool kVals = false, int kPack = 0>
 __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCandidates& c,
                                              const TensorScale& t, uint2& q4, uint2& q6, float& err4,
                                              float& err6, float* vt) {
@@ -367,35 +416,42 @@ __device__ __forceinline__ void fos_encode16(const float (&x)[16], const FosCand
     e4 = j == 0 ? v4 : __fadd_rn(e4, v4);
     e6 = j == 0 ? v6 : __fadd_rn(e6, v6);
   }
-  q4 = make_uint2(e2m1_pack8(s4, x), e2m1_pack8(s4 + 8, x + 8));
-  q6 = make_uint2(e2m1_pack8(s6, x), e2m1_pack8(s6 + 8, x + 8));
+  q4 = make_uint2(pack8<kPack>(s4, x), pack8<kPack>(s4 + 8, x + 8));
+  q6 = make_uint2(pack8<kPack>(s6, x), pack8<kPack>(s6 + 8, x + 8));
   err4 = e4;
   err6 = e6;
 }
 
 // Both candidates of a block with the path chosen per warp (fos_short_ok / fos_take_short).
-template <int kFos>
+template <int kFos, int kPack = 0>
 __device__ __forceinline__ void fos_encode16_any(const float (&x)[16], float bamax, const FosCandidates& c,
                                                  const TensorScale& t, uint2& q4, uint2& q6, float& err4,
                                                  float& err6, float* vt) {
   if (fos_take_short(fos_short_ok<kFos>(bamax, c, t))) {
     if (!fos_fast(kFos) && vt != nullptr) {
-      fos_encode16<kFos, true, !fos_fast(kFos)>(x, c, t, q4, q6, err4, err6, vt);
+      fos_encode16<kFos, true, !fos_fast(kFos), kPack>(x, c, t, q4, q6, err4, err6, vt);
     } else {
-      fos_encode16<kFos, true>(x, c, t, q4, q6, err4, err6, nullptr);
+      fos_encode16<kFos, true, false, kPack>(x, c, t, q4, q6, err4, err6, nullptr);
     }
   } else {
-    fos_encode16<kFos, false>(x, c, t, q4, q6, err4, err6, nullptr);
+    fos_encode16<kFos, false, false, kPack>(x, c, t, q4, q6, err4, err6, nullptr);
   }
 }
 
 // Map-to-4 only when strictly better (ties and NaN keep map-to-6).
 __device__ __forceinline__ bool fos_pick4(float err4, float err6) { return err4 < err6; }
 
+// The code packing (pack8) of the rowwise kernel per mode (nvfp4_quantize.cu, RowwiseCfg): also the
+// default of quantize_block_1d, so the host harness (tests/nvfp4_host) runs the rowwise kernel's packing.
+template <int kFos>
+struct RowPack {
+  static constexpr int value = 0;
+};
+
 // One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
 // tab: the 4over6 scale table of t (fill_enc_table) or nullptr; vt: the strict value scratch of
-// fos_encode16 or nullptr.
-template <int kFos>
+// fos_encode16 or nullptr. kPack: pack8 (the same bytes either way).
+template <int kFos, int kPack = RowPack<kFos>::value>
 __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t, bool sr,
                                                   uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
                                                   uint32_t& sf, const float2* tab, float* vt) {
@@ -406,13 +462,13 @@ __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const Te
     if (sr) {
       q = encode16_sr(x, enc, sr_block_bits(b, seed, offset));
     } else {
-      q = encode16_rn(x, enc);
+      q = encode16_rn<kPack>(x, enc);
     }
   } else {
     const FosCandidates c = fos_candidates(bamax, t, tab);
     uint2 q4, q6;
     float e4, e6;
-    fos_encode16_any<kFos>(x, bamax, c, t, q4, q6, e4, e6, vt);
+    fos_encode16_any<kFos, kPack>(x, bamax, c, t, q4, q6, e4, e6, vt);
     const bool use4 = fos_pick4(e4, e6);
     q = use4 ? q4 : q6;
     sf = use4 ? c.sf4 : c.sf6;

@@ -31,10 +31,67 @@ struct KParams {
   uint64_t seed, offset;
 };
 
-// Rowwise, 1-D blocks: a grid-stride loop over 1x16 blocks, two blocks in flight per thread;
-// consecutive threads take consecutive blocks (coalesced 16-byte loads).
+// Per-mode shape of the rowwise kernel's loop (benchmarks/nvfp4_variants measured the options, all with
+// the same bytes): kU 16-element blocks in flight per thread per iteration; kPf 1 = the raw input words
+// of the next iteration are loaded before this iteration's blocks are quantized (register double
+// buffering); the code packing is RowPack<kFos> (nvfp4_device.cuh).
+template <int kFos>
+struct RowwiseCfg {
+  static constexpr int kU = 2;
+  static constexpr int kPf = 0;
+};
+
+// The raw 16-byte words of one 16-element block (kPf) and their conversion, as load16 does it.
+template <typename T>
+struct RawBlock {
+  uint4 w[16 * sizeof(T) / 16];
+};
+template <typename T>
+__device__ __forceinline__ void load_raw(const T* p, RawBlock<T>& r) {
+#pragma unroll
+  for (int v = 0; v < 16 * static_cast<int>(sizeof(T)) / 16; ++v) r.w[v] = __ldg(reinterpret_cast<const uint4*>(p) + v);
+}
+template <typename T>
+__device__ __forceinline__ void widen_raw(const RawBlock<T>& r, float (&x)[16]) {
+  constexpr int kPerVec = 16 / sizeof(T);
+#pragma unroll
+  for (int v = 0; v < 16 / kPerVec; ++v) {
+    const T* e = reinterpret_cast<const T*>(&r.w[v]);
+#pragma unroll
+    for (int k = 0; k < kPerVec; ++k) x[v * kPerVec + k] = to_f32<T>(e[k]);
+  }
+}
+// BF16: load16<__nv_bfloat16>'s one integer op per element.
+template <>
+__device__ __forceinline__ void widen_raw<__nv_bfloat16>(const RawBlock<__nv_bfloat16>& r, float (&x)[16]) {
+#pragma unroll
+  for (int v = 0; v < 2; ++v) {
+    const uint32_t w[4] = {r.w[v].x, r.w[v].y, r.w[v].z, r.w[v].w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[v * 8 + 2 * k] = __uint_as_float(w[k] << 16);
+      x[v * 8 + 2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+}
+
+// One block of the rowwise kernel: quantize and store.
+template <int kFos>
+__device__ __forceinline__ void rowwise_block(const KParams& p, const float (&x)[16], int64_t g, int64_t blocks_per_row,
+                                              const TensorScale& t_all, const float2* tab, float* vt) {
+  const TensorScale t = p.row_scaled ? make_tensor_scale(__ldg(p.amax + g / blocks_per_row), p.e4m3_max) : t_all;
+  uint2 q;
+  uint32_t sf;
+  quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf, tab, vt);
+  reinterpret_cast<uint2*>(p.data)[g] = q;
+  p.scale[g] = static_cast<uint8_t>(sf);
+}
+
+// Rowwise, 1-D blocks: a grid-stride loop over 1x16 blocks, RowwiseCfg<kFos>::kU blocks in flight per
+// thread; consecutive threads take consecutive blocks (coalesced 16-byte loads).
 template <typename T, int kFos>
 __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
+  constexpr int kU = RowwiseCfg<kFos>::kU;
   const int64_t blocks_per_row = p.N / 16;
   const int64_t total = p.M * blocks_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -51,28 +108,48 @@ __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
   }
   // Strict 4over6: per-thread value tables of both candidates, one set per block in flight (u).
   static_assert(kThreads == kValStride, "fos_val addresses entries kValStride floats apart");
-  __shared__ float val_tab[fos_fast(kFos) || kFos == 0 ? 1 : 2 * 16 * kThreads];
-  float* vt[2] = {nullptr, nullptr};
-  if (!fos_fast(kFos) && kFos != 0) {
-    vt[0] = val_tab + threadIdx.x;
-    vt[1] = val_tab + 16 * kThreads + threadIdx.x;
-  }
-  for (int64_t g0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g0 < total; g0 += 2 * stride) {
-    float x[2][16];
-    const int64_t g[2] = {g0, g0 + stride};
-    const bool has1 = g[1] < total;
-    load16(src + g[0] * 16, x[0]);
-    if (has1) load16(src + g[1] * 16, x[1]);
+  __shared__ float val_tab[fos_fast(kFos) || kFos == 0 ? 1 : kU * 16 * kThreads];
+  float* vt[kU];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      if (u == 1 && !has1) break;
-      const TensorScale t =
-          p.row_scaled ? make_tensor_scale(__ldg(p.amax + g[u] / blocks_per_row), p.e4m3_max) : t_all;
-      uint2 q;
-      uint32_t sf;
-      quantize_block_1d<kFos>(x[u], t, p.sr, static_cast<uint64_t>(g[u]), p.seed, p.offset, q, sf, tab, vt[u]);
-      reinterpret_cast<uint2*>(p.data)[g[u]] = q;
-      p.scale[g[u]] = static_cast<uint8_t>(sf);
+  for (int u = 0; u < kU; ++u)
+    vt[u] = (!fos_fast(kFos) && kFos != 0) ? val_tab + u * 16 * kThreads + threadIdx.x : nullptr;
+  int64_t g0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (!RowwiseCfg<kFos>::kPf) {
+    for (; g0 < total; g0 += kU * stride) {
+      float x[kU][16];
+      int64_t g[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) g[u] = g0 + u * stride;
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (u == 0 || g[u] < total) load16(src + g[u] * 16, x[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (u > 0 && g[u] >= total) break;
+        rowwise_block<kFos>(p, x[u], g[u], blocks_per_row, t_all, tab, vt[u]);
+      }
+    }
+  } else {
+    RawBlock<T> raw[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (g0 + u * stride < total) load_raw(src + (g0 + u * stride) * 16, raw[u]);
+    for (; g0 < total; g0 += kU * stride) {
+      RawBlock<T> cur[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) cur[u] = raw[u];
+      const int64_t gn = g0 + kU * stride;
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (gn + u * stride < total) load_raw(src + (gn + u * stride) * 16, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t g = g0 + u * stride;
+        if (u > 0 && g >= total) break;
+        float x[16];
+        widen_raw(cur[u], x);
+        rowwise_block<kFos>(p, x, g, blocks_per_row, t_all, tab, vt[u]);
+      }
     }
   }
 }
@@ -166,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
     uint2 q;
     uint32_t sf;
-    quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
+    quantize_block_1d<kFos, 0>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
                             p.seed, p.offset, q, sf, nullptr, nullptr);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
@@ -200,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
     }
   } else {
-    quantize_block_1d<kFos>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr, nullptr);
+    quantize_block_1d<kFos, 0>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr, nullptr);
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
@@ -213,7 +290,8 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
     if (total == 0) return;
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int64_t want = (total + 2 * kThreads - 1) / (2 * kThreads);
+    constexpr int kPer = RowwiseCfg<kFos>::kU * kThreads;
+    const int64_t want = (total + kPer - 1) / kPer;
     const int64_t grid = want < static_cast<int64_t>(sms) * 16 ? want : static_cast<int64_t>(sms) * 16;
     rowwise_kernel<T, kFos><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
     check_launch("nvfp4 rowwise_kernel");
