@@ -448,6 +448,12 @@ struct RowPack {
   static constexpr int value = 0;
 };
 
+// v6 plain: IMAD packing (with RowwiseCfg<0>'s prefetch).
+template <>
+struct RowPack<0> {
+  static constexpr int value = 2;
+};
+
 // One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
 // tab: the 4over6 scale table of t (fill_enc_table) or nullptr; vt: the strict value scratch of
 // fos_encode16 or nullptr. kPack: pack8 (the same bytes either way).

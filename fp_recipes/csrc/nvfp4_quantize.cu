@@ -41,6 +41,14 @@ struct RowwiseCfg {
   static constexpr int kPf = 0;
 };
 
+// v6 plain: prefetch, 2 blocks per iteration (+ IMAD packing, RowPack<0>); the variant benchmark's
+// pf_imad_lb (benchmarks/NOTES_nvfp4.md, v6): 77.4 -> 69.8 us at 16384 x 6144 BF16 on H200.
+template <>
+struct RowwiseCfg<0> {
+  static constexpr int kU = 2;
+  static constexpr int kPf = 1;
+};
+
 // The raw 16-byte words of one 16-element block (kPf) and their conversion, as load16 does it.
 template <typename T>
 struct RawBlock {
@@ -87,11 +95,21 @@ __device__ __forceinline__ void rowwise_block(const KParams& p, const float (&x)
   p.scale[g] = static_cast<uint8_t>(sf);
 }
 
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000)
+constexpr bool kHwE2M1 = true;  // encode16_rn is cvt.rn.satfinite.e2m1x2 (sm_100-family)
+#else
+constexpr bool kHwE2M1 = false;
+#endif
+
 // Rowwise, 1-D blocks: a grid-stride loop over 1x16 blocks, RowwiseCfg<kFos>::kU blocks in flight per
 // thread; consecutive threads take consecutive blocks (coalesced 16-byte loads).
 template <typename T, int kFos>
 __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
   constexpr int kU = RowwiseCfg<kFos>::kU;
+  // The prefetch holds kU raw blocks per thread: 2 x 8 registers for 16-bit inputs. FP32 inputs (2 x 16:
+  // 104 instead of 58 registers on sm_90a) and the sm_100a hardware encode (64 -> 123 registers) would
+  // halve the thread blocks per SM, unmeasured, so they load directly.
+  constexpr bool kPf = RowwiseCfg<kFos>::kPf && sizeof(T) <= 2 && !kHwE2M1;
   const int64_t blocks_per_row = p.N / 16;
   const int64_t total = p.M * blocks_per_row;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -114,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) rowwise_kernel(KParams p) {
   for (int u = 0; u < kU; ++u)
     vt[u] = (!fos_fast(kFos) && kFos != 0) ? val_tab + u * 16 * kThreads + threadIdx.x : nullptr;
   int64_t g0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (!RowwiseCfg<kFos>::kPf) {
+  if (!kPf) {
     for (; g0 < total; g0 += kU * stride) {
       float x[kU][16];
       int64_t g[kU];
