@@ -454,6 +454,16 @@ struct RowPack<0> {
   static constexpr int value = 2;
 };
 
+// v6 4over6 strict: IMAD packing (with RowwiseCfg<1/3>'s one block per iteration).
+template <>
+struct RowPack<1> {
+  static constexpr int value = 2;
+};
+template <>
+struct RowPack<3> {
+  static constexpr int value = 2;
+};
+
 // One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
 // tab: the 4over6 scale table of t (fill_enc_table) or nullptr; vt: the strict value scratch of
 // fos_encode16 or nullptr. kPack: pack8 (the same bytes either way).
