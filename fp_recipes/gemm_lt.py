@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["available", "fp8_gemms", "status"]
+__all__ = ["aligned_scalars", "available", "fp8_gemms", "status"]
 
 _WORKSPACE_BYTES = 32 * 2**20  # what torch gives cuBLASLt on Hopper; enough for every split-K algorithm
 
@@ -90,6 +90,14 @@ def _workspace(device: torch.device, stream: int) -> torch.Tensor:
     if ws is None:
         ws = _workspaces[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return ws
+
+
+def aligned_scalars(v: torch.Tensor) -> List[torch.Tensor]:
+    """0-dim views of the (G,) FP32 vector ``v``'s values, each at a 16-byte aligned address (one small
+    copy): cuBLASLt refuses FP8 scale pointers into a packed FP32 vector (NOT_SUPPORTED), and
+    ``torch._scaled_mm`` passes them through unchanged."""
+    padded = torch.nn.functional.pad(v.view(-1, 1), (0, 3))
+    return list(padded[:, 0].unbind(0))
 
 
 def fp8_gemms(a: Sequence[torch.Tensor], scale_a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],

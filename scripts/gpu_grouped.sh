@@ -12,6 +12,19 @@ export PYTHONUNBUFFERED=1
 {
   echo "== nvidia-smi -L"; nvidia-smi -L
   python3 -c "import fp_recipes; i=fp_recipes.backend_info(); print(i['summary']); print('grouped gemm:', i['grouped_gemm'])"
+  echo "== does cuBLASLt take an FP8 scale pointer that is not 16-byte aligned? (torch._scaled_mm)"
+  python3 - <<'PY' 2>&1 | tail -n 3
+import torch
+a = torch.randn(64, 64, device="cuda").to(torch.float8_e4m3fn)
+b = torch.randn(32, 64, device="cuda").to(torch.float8_e4m3fn)
+packed = torch.tensor([1.0, 2.0], device="cuda")
+for off in (0, 1):
+    try:
+        torch._scaled_mm(a, b.t(), scale_a=packed[off], scale_b=packed[0], out_dtype=torch.bfloat16)
+        print(f"scale at byte offset {4 * off}: ok")
+    except RuntimeError as exc:
+        print(f"scale at byte offset {4 * off}: {str(exc)[:90]}")
+PY
   echo "== pytest -m cuda (gemm_lt, multi-cast, FP8 kernels, modules)"
   timeout "${LIM_TEST:-150}" python3 -m pytest -q -m cuda -p no:cacheprovider --tb=short -x \
       tests/test_gemm_lt.py tests/test_cuda_fp8_multi.py tests/test_cuda_fp8_kernels.py \

@@ -231,10 +231,12 @@ void register_gemm_lt(py::module_& m) {
           if (m == 0 || n == 0) continue;  // an empty output: nothing to write
           const std::uintptr_t bias_i = bias.empty() ? 0 : bias[i];
           const int bias_code = bias_i != 0 ? bias_dtype : -1;
-          // cuBLASLt's FP8 kernels need K and N in multiples of 16 and 16-byte aligned operands; any
-          // other GEMM (and K == 0, whose output is the bias or zeros) is left to the caller.
+          // cuBLASLt's FP8 kernels need K and N in multiples of 16 and 16-byte aligned operands and
+          // scale pointers (a scale inside a packed FP32 vector is refused as NOT_SUPPORTED); any other
+          // GEMM (and K == 0, whose output is the bias or zeros) is left to the caller.
           if (k == 0 || k % 16 != 0 || n % 16 != 0 || !aligned16(a[i]) || !aligned16(b[i]) || !aligned16(d[i]) ||
-              (bias_i != 0 && !aligned16(bias_i)) || scale_a[i] == 0 || scale_b[i] == 0) {
+              (bias_i != 0 && !aligned16(bias_i)) || !aligned16(scale_a[i]) || !aligned16(scale_b[i]) ||
+              scale_a[i] == 0 || scale_b[i] == 0) {
             skipped.push_back(static_cast<int64_t>(i));
             continue;
           }

@@ -121,7 +121,8 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, 
             res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=p2, amax_epsilon=eps,
                                                          rowwise=True, columnwise=True)
             data, data_t, scale_inv = res.data, res.data_t, res.scale_inv
-    return _Casts(list(data), list(data_t), list(scale_inv.unbind(0)))
+    # the GEMMs need each scale at a 16-byte aligned address (cuBLASLt); the cast wrote them packed
+    return _Casts(list(data), list(data_t), gemm_lt.aligned_scalars(scale_inv))
 
 
 USE_CUBLASLT = True  # grouped GEMMs through fp_recipes.gemm_lt when available (benchmarks switch it off)
