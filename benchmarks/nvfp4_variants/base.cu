@@ -26,7 +26,7 @@ static void launch_base(const VParams& v, unsigned grid, cudaStream_t s) {
 
 void register_base(std::vector<Entry>& out) {
 #define BASE(F) \
-  out.push_back(Entry{"base", F, 2, reinterpret_cast<const void*>(&rowwise_kernel<__nv_bfloat16, F>), &launch_base<F>})
+  out.push_back(Entry{"base", F, RowwiseCfg<F>::kU, reinterpret_cast<const void*>(&rowwise_kernel<__nv_bfloat16, F>), &launch_base<F>})
   BASE(0);
   BASE(2);
   BASE(4);

@@ -23,34 +23,32 @@ namespace vv {
 void VV_CAT(register_part, PART)(std::vector<Entry>& out) {
 // Launch bounds: 0 = __launch_bounds__(256) only, as the real kernel. NB: (256, 1) is NOT the same:
 // ptxas then lets plain grow 63 -> 88 registers (2 blocks/SM) and fast 79 -> 127.
+// Round 1 (run 1, benchmarks/results/nvfp4_variants_run1.json) is ported: base = pf_imad_lb (plain),
+// u1 (fast), u1_imad (strict). Round 2 keeps the old kernel (v4) and tries the fast path's overheads.
+#define FAST2(name, MINB, U, PF, PACK)       \
+  NVFP4_VV_ADD(out, name, 2, MINB, U, PF, PACK); \
+  NVFP4_VV_ADD(out, name, 4, MINB, U, PF, PACK)
+#define R2(name, MINB, F)              \
+  NVFP4_VV_ADDR2(out, name, 2, MINB, F); \
+  NVFP4_VV_ADDR2(out, name, 4, MINB, F)
 #if PART == 1
-  ALL5("copy", 0, 0, 0, 2, 0, 0);     // the real kernel's code, templated: must time like base
-  ALL5("lb", 0, 4, 3, 2, 0, 0);       // launch bounds alone (fast 4, strict 3 blocks/SM)
-  NVFP4_VV_ADD(out, "lb_plain5", 0, 5, 2, 0, 0);
-  NVFP4_VV_ADD(out, "lb_plain6", 0, 6, 2, 0, 0);
+  ALL5("v4", 0, 0, 0, 2, 0, 0);        // the v4 kernel (before the v6 port): 2 blocks/iter, byte permutes
 #elif PART == 2
-  ALL5("imad", 0, 0, 0, 2, 0, 2);     // IMAD packing (forced: constant-bank multipliers)
-  ALL5("lea", 0, 0, 0, 2, 0, 1);      // the same sum with immediate shifts (ptxas makes LEAs)
-  ALL5("imad_lb", 0, 4, 3, 2, 0, 2);  // IMAD packing + launch bounds
+  FAST2("u1_imad", 0, 1, 0, 2);        // run 1: u1 + IMAD packing (58 registers, 4 blocks/SM)
+  FAST2("u1_imad_lb5", 5, 1, 0, 2);    // the same held to 5 blocks/SM (48 registers)
 #elif PART == 3
-  ALL5("pf", 0, 0, 0, 2, 1, 0);       // prefetch next iteration's raw words, 2 blocks/iter
-  ALL5("pf_lb", 0, 3, 2, 2, 1, 0);
-  ALL5("pf_imad_lb", 0, 3, 2, 2, 1, 2);
-#elif PART == 5
-#define FOS4(name, LB_FAST, LB_STRICT, U, PF, PACK, H)      \
-  NVFP4_VV_ADDH(out, name, 2, LB_FAST, U, PF, PACK, H);    \
-  NVFP4_VV_ADDH(out, name, 4, LB_FAST, U, PF, PACK, H);    \
-  NVFP4_VV_ADDH(out, name, 1, LB_STRICT, U, PF, PACK, H);  \
-  NVFP4_VV_ADDH(out, name, 3, LB_STRICT, U, PF, PACK, H)
-  FOS4("hoist", 0, 0, 2, 0, 0, 1);     // both blocks' scale chains before the encodes
-  FOS4("hoist_lb", 4, 3, 2, 0, 0, 1);
-  FOS4("hoist_imad_lb", 4, 3, 2, 0, 2, 1);
+  // Round 2 variants are held to 5 thread blocks per SM (48 registers, like base): unbounded they take
+  // 57-63 registers (4 per SM).
+  R2("r2_pt", 5, kR2Pt);               // per-tensor / row-scaled loops chosen once
+  R2("r2_hmax", 5, kR2Pt | kR2Hmax);   // + BF16x2 block amax
+  R2("r2_sgn", 5, kR2Pt | kR2Sgn);     // + signs from the raw words
+  R2("r2_cvt", 5, kR2Pt | kR2Cvt);     // + one e4m3x2 conversion, integer div6 range test
 #elif PART == 4
-  ALL5("u1", 0, 0, 0, 1, 0, 0);       // one block per thread per iteration
-  ALL5("u1pf", 0, 0, 0, 1, 1, 0);     // one block per iteration + prefetch of the next
-  ALL5("u1pf_imad", 0, 0, 0, 1, 1, 2);
-  ALL5("u1_lb", 6, 6, 4, 1, 0, 0);    // one block per iteration, 6 (plain, fast) / 4 (strict) blocks/SM
-  ALL5("u1_imad", 0, 0, 0, 1, 0, 2);
+  R2("r2_all", 5, kR2Pt | kR2Hmax | kR2Sgn | kR2Cvt);
+  R2("r2_all_u", 0, kR2Pt | kR2Hmax | kR2Sgn | kR2Cvt);  // unbounded (61-63 registers, 4 per SM)
+  R2("r2_nopt", 5, kR2Hmax | kR2Sgn | kR2Cvt);           // one loop, per-block row_scaled test
+#elif PART == 5
+  R2("r2_all_imad", 5, kR2Pt | kR2Hmax | kR2Sgn | kR2Cvt | (2 << 8));
 #else
 #error "unknown PART"
 #endif
