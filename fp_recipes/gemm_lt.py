@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["aligned_scalars", "available", "fp8_gemms", "status"]
+__all__ = ["aligned_scalars", "available", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
 _WORKSPACE_BYTES = 32 * 2**20  # what torch gives cuBLASLt on Hopper; enough for every split-K algorithm
 
@@ -109,26 +109,41 @@ def fp8_gemms(a: Sequence[torch.Tensor], scale_a: Sequence[torch.Tensor], b: Seq
     list), ``scale_*[i]`` one-element FP32 device tensors, ``out[i]`` a contiguous (m_i, n_i) tensor of
     one dtype (bf16/fp16/fp32) to write into, ``bias[i]`` an (n_i,) vector of the output dtype or None.
     All on one CUDA device, enqueued on its current stream. Returns the indices it did not run (K or N
-    not a multiple of 16, misaligned, or K == 0): the caller computes those some other way.
-    The caller guarantees the layouts; this is the hot path of the grouped FP8 layer (no per-tensor
-    validation beyond what the C++ side checks)."""
+    not a multiple of 16, an operand or scale not 16-byte aligned, or K == 0): the caller computes those
+    some other way. (:func:`aligned_scalars` gives 16-byte aligned scale views of a packed vector.)"""
+    if not a:
+        return []
+    bias_ptrs: Optional[List[int]] = None
+    bias_dtype = None
+    if bias is not None and any(t is not None for t in bias):
+        bias_ptrs = [0 if t is None else t.data_ptr() for t in bias]
+        bias_dtype = next(t for t in bias if t is not None).dtype
+    return fp8_gemms_ptr(
+        [t.data_ptr() for t in a], [t.data_ptr() for t in scale_a], [t.data_ptr() for t in b],
+        [t.data_ptr() for t in scale_b], [t.data_ptr() for t in out], [t.shape[0] for t in a],
+        [t.shape[0] for t in b], [t.shape[1] for t in a], a[0].dtype, b[0].dtype, out[0].dtype, a[0].device,
+        bias=bias_ptrs, bias_dtype=bias_dtype, fast_accum=fast_accum)
+
+
+def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], scale_b: Sequence[int],
+                  out: Sequence[int], ms: Sequence[int], ns: Sequence[int], ks: Sequence[int], a_dtype: torch.dtype,
+                  b_dtype: torch.dtype, out_dtype: torch.dtype, device: torch.device, *,
+                  bias: Optional[Sequence[int]] = None, bias_dtype: Optional[torch.dtype] = None,
+                  fast_accum: bool = False) -> List[int]:
+    """:func:`fp8_gemms` on raw device addresses: GEMM i reads an (ms[i], ks[i]) and an (ns[i], ks[i])
+    row-major FP8 matrix and writes an (ms[i], ns[i]) row-major one, each dense. For callers that keep
+    several operands in one buffer (a grouped layer's experts): no tensor view per operand (a view
+    costs microseconds of host time; an address is an integer addition). The caller keeps the memory
+    alive until the GEMMs have run on ``device``'s current stream."""
     if not a:
         return []
     from .ops import backend
 
     ext = backend.extension()
-    device = a[0].device
     stream = torch.cuda.current_stream(device).cuda_stream
     ws = _workspace(device, stream)
-    bias_ptrs: List[int] = []
-    bias_code = -1
-    if bias is not None and any(t is not None for t in bias):
-        bias_ptrs = [0 if t is None else t.data_ptr() for t in bias]
-        bias_code = _DTYPE_CODE[next(t for t in bias if t is not None).dtype]
     return ext.lt_fp8_gemms(
-        [t.data_ptr() for t in a], [t.data_ptr() for t in b], [t.data_ptr() for t in scale_a],
-        [t.data_ptr() for t in scale_b], [t.data_ptr() for t in out], bias_ptrs,
-        [t.shape[0] for t in a], [t.shape[0] for t in b], [t.shape[1] for t in a],
-        _DTYPE_CODE[a[0].dtype], _DTYPE_CODE[b[0].dtype], _DTYPE_CODE[out[0].dtype], bias_code, bool(fast_accum),
-        ws.data_ptr(), ws.numel(), device.index if device.index is not None else torch.cuda.current_device(),
-        stream)
+        list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],
+        list(ms), list(ns), list(ks), _DTYPE_CODE[a_dtype], _DTYPE_CODE[b_dtype], _DTYPE_CODE[out_dtype],
+        _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws.data_ptr(), ws.numel(),
+        device.index if device.index is not None else torch.cuda.current_device(), stream)

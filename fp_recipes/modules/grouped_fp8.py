@@ -23,7 +23,8 @@ CPU (tests/test_modules_linear.py).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from itertools import accumulate
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
@@ -58,28 +59,71 @@ def fast_path_eligible(sets: Sequence[GemmQuantizers]) -> bool:
 
 
 class _Casts:
-    """One operand of every expert: per-member rowwise data, columnwise (transposed) data and 0-dim
-    scale_inv views (None for a member that was not cast)."""
+    """One operand of every expert as the multi-tensor cast wrote it: rowwise data of all members in one
+    (sum(rows), cols) buffer, the transposed copies (cols, rows_g) one after another in one flat buffer,
+    and the scale_inv values at 16-byte aligned addresses (``sinv[g, 0]``: cuBLASLt refuses scale
+    pointers into a packed vector).
 
-    __slots__ = ("data", "data_t", "scale_inv")
+    The GEMMs on CUDA take addresses (integer arithmetic, no tensor per member); tensor views are made
+    only for GEMMs that take the portable path, or come ready-made from the reference twin on CPU."""
 
-    def __init__(self, data: List[Optional[torch.Tensor]], data_t: List[Optional[torch.Tensor]],
-                 scale_inv: List[Optional[torch.Tensor]]) -> None:
-        self.data, self.data_t, self.scale_inv = data, data_t, scale_inv
+    __slots__ = ("data_buf", "data_t_buf", "sinv", "dtype", "rows", "cols", "starts", "_views")
+
+    def __init__(self, data_buf: Optional[torch.Tensor], data_t_buf: Optional[torch.Tensor], sinv: torch.Tensor,
+                 dtype: torch.dtype, rows: Sequence[int], cols: int, views: Optional[tuple] = None) -> None:
+        self.data_buf, self.data_t_buf, self.sinv, self.dtype = data_buf, data_t_buf, sinv, dtype
+        self.rows, self.cols = list(rows), cols
+        self.starts = list(accumulate(self.rows, initial=0))
+        self._views = views
+
+    def data(self, g: int) -> torch.Tensor:
+        if self._views is not None:
+            return self._views[0][g]
+        return self.data_buf[self.starts[g]:self.starts[g + 1]]
+
+    def data_t(self, g: int) -> torch.Tensor:
+        if self._views is not None:
+            return self._views[1][g]
+        s, e = self.starts[g] * self.cols, self.starts[g + 1] * self.cols
+        return self.data_t_buf[s:e].view(self.cols, self.rows[g])
+
+    def scale_inv(self, g: int) -> torch.Tensor:
+        return self.sinv[g, 0]
+
+    @property
+    def addressable(self) -> bool:
+        """Made by the CUDA multi-cast (buffers with addresses), not by the reference twin."""
+        return self._views is None
+
+    def data_ptrs(self, gs: Sequence[int]) -> List[int]:
+        base, c = self.data_buf.data_ptr(), self.cols  # FP8: one byte per element
+        return [base + self.starts[g] * c for g in gs]
+
+    def data_t_ptrs(self, gs: Sequence[int]) -> List[int]:
+        base, c = self.data_t_buf.data_ptr(), self.cols
+        return [base + self.starts[g] * c for g in gs]
+
+    def scale_ptrs(self, gs: Sequence[int]) -> List[int]:
+        base = self.sinv.data_ptr()
+        return [base + 16 * g for g in gs]
+
+    def release_rowwise(self) -> None:
+        """Drop the rowwise copy (the backward needs only the transposed one)."""
+        self.data_buf = None
+        if self._views is not None:
+            self._views = (None, self._views[1])
 
 
-def _kernel_lane(x: torch.Tensor):
-    """(delayed multi-cast, current multi-cast) taking and returning plain tensors: the CUDA kernels'
-    eager entry points for a CUDA input (the public ops validate every argument on every call, which is
-    host time; here the arguments are known good: contiguous row slices of one checked input or the
-    module's own weights, the quantizers' own FP32 scales), else None (the dispatched ops run)."""
+def _cuda_lane(x: torch.Tensor):
+    """The CUDA multi-cast's buffer-level entry points (no per-member views: the module's GEMMs take
+    addresses) for a CUDA input with the extension, else None (the dispatched ops run)."""
     if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
     from ..ops import backend
     if backend.cuda_impl("fp8_multi_quantize") is None:
         return None
     from ..ops import cuda_fp8
-    return cuda_fp8._fp8_multi_quantize_impl, cuda_fp8._fp8_multi_current_impl
+    return cuda_fp8._multi_delayed, cuda_fp8._multi_current
 
 
 def _slot0(q: Any) -> torch.Tensor:
@@ -92,6 +136,15 @@ def _slot0(q: Any) -> torch.Tensor:
     return cached[1]
 
 
+def _fp8_dtype(fmt: str) -> torch.dtype:
+    return torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+
+
+def _aligned(scale_inv: torch.Tensor) -> torch.Tensor:
+    """(G,) -> (G, 4) FP32 with the values in column 0: each at a 16-byte aligned address."""
+    return torch.nn.functional.pad(scale_inv.view(-1, 1), (0, 3))
+
+
 def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, backward: bool,
               splits: Optional[Sequence[int]] = None) -> _Casts:
     """Cast every ``parts[g]`` by ``quantizers[g]`` (both copies) in one multi-tensor cast (one kernel
@@ -101,56 +154,78 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, 
     step: it is not recorded for the scale update."""
     spec = quantizers[0].spec
     fmt = quantizers[0].fmt
-    lane = _kernel_lane(parts[0])
+    lane = _cuda_lane(parts[0])
+    rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
     if spec.scaling is ScalingKind.DELAYED:
         scales = [q.scale for q in quantizers]
         if lane is not None:
-            data, data_t, scale_inv, amax = lane[0](parts, scales, fmt, True, True)[:4]
+            data, data_t, scale_inv, amax, _ = lane[0](parts, scales, fmt, True, True, False)
+            casts = _Casts(data, data_t, _aligned(scale_inv), data_t.dtype, rows, cols)
         else:
             res = ops.fp8_multi_quantize(parts, scales, fmt, rowwise=True, columnwise=True)
-            data, data_t, scale_inv, amax = res.data, res.data_t, res.scale_inv, res.amax
+            amax = res.amax
+            casts = _Casts(None, None, _aligned(res.scale_inv), _fp8_dtype(fmt), rows, cols, (res.data, res.data_t))
         # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
         torch._foreach_maximum_([_slot0(q) for q in quantizers], list(amax.unbind(0)))
         seen = quantizers if splits is None else [q for q, m in zip(quantizers, splits) if m > 0]
         (reducer.record_backward_many if backward else reducer.record_forward_many)(seen, group)
-    else:
-        p2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
-        if lane is not None:
-            data, data_t, scale_inv = lane[1](parts, fmt, p2, eps, True, True)[:3]
-        else:
-            res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=p2, amax_epsilon=eps,
-                                                         rowwise=True, columnwise=True)
-            data, data_t, scale_inv = res.data, res.data_t, res.scale_inv
-    # the GEMMs need each scale at a 16-byte aligned address (cuBLASLt); the cast wrote them packed
-    return _Casts(list(data), list(data_t), gemm_lt.aligned_scalars(scale_inv))
+        return casts
+    p2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
+    if lane is not None:
+        data, data_t, scale_inv, _, _ = lane[1](parts, fmt, p2, eps, True, True, False)
+        return _Casts(data, data_t, _aligned(scale_inv), data_t.dtype, rows, cols)
+    res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=p2, amax_epsilon=eps,
+                                                 rowwise=True, columnwise=True)
+    return _Casts(None, None, _aligned(res.scale_inv), _fp8_dtype(fmt), rows, cols, (res.data, res.data_t))
 
 
 USE_CUBLASLT = True  # grouped GEMMs through fp_recipes.gemm_lt when available (benchmarks switch it off)
 
 
-def _gemms(out: Sequence[torch.Tensor], a: Sequence[torch.Tensor], sa: Sequence[torch.Tensor],
-           b: Sequence[torch.Tensor], sb: Sequence[torch.Tensor], out_dtype: torch.dtype, native: bool,
-           bias: Optional[Sequence[Optional[torch.Tensor]]] = None, fast_accum: bool = False) -> None:
-    """``out[i] = a[i] @ b[i]^T * sa[i] * sb[i] (+ bias[i])`` for every i (every ``out[i]`` non-empty).
+class _Side:
+    """One GEMM operand of every expert in a pass: which copy of which cast."""
 
-    On CUDA with cuBLASLt available: one host call for all of them (:mod:`fp_recipes.gemm_lt`); the
-    GEMMs it cannot take (and everything elsewhere) go through :func:`_gemm_into` one by one."""
-    todo: Sequence[int] = range(len(out))
-    if native and USE_CUBLASLT and gemm_lt.available() and \
-            (bias is None or all(t is None or t.dtype == out_dtype for t in bias)):
-        todo = gemm_lt.fp8_gemms(a, sa, b, sb, out, bias=bias, fast_accum=fast_accum)
-    for i in todo:
-        _gemm_into(out[i], a[i], sa[i], b[i], sb[i], out_dtype, native,
-                   bias=None if bias is None else bias[i], fast_accum=fast_accum)
+    __slots__ = ("casts", "transposed")
+
+    def __init__(self, casts: _Casts, transposed: bool) -> None:
+        self.casts, self.transposed = casts, transposed
+
+    def tensor(self, g: int) -> torch.Tensor:
+        return self.casts.data_t(g) if self.transposed else self.casts.data(g)
+
+    def ptrs(self, gs: Sequence[int]) -> List[int]:
+        return self.casts.data_t_ptrs(gs) if self.transposed else self.casts.data_ptrs(gs)
+
+
+def _gemms(gs: Sequence[int], out: Callable[[int], torch.Tensor], out_ptrs: Callable[[], List[int]],
+           a: _Side, b: _Side, m: Sequence[int], n: Sequence[int], k: Sequence[int], out_dtype: torch.dtype,
+           device: torch.device, biases: Optional[Sequence[Optional[torch.Tensor]]] = None,
+           fast_accum: bool = False) -> None:
+    """For every expert g in ``gs``: ``out(g) = A_g @ B_g^T * sa_g * sb_g (+ bias_g)``, A_g (m, k) and
+    B_g (n, k) the chosen copies of the two casts (m, n, k given per listed expert).
+
+    On CUDA with cuBLASLt: one host call for the whole list, on addresses (:func:`gemm_lt.fp8_gemms_ptr`);
+    the GEMMs it cannot take, and everything elsewhere, go through :func:`_gemm_into` one by one."""
+    if not gs:
+        return
+    todo: Sequence[int] = gs
+    fp8_a, fp8_b = a.casts.dtype, b.casts.dtype
+    native = device.type == "cuda" and G.fp8_native_gemm_available(device, fp8_a, fp8_b)
+    bias_ok = biases is None or all(biases[g] is None or biases[g].dtype == out_dtype for g in gs)
+    if native and USE_CUBLASLT and bias_ok and a.casts.addressable and b.casts.addressable and \
+            gemm_lt.available():
+        bias_ptrs = None if biases is None else [0 if biases[g] is None else biases[g].data_ptr() for g in gs]
+        skipped = gemm_lt.fp8_gemms_ptr(
+            a.ptrs(gs), a.casts.scale_ptrs(gs), b.ptrs(gs), b.casts.scale_ptrs(gs), out_ptrs(), m, n, k,
+            fp8_a, fp8_b, out_dtype, device, bias=bias_ptrs, bias_dtype=out_dtype if bias_ptrs else None,
+            fast_accum=fast_accum)
+        todo = [gs[i] for i in skipped]
+    for g in todo:
+        _gemm_into(out(g), a.tensor(g), a.casts.scale_inv(g), b.tensor(g), b.casts.scale_inv(g), out_dtype,
+                   native, bias=None if biases is None else biases[g], fast_accum=fast_accum)
 
 
 _SCALED_MM_OUT_OK = True  # torch._scaled_mm(..., out=) works here (set False after a failure)
-
-
-def _native(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """torch._scaled_mm can run this FP8 pair here (CUDA sm_89+, not E5M2 x E5M2); checked once per
-    GEMM kind and step, not per expert."""
-    return a.is_cuda and G.fp8_native_gemm_available(a.device, a.dtype, b.dtype)
 
 
 def _gemm_into(out: Optional[torch.Tensor], a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor,
@@ -191,29 +266,30 @@ class GroupedFP8Function(torch.autograd.Function):
         num = len(splits)
         weights, biases = list(params[:num]), list(params[num:])
         n = weights[0].shape[0]
+        k = x.shape[1]
         group = sets[0].amax_reduction_group
         x = x.contiguous()
         xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), group, False, splits)
         wc = _cast_all([qs.weight for qs in sets], weights, group, False)
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         live = [g for g in range(num) if splits[g] > 0]
-        if live:
-            native = _native(xc.data[live[0]], wc.data[live[0]])
-            y_parts = _row_slices(y, splits)
-            _gemms([y_parts[g] for g in live], [xc.data[g] for g in live], [xc.scale_inv[g] for g in live],
-                   [wc.data[g] for g in live], [wc.scale_inv[g] for g in live], x.dtype, native,
-                   bias=None if all(b is None for b in biases) else [biases[g] for g in live], fast_accum=True)
+        starts, esize = xc.starts, y.element_size()
+        _gemms(live, lambda g: y[starts[g]:starts[g + 1]],
+               lambda: [y.data_ptr() + starts[g] * n * esize for g in live],
+               _Side(xc, False), _Side(wc, False), [splits[g] for g in live], [n] * len(live), [k] * len(live),
+               x.dtype, x.device, biases=None if all(b is None for b in biases) else biases, fast_accum=True)
         ctx.sets, ctx.splits = sets, splits
         # the backward reads only the columnwise copies of x and the weights
-        ctx.saved = (xc.data_t, xc.scale_inv, wc.data_t, wc.scale_inv)
-        ctx.meta = (x.shape[1], n, x.dtype, [w.dtype for w in weights],
-                    [None if b is None else b.dtype for b in biases])
+        xc.release_rowwise()
+        wc.release_rowwise()
+        ctx.casts = (xc, wc)
+        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
-        x_t, x_sinv, w_t, w_sinv = ctx.saved
+        xc, wc = ctx.casts
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(splits)
         need = ctx.needs_input_grad
@@ -224,31 +300,30 @@ class GroupedFP8Function(torch.autograd.Function):
         dx = None
         dws: List[Optional[torch.Tensor]] = [None] * num
         if need[0] or any(need_dw):
-            dyc = _cast_all([qs.grad_output for qs in sets], dy_parts, sets[0].amax_reduction_group, True,
-                            splits)
+            dyc = _cast_all([qs.grad_output for qs in sets], dy_parts, sets[0].amax_reduction_group, True, splits)
+            starts = dyc.starts
             if need[0]:
                 dx = torch.empty(dy.shape[0], k, dtype=x_dtype, device=dy.device)
-                if live:
-                    dx_parts = _row_slices(dx, splits)
-                    _gemms([dx_parts[g] for g in live], [dyc.data[g] for g in live],
-                           [dyc.scale_inv[g] for g in live], [w_t[g] for g in live], [w_sinv[g] for g in live],
-                           x_dtype, _native(dyc.data[live[0]], w_t[live[0]]))
-            wanted = [g for g in range(num) if need_dw[g]]
-            for g in wanted:
-                dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
-                          else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
-            live_w = [g for g in wanted if splits[g] > 0]
-            if live_w:
-                by_dtype: dict = {}
-                for g in live_w:  # one GEMM list per weight dtype (the output dtype of the list)
+                esize = dx.element_size()
+                _gemms(live, lambda g: dx[starts[g]:starts[g + 1]],
+                       lambda: [dx.data_ptr() + starts[g] * k * esize for g in live],
+                       _Side(dyc, False), _Side(wc, True), [splits[g] for g in live], [k] * len(live),
+                       [n] * len(live), x_dtype, dy.device)
+            for g in range(num):
+                if need_dw[g]:
+                    dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
+                              else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
+            by_dtype: dict = {}
+            for g in live:  # one GEMM list per weight dtype (the output dtype of the list)
+                if need_dw[g]:
                     by_dtype.setdefault(w_dtypes[g], []).append(g)
-                native_w = _native(dyc.data_t[live_w[0]], x_t[live_w[0]])
-                for w_dtype, gs in by_dtype.items():
-                    _gemms([dws[g] for g in gs], [dyc.data_t[g] for g in gs], [dyc.scale_inv[g] for g in gs],
-                           [x_t[g] for g in gs], [x_sinv[g] for g in gs], w_dtype, native_w)
+            for w_dtype, gs in by_dtype.items():
+                _gemms(gs, lambda g: dws[g], lambda: [dws[g].data_ptr() for g in gs],
+                       _Side(dyc, True), _Side(xc, True), [n] * len(gs), [k] * len(gs), [splits[g] for g in gs],
+                       w_dtype, dy.device)
         dbs: List[Optional[torch.Tensor]] = [None] * num
         for g in range(num):
             if b_dtypes[g] is not None and need[3 + num + g]:
                 dbs[g] = dy_parts[g].float().sum(0).to(b_dtypes[g])
-        ctx.saved = None
+        ctx.casts = None
         return (dx, None, None, *dws, *dbs)
