@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "delayed_update.h"
 #include "fp8_kernels.h"
 
 namespace py = pybind11;
@@ -165,6 +166,18 @@ void register_fp8(py::module_& m) {
         py::arg("block_size"), py::arg("out"), py::arg("out_dtype"), py::arg("stream"));
   m.def("per_token_max_hidden", &per_token_max_hidden, py::arg("unit8"),
         "Largest hidden size the per-token cast kernel takes (unit8: hidden and block_size multiples of 8).");
+  // ptrs: a HOST int64 array of 2 * count device pointers (the histories, then the scales), cached by
+  // the caller so that a step converts no Python lists.
+  m.def("delayed_update_scales",
+        [](std::uintptr_t ptrs, int64_t count, int64_t length, float fmt_max, int margin, bool algo_max,
+           std::uintptr_t stream) {
+          require(count == 0 || ptrs != 0, "delayed_update_scales: null pointer table");
+          float* const* table = p<float* const>(ptrs);
+          launch_delayed_update_scales(table, table + count, count, length, fmt_max, margin, algo_max,
+                                       as_stream(stream));
+        },
+        py::arg("ptrs"), py::arg("count"), py::arg("length"), py::arg("fmt_max"), py::arg("margin"),
+        py::arg("algo_max"), py::arg("stream"));
 }
 
 }  // namespace fp_recipes

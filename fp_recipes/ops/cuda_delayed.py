@@ -1,0 +1,62 @@
+"""The delayed-scaling scale update of many Float8Quantizers as one CUDA launch (kernel in
+``csrc/delayed_update.cu``).
+
+``fp_recipes.modules.amax_reduction.batched_update_scales`` runs after every forward and every
+backward; its torch ops are ~11 kernel launches per batch, and a grouped MoE step is host-bound, so
+on CUDA it calls this instead: one Python -> C++ call and one launch (per 224 quantizers) per step.
+The torch-op path stays the reference twin (bit for bit: tests/test_delayed_update_cuda.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional
+
+import torch
+
+from . import backend
+
+
+def available() -> bool:
+    """The loaded extension has the kernel (an extension built before it lacks it)."""
+    ext = backend.extension()
+    return ext is not None and hasattr(ext, "delayed_update_scales")
+
+
+class DelayedUpdate:
+    """One batch's pointer table (the histories, then the scales) in a host int64 tensor, built once
+    per set of state tensors; :meth:`__call__` updates them all on the current stream."""
+
+    def __init__(self, histories: List[torch.Tensor], scales: List[torch.Tensor], length: int,
+                 device: torch.device) -> None:
+        self.tensors = histories + scales  # keeps the storages (and so the pointers) alive
+        self.count, self.length, self.device = len(histories), length, device
+        self.table = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64)
+
+    @staticmethod
+    def build(histories: List[torch.Tensor], scales: List[torch.Tensor], length: int,
+              device: torch.device) -> Optional["DelayedUpdate"]:
+        """The launcher for these tensors, or None where the kernel cannot take them (then the caller
+        runs the torch ops): not FP32 on ``device``, a non-contiguous history, or shared storage
+        (the warps of one launch must not update one tensor twice)."""
+        for h in histories:
+            if h.dtype != torch.float32 or h.device != device or h.numel() != length or not h.is_contiguous():
+                return None
+        for s in scales:
+            if s.dtype != torch.float32 or s.device != device or s.numel() != 1:
+                return None
+        ptrs = [t.data_ptr() for t in histories + scales]
+        if len(set(ptrs)) != len(ptrs):
+            return None
+        return DelayedUpdate(histories, scales, length, device)
+
+    def __call__(self, fmt_max: float, margin: int, algo: str) -> None:
+        device = self.device
+        same = device.index is None or device.index == torch.cuda.current_device()
+        with contextlib.nullcontext() if same else torch.cuda.device(device):
+            backend.extension().delayed_update_scales(
+                self.table.data_ptr(), self.count, self.length, float(fmt_max), int(margin), algo == "max",
+                torch.cuda.current_stream(device).cuda_stream)
+
+
+__all__ = ["DelayedUpdate", "available"]
