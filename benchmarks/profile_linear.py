@@ -172,18 +172,81 @@ def _isolate() -> None:
         amax_reduction.batched_update_scales = real
 
 
+def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: int = 200) -> None:
+    """Host microseconds per GroupedLinear step and per piece of it at tiny shapes (GPU work negligible,
+    so wall time per call is the host's cost to enqueue): where a host-bound step's time goes."""
+    from fp_recipes import gemm_lt
+    from fp_recipes.modules import grouped_fp8 as GF
+    from fp_recipes.ops import cuda_fp8
+
+    dev = torch.device("cuda")
+    splits = [m] * experts
+    x = torch.randn(m * experts, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m * experts, n, device=dev, dtype=torch.bfloat16)
+    parts = list(x.detach().split(splits))
+    scales = [torch.ones((), device=dev) for _ in range(experts)]
+
+    def per_call_us(fn) -> float:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps * 1e6
+
+    print(f"\n== host time at tiny shapes ({experts} experts x {m} rows, K={k}, N={n}; us per call)")
+    for label, recipe in (("delayed", DelayedScaling()), ("current", Float8CurrentScaling())):
+        mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+
+        def step(mod=mod, recipe=recipe):
+            x.grad = None
+            for p in mod.parameters():
+                p.grad = None
+            with fp_recipes.autocast(recipe=recipe):
+                y = mod(x, splits)
+            y.backward(dy)
+
+        def fwd(mod=mod, recipe=recipe):
+            with torch.no_grad(), fp_recipes.autocast(recipe=recipe):
+                mod(x, splits)
+
+        print(f"    {label}: step {per_call_us(step):7.1f}   forward only (no_grad) {per_call_us(fwd):7.1f}")
+    print(f"    multi-cast delayed (buffers)   {per_call_us(lambda: cuda_fp8._multi_delayed(parts, scales, 'e4m3', True, True, False)):7.1f}")
+    print(f"    multi-cast current (buffers)   {per_call_us(lambda: cuda_fp8._multi_current(parts, 'e4m3', False, 0.0, True, True, False)):7.1f}")
+    cast = cuda_fp8._multi_delayed(parts, scales, 'e4m3', True, True, False)
+    casts = GF._Casts(cast[0], cast[1], GF._aligned(cast[2]), cast[1].dtype, splits, k)
+    print(f"    aligned scale slots (pad)      {per_call_us(lambda: GF._aligned(cast[2])):7.1f}")
+    w8 = torch.randn(n * experts, k, device=dev).to(torch.float8_e4m3fn)
+    wc = GF._Casts(w8, w8, GF._aligned(cast[2]), w8.dtype, [n] * experts, k)
+    y = torch.empty(m * experts, n, device=dev, dtype=torch.bfloat16)
+    gs = list(range(experts))
+    ptrs = [y.data_ptr() + g * m * n * 2 for g in gs]
+    print(f"    {experts} GEMMs, one gemm_lt call      "
+          f"{per_call_us(lambda: gemm_lt.fp8_gemms_ptr(casts.data_ptrs(gs), casts.scale_ptrs(gs), wc.data_ptrs(gs), wc.scale_ptrs(gs), ptrs, splits, [n] * experts, [k] * experts, casts.dtype, wc.dtype, torch.bfloat16, dev)):7.1f}")
+    a0, b0, s0 = casts.data(0), wc.data(0), casts.scale_inv(0)
+    print(f"    1 torch._scaled_mm              "
+          f"{per_call_us(lambda: torch._scaled_mm(a0, b0.t(), scale_a=s0, scale_b=s0, out_dtype=torch.bfloat16)):7.1f}")
+    print(f"    1 torch.empty                   {per_call_us(lambda: torch.empty(16, device=dev)):7.1f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", choices=["all", "linear", "grouped"], default="all")
     p.add_argument("--grouped-m", type=int, default=16384, help="tokens of the GroupedLinear cases")
     p.add_argument("--no-torch-profiler", action="store_true", help="skip the torch.profiler tables")
     p.add_argument("--no-isolate", action="store_true", help="skip the cast-kernel / no-update timings")
+    p.add_argument("--host-tiny", action="store_true", help="only the host-time table at tiny shapes")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_linear: needs a CUDA GPU")
         return 2
     print(f"device: {torch.cuda.get_device_name()} | backend {fp_recipes.backend_info()['summary']}")
     _arm_sync_debug()
+    if args.host_tiny:
+        _host_tiny()
+        return 0
     cases = []
     if args.only in ("all", "linear"):
         cases += [("Linear 8192^3 delayed", _linear_step(DelayedScaling())),

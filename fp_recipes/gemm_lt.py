@@ -83,9 +83,17 @@ def status() -> str:
     return f"unavailable: {_state['error']}"
 
 
+def _raw_stream(index: int) -> int:
+    """The current stream's handle of device ``index`` (torch's raw accessor: no Stream object)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 def _workspace(device: torch.device, stream: int) -> torch.Tensor:
     """One workspace per device and stream: GEMMs on one stream run in order, so they can share it."""
-    key = (device.index, stream)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
     ws = _workspaces.get(key)
     if ws is None:
         ws = _workspaces[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -140,10 +148,11 @@ def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], sc
     from .ops import backend
 
     ext = backend.extension()
-    stream = torch.cuda.current_stream(device).cuda_stream
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _raw_stream(index)
     ws = _workspace(device, stream)
     return ext.lt_fp8_gemms(
         list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],
         list(ms), list(ns), list(ks), _DTYPE_CODE[a_dtype], _DTYPE_CODE[b_dtype], _DTYPE_CODE[out_dtype],
         _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws.data_ptr(), ws.numel(),
-        device.index if device.index is not None else torch.cuda.current_device(), stream)
+        index, stream)

@@ -309,10 +309,14 @@ class GroupedFP8Function(torch.autograd.Function):
                        lambda: [dx.data_ptr() + starts[g] * k * esize for g in live],
                        _Side(dyc, False), _Side(wc, True), [splits[g] for g in live], [k] * len(live),
                        [n] * len(live), x_dtype, dy.device)
-            for g in range(num):
-                if need_dw[g]:
-                    dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
-                              else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
+            if all(need_dw) and len(set(w_dtypes)) == 1 and all(splits):
+                # the usual case: one allocation for all experts' weight gradients (views)
+                dws = list(torch.empty(num, n, k, dtype=w_dtypes[0], device=dy.device).unbind(0))
+            else:
+                for g in range(num):
+                    if need_dw[g]:
+                        dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
+                                  else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
             by_dtype: dict = {}
             for g in live:  # one GEMM list per weight dtype (the output dtype of the list)
                 if need_dw[g]:
