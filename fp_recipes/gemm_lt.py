@@ -21,14 +21,16 @@ import torch
 
 __all__ = ["aligned_scalars", "available", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
-_WORKSPACE_BYTES = 32 * 2**20  # what torch gives cuBLASLt on Hopper; enough for every split-K algorithm
+# What torch gives cuBLASLt on Hopper; enough for every split-K / stream-K algorithm. Smaller values
+# restrict the algorithms cuBLASLt may choose (benchmarks compare).
+WORKSPACE_BYTES = 32 * 2**20
 
 _DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3,
                torch.float8_e5m2: 4}
 
 _lock = threading.Lock()
 _state: Dict[str, object] = {"loaded": None, "error": None}
-_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}
+_workspaces: Dict[Tuple[int, int, int], torch.Tensor] = {}
 
 
 def _loaded_cublaslt_path() -> str:
@@ -93,10 +95,10 @@ def _raw_stream(index: int) -> int:
 
 def _workspace(device: torch.device, stream: int) -> torch.Tensor:
     """One workspace per device and stream: GEMMs on one stream run in order, so they can share it."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream, WORKSPACE_BYTES)
     ws = _workspaces.get(key)
     if ws is None:
-        ws = _workspaces[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        ws = _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return ws
 
 
