@@ -172,7 +172,8 @@ def _isolate() -> None:
         amax_reduction.batched_update_scales = real
 
 
-def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: int = 200) -> None:
+def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: int = 200,
+               with_profiler: bool = False) -> None:
     """Host microseconds per GroupedLinear step and per piece of it at tiny shapes (GPU work negligible,
     so wall time per call is the host's cost to enqueue): where a host-bound step's time goes."""
     from fp_recipes import gemm_lt
@@ -213,6 +214,23 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
                 mod(x, splits)
 
         print(f"    {label}: step {per_call_us(step):7.1f}   forward only (no_grad) {per_call_us(fwd):7.1f}")
+        if with_profiler and label == "current":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(20):
+                    step()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+    w3 = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.cumsum(torch.tensor(splits, device=dev), 0).to(torch.int32)
+
+    def bf16_step():
+        x.grad = None
+        w3.grad = None
+        torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs).backward(dy)
+
+    print(f"    bf16 torch._grouped_mm step    {per_call_us(bf16_step):7.1f}")
     print(f"    multi-cast delayed (buffers)   {per_call_us(lambda: cuda_fp8._multi_delayed(parts, scales, 'e4m3', True, True, False)):7.1f}")
     print(f"    multi-cast current (buffers)   {per_call_us(lambda: cuda_fp8._multi_current(parts, 'e4m3', False, 0.0, True, True, False)):7.1f}")
     cast = cuda_fp8._multi_delayed(parts, scales, 'e4m3', True, True, False)
@@ -245,7 +263,7 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name()} | backend {fp_recipes.backend_info()['summary']}")
     _arm_sync_debug()
     if args.host_tiny:
-        _host_tiny()
+        _host_tiny(with_profiler=not args.no_torch_profiler)
         return 0
     cases = []
     if args.only in ("all", "linear"):
