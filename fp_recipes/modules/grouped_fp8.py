@@ -141,8 +141,11 @@ def _fp8_dtype(fmt: str) -> torch.dtype:
 
 
 def _aligned(scale_inv: torch.Tensor) -> torch.Tensor:
-    """(G,) -> (G, 4) FP32 with the values in column 0: each at a 16-byte aligned address."""
-    return torch.nn.functional.pad(scale_inv.view(-1, 1), (0, 3))
+    """(G,) -> (G, 4) FP32 with the values in column 0, each at a 16-byte aligned address (columns 1-3
+    are never read)."""
+    out = torch.empty(scale_inv.shape[0], 4, dtype=torch.float32, device=scale_inv.device)
+    out[:, 0].copy_(scale_inv)
+    return out
 
 
 def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, backward: bool,
@@ -309,14 +312,12 @@ class GroupedFP8Function(torch.autograd.Function):
                        lambda: [dx.data_ptr() + starts[g] * k * esize for g in live],
                        _Side(dyc, False), _Side(wc, True), [splits[g] for g in live], [k] * len(live),
                        [n] * len(live), x_dtype, dy.device)
-            if all(need_dw) and len(set(w_dtypes)) == 1 and all(splits):
-                # the usual case: one allocation for all experts' weight gradients (views)
-                dws = list(torch.empty(num, n, k, dtype=w_dtypes[0], device=dy.device).unbind(0))
-            else:
-                for g in range(num):
-                    if need_dw[g]:
-                        dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
-                                  else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
+            # one tensor per expert: autograd hands a fresh gradient to .grad as it is, but copies a
+            # view of a shared buffer
+            for g in range(num):
+                if need_dw[g]:
+                    dws[g] = (torch.empty(n, k, dtype=w_dtypes[g], device=dy.device) if splits[g] > 0
+                              else torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device))
             by_dtype: dict = {}
             for g in live:  # one GEMM list per weight dtype (the output dtype of the list)
                 if need_dw[g]:
