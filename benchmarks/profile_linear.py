@@ -231,13 +231,13 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
         torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs).backward(dy)
 
     print(f"    bf16 torch._grouped_mm step    {per_call_us(bf16_step):7.1f}")
-    print(f"    multi-cast delayed (buffers)   {per_call_us(lambda: cuda_fp8._multi_delayed(parts, scales, 'e4m3', True, True, False)):7.1f}")
-    print(f"    multi-cast current (buffers)   {per_call_us(lambda: cuda_fp8._multi_current(parts, 'e4m3', False, 0.0, True, True, False)):7.1f}")
-    cast = cuda_fp8._multi_delayed(parts, scales, 'e4m3', True, True, False)
-    casts = GF._Casts(cast[0], cast[1], GF._aligned(cast[2]), cast[1].dtype, splits, k)
-    print(f"    aligned scale slots (pad)      {per_call_us(lambda: GF._aligned(cast[2])):7.1f}")
+    mc = cuda_fp8.fp8_multi_cast_buffers
+    print(f"    multi-cast delayed (buffers)   {per_call_us(lambda: mc(parts, 'e4m3', scales=scales)):7.1f}")
+    print(f"    multi-cast current (buffers)   {per_call_us(lambda: mc(parts, 'e4m3')):7.1f}")
+    data, data_t, f32, starts = mc(parts, 'e4m3', scales=scales)
+    casts = GF._Casts(data, data_t, f32, data.dtype, splits, k, starts)
     w8 = torch.randn(n * experts, k, device=dev).to(torch.float8_e4m3fn)
-    wc = GF._Casts(w8, w8, GF._aligned(cast[2]), w8.dtype, [n] * experts, k)
+    wc = GF._Casts(w8, w8.view(-1), f32, w8.dtype, [n] * experts, k, [n * g for g in range(experts + 1)])
     y = torch.empty(m * experts, n, device=dev, dtype=torch.bfloat16)
     gs = list(range(experts))
     ptrs = [y.data_ptr() + g * m * n * 2 for g in gs]

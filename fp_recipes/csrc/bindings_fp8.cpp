@@ -123,29 +123,29 @@ void register_fp8(py::module_& m) {
         [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
            const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t,
            const std::vector<std::uintptr_t>& scales, int out_dtype, std::uintptr_t scale_out,
-           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream) {
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream, int64_t scale_inv_stride) {
           const auto m = multi_members("fp8_multi_quantize", x, rows, out, out_t, scales);
           launch_fp8_multi_quantize(m.data(), int64_t(m.size()), cols, dt(in_dtype), dt(out_dtype), p<float>(scale_out),
-                                    p<float>(scale_inv), p<float>(amax), as_stream(stream));
+                                    p<float>(scale_inv), scale_inv_stride, p<float>(amax), as_stream(stream));
         },
         py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
         py::arg("scales"), py::arg("out_dtype"), py::arg("scale_out"), py::arg("scale_inv"), py::arg("amax"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("scale_inv_stride") = 1,
         "Delayed-scaling FP8 cast of many (rows[g], cols) tensors in one launch; out / out_t / scales: one "
         "pointer per member or an empty list (none).");
   m.def("fp8_multi_current_scaling_quantize",
         [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
            const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t, int out_dtype,
            bool power_2, float amax_epsilon, std::uintptr_t scale, std::uintptr_t scale_inv, std::uintptr_t amax,
-           std::uintptr_t stream) {
+           std::uintptr_t stream, int64_t scale_inv_stride) {
           const auto m = multi_members("fp8_multi_current_scaling_quantize", x, rows, out, out_t, {});
           launch_fp8_multi_current_scaling_quantize(m.data(), int64_t(m.size()), cols, dt(in_dtype), dt(out_dtype),
                                                     power_2, amax_epsilon, p<float>(scale), p<float>(scale_inv),
-                                                    p<float>(amax), as_stream(stream));
+                                                    scale_inv_stride, p<float>(amax), as_stream(stream));
         },
         py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
         py::arg("out_dtype"), py::arg("power_2"), py::arg("amax_epsilon"), py::arg("scale"), py::arg("scale_inv"),
-        py::arg("amax"), py::arg("stream"),
+        py::arg("amax"), py::arg("stream"), py::arg("scale_inv_stride") = 1,
         "Current-scaling FP8 cast of many (rows[g], cols) tensors: one amax launch, one cast launch.");
   m.def("per_token_cast",
         [](std::uintptr_t x, int in_dtype, int64_t tokens, int64_t hidden, int fmt, bool round_sf, bool ue8m0,

@@ -61,18 +61,20 @@ struct Fp8MultiMember {
   const float* scale;  // delayed scaling: this member's FP32 scale (device scalar); unused by current
 };
 
-// Delayed: data = satRN(RN(x * scale_g)), scale_inv[g] = RN(1 / scale_g), amax[g] = max |x_g| (same
-// pass); scale_out[g] = scale_g (the scales gathered; scale_out may be null).
+// Delayed: data = satRN(RN(x * scale_g)), scale_inv[g * scale_inv_stride] = RN(1 / scale_g),
+// amax[g] = max |x_g| (same pass); scale_out[g] = scale_g (the scales gathered; scale_out may be null).
+// scale_inv_stride (1..64 floats): 4 puts every scale_inv at a 16-byte aligned address, which cuBLASLt
+// requires of a GEMM's scale pointer.
 void launch_fp8_multi_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols, DType in_dtype,
-                               DType out_dtype, float* scale_out, float* scale_inv, float* amax,
-                               cudaStream_t stream);
+                               DType out_dtype, float* scale_out, float* scale_inv, int64_t scale_inv_stride,
+                               float* amax, cudaStream_t stream);
 
 // Current: an amax pass over all members, then the cast with scale[g] computed on the device from
 // amax[g] (fp8_current_scale: power_2, amax_epsilon). Writes amax, scale, scale_inv.
 void launch_fp8_multi_current_scaling_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols,
                                                DType in_dtype, DType out_dtype, bool power_2_scale,
-                                               float amax_epsilon, float* scale, float* scale_inv, float* amax,
-                                               cudaStream_t stream);
+                                               float amax_epsilon, float* scale, float* scale_inv,
+                                               int64_t scale_inv_stride, float* amax, cudaStream_t stream);
 
 // Per-token casts. fmt: 0 = E5M6 (packed 8 codes in 12 bytes), 1 = E4M3. block_size divides hidden
 // (== hidden for one scale per token). scales: FP32 (tokens, hidden/block_size) holding the dequant

@@ -56,7 +56,8 @@ struct MultiParams {
   uint32_t* amax_bits;     // written (atomicMax on the FP32 bits; zeroed before)
   const float* amax_in;    // current: the amax pass's result (the same array)
   float* scale_out;        // written (delayed: the gathered scales; may be null)
-  float* scale_inv;        // written
+  float* scale_inv;        // written, member g at scale_inv[g * scale_inv_stride]
+  int32_t scale_inv_stride;
   float fmt_max;
   float amax_epsilon;
   int32_t power_2;
@@ -86,7 +87,7 @@ __device__ __forceinline__ void write_scales(const MultiParams& p) {
   for (int g = threadIdx.x; g < p.count; g += kThreads) {
     const float s = member_scale<kCurrent>(p, g);
     if (p.scale_out != nullptr) p.scale_out[g] = s;
-    p.scale_inv[g] = __fdiv_rn(1.0f, s);
+    p.scale_inv[int64_t(g) * p.scale_inv_stride] = __fdiv_rn(1.0f, s);
   }
 }
 
@@ -301,9 +302,10 @@ void launch_transpose(const MultiParams& p, DType in_dtype, Fp8Fmt fmt, cudaStre
 }  // namespace
 
 void launch_fp8_multi_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols, DType in_dtype,
-                               DType out_dtype, float* scale_out, float* scale_inv, float* amax,
-                               cudaStream_t stream) {
+                               DType out_dtype, float* scale_out, float* scale_inv, int64_t scale_inv_stride,
+                               float* amax, cudaStream_t stream) {
   const char* what = "fp8_multi_quantize";
+  require(scale_inv_stride >= 1 && scale_inv_stride <= 64, "fp8_multi_quantize: scale_inv_stride must be in [1, 64]");
   require_input_dtype(in_dtype, "fp8_multi_quantize input");
   const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_multi_quantize output dtype");
   check_members(what, members, num_members, cols, true);
@@ -319,7 +321,8 @@ void launch_fp8_multi_quantize(const Fp8MultiMember* members, int64_t num_member
     p.amax_bits = reinterpret_cast<uint32_t*>(amax + first);
     p.amax_in = nullptr;
     p.scale_out = scale_out != nullptr ? scale_out + first : nullptr;
-    p.scale_inv = scale_inv + first;
+    p.scale_inv = scale_inv + first * scale_inv_stride;
+    p.scale_inv_stride = int32_t(scale_inv_stride);
     if (chunk_wants_transpose(members, first, count, cols)) {
       fill_chunk(p, members, first, count, cols, in_dtype,
                  [&](const Fp8MultiMember& m) { return has_data(m, cols) ? tt_tiles(m.rows, cols) : 0; });
@@ -334,9 +337,11 @@ void launch_fp8_multi_quantize(const Fp8MultiMember* members, int64_t num_member
 
 void launch_fp8_multi_current_scaling_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols,
                                                DType in_dtype, DType out_dtype, bool power_2_scale,
-                                               float amax_epsilon, float* scale, float* scale_inv, float* amax,
-                                               cudaStream_t stream) {
+                                               float amax_epsilon, float* scale, float* scale_inv,
+                                               int64_t scale_inv_stride, float* amax, cudaStream_t stream) {
   const char* what = "fp8_multi_current_scaling_quantize";
+  require(scale_inv_stride >= 1 && scale_inv_stride <= 64,
+          "fp8_multi_current_scaling_quantize: scale_inv_stride must be in [1, 64]");
   require_input_dtype(in_dtype, "fp8_multi_current_scaling_quantize input");
   const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_multi_current_scaling_quantize output dtype");
   check_members(what, members, num_members, cols, false);
@@ -353,7 +358,8 @@ void launch_fp8_multi_current_scaling_quantize(const Fp8MultiMember* members, in
     p.amax_bits = reinterpret_cast<uint32_t*>(amax + first);
     p.amax_in = amax + first;
     p.scale_out = scale + first;
-    p.scale_inv = scale_inv + first;
+    p.scale_inv = scale_inv + first * scale_inv_stride;
+    p.scale_inv_stride = int32_t(scale_inv_stride);
     const bool transpose = chunk_wants_transpose(members, first, count, cols);
     // Pass 1: the amax of every member (flat tiles), on the grid the rowwise cast will use.
     fill_chunk(p, members, first, count, cols, in_dtype,

@@ -59,22 +59,28 @@ def fast_path_eligible(sets: Sequence[GemmQuantizers]) -> bool:
 
 
 class _Casts:
-    """One operand of every expert as the multi-tensor cast wrote it: rowwise data of all members in one
-    (sum(rows), cols) buffer, the transposed copies (cols, rows_g) one after another in one flat buffer,
-    and the scale_inv values at 16-byte aligned addresses (``sinv[g, 0]``: cuBLASLt refuses scale
-    pointers into a packed vector).
+    """One operand of every expert as one multi-tensor cast wrote it.
 
-    The GEMMs on CUDA take addresses (integer arithmetic, no tensor per member); tensor views are made
-    only for GEMMs that take the portable path, or come ready-made from the reference twin on CPU."""
+    On CUDA (:func:`cuda_fp8.fp8_multi_cast_buffers`): the rowwise data of all members in one
+    (total, cols) buffer, the transposed copies (cols, rows_g) one after another in one flat buffer, and
+    the FP32 scalars in one vector with member g's scale_inv at ``[4 g]`` (a 16-byte aligned address:
+    cuBLASLt refuses scale pointers into a packed vector). The GEMMs take addresses (integer arithmetic,
+    no tensor per member); tensor views are made only for GEMMs that take the portable path.
+    Elsewhere the reference twin's per-member views are kept as they are."""
 
-    __slots__ = ("data_buf", "data_t_buf", "sinv", "dtype", "rows", "cols", "starts", "_views")
+    __slots__ = ("data_buf", "data_t_buf", "f32", "dtype", "rows", "cols", "starts", "_views")
 
-    def __init__(self, data_buf: Optional[torch.Tensor], data_t_buf: Optional[torch.Tensor], sinv: torch.Tensor,
-                 dtype: torch.dtype, rows: Sequence[int], cols: int, views: Optional[tuple] = None) -> None:
-        self.data_buf, self.data_t_buf, self.sinv, self.dtype = data_buf, data_t_buf, sinv, dtype
-        self.rows, self.cols = list(rows), cols
-        self.starts = list(accumulate(self.rows, initial=0))
-        self._views = views
+    def __init__(self, data_buf: Optional[torch.Tensor], data_t_buf: Optional[torch.Tensor], f32: torch.Tensor,
+                 dtype: torch.dtype, rows: Sequence[int], cols: int, starts: Sequence[int],
+                 views: Optional[tuple] = None) -> None:
+        self.data_buf, self.data_t_buf, self.f32, self.dtype = data_buf, data_t_buf, f32, dtype
+        self.rows, self.cols, self.starts = rows, cols, starts
+        self._views = views  # reference path: (data views, data_t views, scale_inv (G,))
+
+    @property
+    def addressable(self) -> bool:
+        """Made by the CUDA multi-cast (buffers with addresses), not by the reference twin."""
+        return self._views is None
 
     def data(self, g: int) -> torch.Tensor:
         if self._views is not None:
@@ -88,12 +94,11 @@ class _Casts:
         return self.data_t_buf[s:e].view(self.cols, self.rows[g])
 
     def scale_inv(self, g: int) -> torch.Tensor:
-        return self.sinv[g, 0]
+        return self._views[2][g] if self._views is not None else self.f32[4 * g]
 
-    @property
-    def addressable(self) -> bool:
-        """Made by the CUDA multi-cast (buffers with addresses), not by the reference twin."""
-        return self._views is None
+    def amaxes(self) -> List[torch.Tensor]:
+        g = len(self.rows)
+        return list(self.f32[4 * g:5 * g].unbind(0))
 
     def data_ptrs(self, gs: Sequence[int]) -> List[int]:
         base, c = self.data_buf.data_ptr(), self.cols  # FP8: one byte per element
@@ -104,18 +109,18 @@ class _Casts:
         return [base + self.starts[g] * c for g in gs]
 
     def scale_ptrs(self, gs: Sequence[int]) -> List[int]:
-        base = self.sinv.data_ptr()
+        base = self.f32.data_ptr()
         return [base + 16 * g for g in gs]
 
     def release_rowwise(self) -> None:
         """Drop the rowwise copy (the backward needs only the transposed one)."""
         self.data_buf = None
         if self._views is not None:
-            self._views = (None, self._views[1])
+            self._views = (None, self._views[1], self._views[2])
 
 
 def _cuda_lane(x: torch.Tensor):
-    """The CUDA multi-cast's buffer-level entry points (no per-member views: the module's GEMMs take
+    """The CUDA multi-cast's buffer-level entry point (no per-member views: the module's GEMMs take
     addresses) for a CUDA input with the extension, else None (the dispatched ops run)."""
     if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
@@ -123,7 +128,7 @@ def _cuda_lane(x: torch.Tensor):
     if backend.cuda_impl("fp8_multi_quantize") is None:
         return None
     from ..ops import cuda_fp8
-    return cuda_fp8._multi_delayed, cuda_fp8._multi_current
+    return cuda_fp8.fp8_multi_cast_buffers
 
 
 def _slot0(q: Any) -> torch.Tensor:
@@ -140,14 +145,6 @@ def _fp8_dtype(fmt: str) -> torch.dtype:
     return torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
 
 
-def _aligned(scale_inv: torch.Tensor) -> torch.Tensor:
-    """(G,) -> (G, 4) FP32 with the values in column 0, each at a 16-byte aligned address (columns 1-3
-    are never read)."""
-    out = torch.empty(scale_inv.shape[0], 4, dtype=torch.float32, device=scale_inv.device)
-    out[:, 0].copy_(scale_inv)
-    return out
-
-
 def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, backward: bool,
               splits: Optional[Sequence[int]] = None) -> _Casts:
     """Cast every ``parts[g]`` by ``quantizers[g]`` (both copies) in one multi-tensor cast (one kernel
@@ -159,27 +156,28 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, 
     fmt = quantizers[0].fmt
     lane = _cuda_lane(parts[0])
     rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
-    if spec.scaling is ScalingKind.DELAYED:
-        scales = [q.scale for q in quantizers]
-        if lane is not None:
-            data, data_t, scale_inv, amax, _ = lane[0](parts, scales, fmt, True, True, False)
-            casts = _Casts(data, data_t, _aligned(scale_inv), data_t.dtype, rows, cols)
+    delayed = spec.scaling is ScalingKind.DELAYED
+    if lane is not None:
+        data, data_t, f32, starts = lane(
+            parts, fmt, scales=[q.scale for q in quantizers] if delayed else None,
+            power_2=bool(spec.use_power_2_scales), amax_epsilon=float(spec.amax_epsilon))
+        casts = _Casts(data, data_t, f32, data.dtype, rows, cols, starts)
+    else:
+        if delayed:
+            res = ops.fp8_multi_quantize(parts, [q.scale for q in quantizers], fmt, rowwise=True, columnwise=True)
         else:
-            res = ops.fp8_multi_quantize(parts, scales, fmt, rowwise=True, columnwise=True)
-            amax = res.amax
-            casts = _Casts(None, None, _aligned(res.scale_inv), _fp8_dtype(fmt), rows, cols, (res.data, res.data_t))
+            res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=bool(spec.use_power_2_scales),
+                                                         amax_epsilon=float(spec.amax_epsilon), rowwise=True,
+                                                         columnwise=True)
+        casts = _Casts(None, None, res.amax, _fp8_dtype(fmt), rows, cols, list(accumulate(rows, initial=0)),
+                       (res.data, res.data_t, res.scale_inv))
+    if delayed:
         # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
-        torch._foreach_maximum_([_slot0(q) for q in quantizers], list(amax.unbind(0)))
+        amaxes = casts.amaxes() if lane is not None else list(casts.f32.unbind(0))
+        torch._foreach_maximum_([_slot0(q) for q in quantizers], amaxes)
         seen = quantizers if splits is None else [q for q, m in zip(quantizers, splits) if m > 0]
         (reducer.record_backward_many if backward else reducer.record_forward_many)(seen, group)
-        return casts
-    p2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
-    if lane is not None:
-        data, data_t, scale_inv, _, _ = lane[1](parts, fmt, p2, eps, True, True, False)
-        return _Casts(data, data_t, _aligned(scale_inv), data_t.dtype, rows, cols)
-    res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=p2, amax_epsilon=eps,
-                                                 rowwise=True, columnwise=True)
-    return _Casts(None, None, _aligned(res.scale_inv), _fp8_dtype(fmt), rows, cols, (res.data, res.data_t))
+    return casts
 
 
 USE_CUBLASLT = True  # grouped GEMMs through fp_recipes.gemm_lt when available (benchmarks switch it off)

@@ -425,6 +425,53 @@ def _multi_result(xs, buffers, rowwise: bool, columnwise: bool) -> FP8MultiQuant
     return FP8MultiQuantized(data=data_views, data_t=data_t_views, scale_inv=scale_inv, amax=amax, scale=scale)
 
 
+def _raw_stream(device: torch.device) -> int:
+    """The device's current stream handle without building a Stream object (host time on hot paths)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Optional[Sequence[torch.Tensor]] = None,
+                           power_2: bool = False, amax_epsilon: float = 0.0):
+    """The multi-tensor cast for callers that take addresses (the grouped FP8 layer's GEMMs): both
+    copies of every member into three fresh buffers, no per-member tensor views (each view costs host
+    time). Delayed scaling when ``scales`` is given (one FP32 device scalar per member), else current
+    scaling. Arguments are trusted (contiguous 2-D CUDA tensors of one dtype/cols, a non-empty list).
+
+    Returns ``(data, data_t, f32, starts)``: ``data`` (total, cols) holds member g's rows from
+    ``starts[g]``; ``data_t`` (total * cols,) holds member g's (cols, rows_g) transposed block from
+    ``starts[g] * cols``; ``f32`` (6 G,) FP32 holds member g's scale_inv at ``[4 g]`` (16-byte aligned,
+    as cuBLASLt requires of scale pointers), its amax at ``[4 G + g]`` and scale at ``[5 G + g]``."""
+    x0 = xs[0]
+    device, cols, g = x0.device, x0.shape[1], len(xs)
+    rows = [x.shape[0] for x in xs]
+    starts = list(accumulate(rows, initial=0))
+    total = starts[-1]
+    dt = FP8_DTYPE[fmt]
+    data = torch.empty((total, cols), dtype=dt, device=device)
+    data_t = torch.empty((total * cols,), dtype=dt, device=device)
+    f32 = torch.empty((6 * g,), dtype=torch.float32, device=device)
+    if total * cols:
+        base, tbase = data.data_ptr(), data_t.data_ptr()
+        out = [base + s * cols for s in starts[:-1]]
+        out_t = [tbase + s * cols for s in starts[:-1]]
+    else:
+        out, out_t = [], []
+    fb = f32.data_ptr()
+    x_ptrs = [x.data_ptr() for x in xs]
+    with _on(device):
+        if scales is not None:
+            _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
+                                      [t.data_ptr() for t in scales], DTYPE_CODE[dt], fb + 20 * g, fb, fb + 16 * g,
+                                      _raw_stream(device), 4)
+        else:
+            _ext().fp8_multi_current_scaling_quantize(
+                x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[dt], bool(power_2),
+                float(amax_epsilon), fb + 20 * g, fb, fb + 16 * g, _raw_stream(device), 4)
+    return data, data_t, f32, starts
+
+
 def _fp8_multi_quantize_impl(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, rowwise: bool,
                              columnwise: bool) -> FP8MultiQuantized:
     """Eager, validation-light entry point (the module hot path): xs contiguous 2-D CUDA tensors of one
