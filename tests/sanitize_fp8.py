@@ -91,27 +91,61 @@ def main():
     same(got.data, want.data, "per-token e5m6 misaligned data")
     same(got.scales, want.scales, "per-token e5m6 misaligned scales")
     count += 1
+    count += multi(dev)
+    count += delayed_update(dev)
     torch.cuda.synchronize()
     print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
 
 
-def grouped(sizes, dev):
-    offs = [0]
-    for z in sizes:
-        offs.append(offs[-1] + z)
-    offsets = torch.tensor(offs, dtype=torch.int64, device=dev)
-    xg = torch.randn(offs[-1], device=dev).to(torch.bfloat16)
-    scales = torch.rand(len(sizes), device=dev) + 0.5
-    got = cu.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
-    want = ref_fp8.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
-    for f in ("data", "scale_inv", "amax"):
-        same(getattr(got, f), getattr(want, f), f"grouped {f}")
-    same(cu.fp8_grouped_amax(xg, offsets), ref_fp8.fp8_grouped_amax(xg, offsets), "grouped amax")
-    for od in (torch.float32, torch.bfloat16):
-        same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od),
-             ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od), f"grouped dequant {od}")
-    return 4
+def multi(dev):
+    """Multi-tensor casts: >64 members (several launches), empty members, odd rows, both scalings, the
+    grouped layer's buffer entry (scale_inv at a 16-byte stride)."""
+    n = 0
+    for rows in ([(i * 13) % 40 if i % 5 else 0 for i in range(70)], [64, 0, 17, 128]):
+        x = (torch.randn(sum(rows), 80, device=dev) * 50).to(torch.bfloat16)
+        xs = list(x.split(rows))
+        scales = [torch.tensor(0.5 + (i % 3), device=dev) for i in range(len(rows))]
+        got = cu.fp8_multi_quantize(xs, scales, "e4m3", rowwise=True, columnwise=True)
+        want = ref_fp8.fp8_multi_quantize(xs, scales, "e4m3", rowwise=True, columnwise=True)
+        for i in range(len(rows)):
+            same(got.data[i], want.data[i], f"multi data {i}")
+            same(got.data_t[i], want.data_t[i], f"multi data_t {i}")
+        same(got.scale_inv, want.scale_inv, "multi scale_inv")
+        same(got.amax, want.amax, "multi amax")
+        got = cu.fp8_multi_current_scaling_quantize(xs, "e5m2", rowwise=True, columnwise=True)
+        want = ref_fp8.fp8_multi_current_scaling_quantize(xs, "e5m2", rowwise=True, columnwise=True)
+        same(got.scale_inv, want.scale_inv, "multi current scale_inv")
+        data, data_t, f32, starts = cu.fp8_multi_cast_buffers(xs, "e5m2")
+        same(f32[0:4 * len(rows):4], want.scale_inv, "multi buffers scale_inv")
+        same(data, torch.cat([d for d in want.data]), "multi buffers data")
+        n += 3
+    return n
 
 
-if __name__ == "__main__":
-    main()
+def delayed_update(dev):
+    """The one-launch delayed-scaling update over >224 quantizers (several launches) against the rule
+    written with torch ops (amax_ref, fmt_max / amax_ref / 2^margin, FLT_MAX clamp, keep the old scale
+    unless 0 < amax_ref < inf, roll by -1, zero slot 0)."""
+    from fp_recipes.ops import cuda_delayed
+
+    n = 0
+    fmax = torch.finfo(torch.float32).max
+    for algo in ("max", "most_recent"):
+        hists = [torch.rand(16, device=dev) * (i % 7) for i in range(300)]
+        scales = [torch.rand((), device=dev) + 0.5 for _ in range(300)]
+        want_h, want_s = [], []
+        for h, sc in zip(hists, scales):
+            amax_ref = h.amax() if algo == "max" else h[0]
+            new = torch.div(torch.div(torch.tensor(448.0, device=dev), amax_ref), 2.0).clamp_max(fmax)
+            ok = bool(amax_ref > 0) and bool(amax_ref < float("inf"))
+            want_s.append(new if ok else sc.clone())
+            rolled = torch.roll(h, -1)
+            rolled[0] = 0.0
+            want_h.append(rolled)
+        upd = cuda_delayed.DelayedUpdate.build(hists, scales, 16, torch.device(dev))
+        upd(448.0, 1, algo)
+        for i in range(300):
+            same(scales[i], want_s[i], f"delayed update scale {algo} {i}")
+            same(hists[i], want_h[i], f"delayed update history {algo} {i}")
+        n += 1
+    return n
