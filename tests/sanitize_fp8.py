@@ -142,10 +142,34 @@ def delayed_update(dev):
             rolled = torch.roll(h, -1)
             rolled[0] = 0.0
             want_h.append(rolled)
-        upd = cuda_delayed.DelayedUpdate.build(hists, scales, 16, torch.device(dev))
+        upd = cuda_delayed.DelayedUpdate.build(hists, scales, 16, hists[0].device)
+        if upd is None:
+            raise SystemExit("delayed update: the kernel refused the state tensors")
         upd(448.0, 1, algo)
         for i in range(300):
             same(scales[i], want_s[i], f"delayed update scale {algo} {i}")
             same(hists[i], want_h[i], f"delayed update history {algo} {i}")
         n += 1
     return n
+
+
+def grouped(sizes, dev):
+    offs = [0]
+    for z in sizes:
+        offs.append(offs[-1] + z)
+    offsets = torch.tensor(offs, dtype=torch.int64, device=dev)
+    xg = torch.randn(offs[-1], device=dev).to(torch.bfloat16)
+    scales = torch.rand(len(sizes), device=dev) + 0.5
+    got = cu.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
+    want = ref_fp8.fp8_grouped_quantize(xg, offsets, scales, "e4m3")
+    for f in ("data", "scale_inv", "amax"):
+        same(getattr(got, f), getattr(want, f), f"grouped {f}")
+    same(cu.fp8_grouped_amax(xg, offsets), ref_fp8.fp8_grouped_amax(xg, offsets), "grouped amax")
+    for od in (torch.float32, torch.bfloat16):
+        same(cu.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od),
+             ref_fp8.fp8_grouped_dequantize(got.data, offsets, got.scale_inv, od), f"grouped dequant {od}")
+    return 4
+
+
+if __name__ == "__main__":
+    main()
