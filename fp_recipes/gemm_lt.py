@@ -15,6 +15,7 @@ the extension needs no link-time dependency on it.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -65,7 +66,9 @@ def _load() -> bool:
             _state["error"] = "no CUDA device"
         else:
             try:
-                torch.cuda.current_blas_handle()  # makes torch map its cuBLAS / cuBLASLt
+                with warnings.catch_warnings():  # "no current CUDA context" before any CUDA op: harmless
+                    warnings.simplefilter("ignore")
+                    torch.cuda.current_blas_handle()  # makes torch map its cuBLAS / cuBLASLt
                 _state["version"] = ext.lt_load(_loaded_cublaslt_path())
             except RuntimeError as exc:
                 _state["error"] = str(exc)
