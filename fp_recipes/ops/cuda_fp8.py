@@ -309,9 +309,10 @@ def _(data, offsets, scale_inv, out_dtype):
 
 # ---- custom ops: multi-tensor (G separate tensors, one launch) ------------------------------------
 # The custom ops return the two output buffers whole (outputs of a custom op may not alias each other);
-# the per-member views are taken outside, by _multi_result. Eager callers (the GroupedLinear hot path)
-# use _fp8_multi_quantize_impl / _fp8_multi_current_impl: no validation beyond what the kernel's
-# launcher checks, one pass over the members to collect pointers, one launch (delayed) or two (current).
+# the per-member views are taken outside, by _multi_result. Eager callers that want views use
+# _fp8_multi_quantize_impl / _fp8_multi_current_impl (no validation beyond what the kernel's launcher
+# checks); the GroupedLinear hot path uses fp8_multi_cast_buffers (no views at all: its GEMMs take
+# addresses). One launch (delayed) or two (current) either way.
 
 def _multi_buffers(xs, fmt: str, rowwise: bool, columnwise: bool, total: int, cols: int):
     """The (total, cols) rowwise buffer and the (total * cols,) transposed buffer (empty when unwanted)."""
