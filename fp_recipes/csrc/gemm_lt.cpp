@@ -44,7 +44,9 @@ struct LtApi {
   decltype(&cublasLtGetStatusString) status_string = nullptr;
   decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
   decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
   decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
@@ -93,6 +95,20 @@ struct Plan {
 
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t>;
 std::map<PlanKey, Plan> g_plans;
+// Token-routed experts see a new m almost every step; the cache is bounded so that a long run cannot
+// grow it without limit (dropping it costs one heuristic query per shape seen again).
+constexpr size_t kMaxPlans = 4096;
+
+void drop_plans() {
+  for (auto& entry : g_plans) {
+    Plan& p = entry.second;
+    if (p.lay_a) g_api.layout_destroy(p.lay_a);
+    if (p.lay_b) g_api.layout_destroy(p.lay_b);
+    if (p.lay_d) g_api.layout_destroy(p.lay_d);
+    if (p.desc) g_api.desc_destroy(p.desc);
+  }
+  g_plans.clear();
+}
 std::map<int, cublasLtHandle_t> g_handles;
 
 cublasLtHandle_t handle_for(int device) {
@@ -110,6 +126,7 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t
               fast_accum, workspace};
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return it->second;
+  if (g_plans.size() >= kMaxPlans) drop_plans();  // descriptors are only read during cublasLtMatmul
   Plan p;
   check_lt(g_api.desc_create(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
@@ -177,7 +194,9 @@ void register_gemm_lt(py::module_& m) {
           bind_symbol(g_api.status_string, "cublasLtGetStatusString");
           bind_symbol(g_api.desc_create, "cublasLtMatmulDescCreate");
           bind_symbol(g_api.desc_set, "cublasLtMatmulDescSetAttribute");
+          bind_symbol(g_api.desc_destroy, "cublasLtMatmulDescDestroy");
           bind_symbol(g_api.layout_create, "cublasLtMatrixLayoutCreate");
+          bind_symbol(g_api.layout_destroy, "cublasLtMatrixLayoutDestroy");
           bind_symbol(g_api.pref_create, "cublasLtMatmulPreferenceCreate");
           bind_symbol(g_api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
           bind_symbol(g_api.pref_destroy, "cublasLtMatmulPreferenceDestroy");
