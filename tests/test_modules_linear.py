@@ -428,3 +428,31 @@ def test_grouped_fp8_fast_path_equals_generic_path(name, device, monkeypatch):
                 assert torch.equal(a, b)
             else:
                 assert torch.allclose(a, b, rtol=2 ** -6, atol=1e-3 * b.abs().max().item())
+
+
+def test_grouped_fp8_cast_addresses_match_their_views():
+    """The CUDA GEMM lists of the grouped FP8 path take raw addresses computed from the multi-cast's
+    buffer layout; they must be the addresses of the views the portable path would use (checked on
+    CPU buffers with the same layout as ops.cuda_fp8.fp8_multi_cast_buffers writes)."""
+    from itertools import accumulate
+
+    from fp_recipes.modules import grouped_fp8 as GF
+
+    rows, cols = [5, 0, 16, 3], 32
+    starts = list(accumulate(rows, initial=0))
+    total, g = starts[-1], len(rows)
+    data = torch.arange(total * cols, dtype=torch.uint8).view(total, cols).view(torch.float8_e4m3fn)
+    data_t = torch.arange(total * cols, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    f32 = torch.arange(6 * g, dtype=torch.float32)
+    casts = GF._Casts(data, data_t, f32, data.dtype, rows, cols, starts)
+    gs = [0, 2, 3]
+    assert casts.data_ptrs(gs) == [casts.data(i).data_ptr() for i in gs]
+    assert casts.data_t_ptrs(gs) == [casts.data_t(i).data_ptr() for i in gs]
+    assert casts.scale_ptrs(gs) == [casts.scale_inv(i).data_ptr() for i in gs]
+    assert [p - f32.data_ptr() for p in casts.scale_ptrs(range(g))] == [16 * i for i in range(g)]
+    for i in gs:
+        assert casts.data_t(i).shape == (cols, rows[i])
+        assert casts.scale_inv(i).item() == 4 * i
+    assert [a.item() for a in casts.amaxes()] == [4 * g + i for i in range(g)]
+    casts.release_rowwise()
+    assert casts.data_buf is None and casts.data_t(2).shape == (cols, 16)
