@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NVFP4 rowwise quantize variants in one device call (issue 6): builds benchmarks/nvfp4_variants/ with
 # nvcc for sm_90a (setup.py's flags: -O3 -fmad=false ...), objects in parallel, then runs it: byte checks
-# of every variant against the real kernel (randn + specials) and the timing table. Log + JSON in $OUT.
+# of every variant against the real kernel (randn + specials) and the timing table. Log (nvfp4_variants.log) + JSON in $OUT.
 # Needs only nvcc and a GPU (no torch, no extension build):
 #   FP_RECIPES_SKIP_BUILD=1 source .device/setup.sh && bash scripts/gpu_nvfp4_variants.sh
 # (plain `source .device/setup.sh && bash scripts/gpu_nvfp4_variants.sh` works too, it only builds more).
@@ -35,4 +35,4 @@ S=benchmarks/nvfp4_variants
   echo "== run"
   timeout "${LIM_RUN:-150}" "$B/nvfp4_variants" "$OUT/nvfp4_variants.json" --reps "${REPS:-60}"
   echo "run rc=$?"
-} 2>&1 | tee "$OUT/log.txt"
+} 2>&1 | tee "$OUT/nvfp4_variants.log"
