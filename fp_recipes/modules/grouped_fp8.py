@@ -4,16 +4,19 @@ What one training step costs on a GPU is mostly host time when the experts' GEMM
 path does the least work per expert that the numerics allow, and no copies:
 
 * each operand (activations, weights, grad_output) of ALL experts is cast in ONE multi-tensor cast
-  (``ops.fp8_multi_quantize`` / ``ops.fp8_multi_current_scaling_quantize``: one kernel launch for
-  delayed scaling, two for current scaling, whatever the number of experts) writing both copies
-  (rowwise for fprop/dgrad, the transposed columnwise copy for wgrad), reading each expert's rows of
-  the input buffer in place (row slices of a contiguous tensor are contiguous);
-* delayed scaling records the amaxes of all experts with one ``_foreach_maximum_`` per operand;
+  (``ops.cuda_fp8.fp8_multi_cast_buffers`` on CUDA, the twin ``ops.fp8_multi_quantize`` /
+  ``ops.fp8_multi_current_scaling_quantize`` elsewhere: one kernel launch for delayed scaling, two for
+  current scaling, whatever the number of experts) writing both copies (rowwise for fprop/dgrad, the
+  transposed columnwise copy for wgrad) into one buffer each, reading each expert's rows of the input
+  in place, and every expert's scale_inv at a 16-byte aligned address (cuBLASLt's requirement);
+* delayed scaling records the amaxes of all experts with one ``_foreach_maximum_`` per operand (the
+  scale update after the forward and the backward is one launch too: ``amax_reduction``);
 * each pass's per-expert GEMMs (per-tensor scales, Hopper's K-major operands) are ONE host call into
-  cuBLASLt with cached descriptors and algorithms (:mod:`fp_recipes.gemm_lt`), writing straight into
-  each expert's rows of the output, so no concatenation; where that is unavailable, one
-  ``torch._scaled_mm`` per expert. ``torch._scaled_grouped_mm`` would need the weights stacked (a copy
-  of all of them per step) and per-row scale vectors, and measured slower on Hopper.
+  cuBLASLt with cached descriptors and algorithms (:mod:`fp_recipes.gemm_lt`) on addresses into those
+  buffers (no tensor view per expert), writing straight into each expert's rows of the output, so no
+  concatenation; where that is unavailable, one ``torch._scaled_mm`` per expert.
+  ``torch._scaled_grouped_mm`` would need the weights stacked (a copy of all of them per step) and
+  per-row scale vectors, and measured slower on Hopper.
 
 Numerically it is the generic path (``_GroupedLinearFunction``): the same quantizations (the same
 ops on the same rows with the same scales) and, per expert, the same ``gemm_fp8_fp8`` GEMM (which
