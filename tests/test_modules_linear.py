@@ -456,3 +456,39 @@ def test_grouped_fp8_cast_addresses_match_their_views():
     assert [a.item() for a in casts.amaxes()] == [4 * g + i for i in range(g)]
     casts.release_rowwise()
     assert casts.data_buf is None and casts.data_t(2).shape == (cols, 16)
+
+
+def test_grouped_fp8_fallback_gemm_gets_16_byte_aligned_pointers(monkeypatch):
+    """A GEMM the cuBLASLt list skipped (or every GEMM without it) goes to torch._scaled_mm one by one;
+    cuBLASLt refuses operand and scale pointers that are not 16-byte aligned, and views into the
+    multi-cast buffers can be misaligned (a wgrad operand at starts[g] * cols bytes, the reference
+    twin's packed scale_inv vector): _gemm_into must hand over aligned ones, with the same values.
+    Checked on CPU with torch._scaled_mm replaced by an FP32 emulation that records the alignments."""
+    from fp_recipes.modules import grouped_fp8 as GF
+
+    seen = []
+
+    def fake_scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None, use_fast_accum=False, out=None):
+        seen.append([t.data_ptr() % 16 for t in (a, b, scale_a, scale_b)])
+        res = ((a.float() @ b.float()) * scale_a * scale_b).to(out_dtype)
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
+
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    monkeypatch.setattr(GF, "_SCALED_MM_OUT_OK", True)
+    torch.manual_seed(3)
+    m, n, k = 8, 16, 32
+    raw = torch.randn(m * k + 24).to(torch.float8_e4m3fn)
+    a = raw[24:].view(m, k)  # starts 24 bytes into its buffer
+    assert a.data_ptr() % 16 != 0
+    b = torch.randn(n, k).to(torch.float8_e4m3fn)
+    scales = torch.tensor([0.5, 2.0, 0.25])  # a packed vector: entry 1 at 4 bytes
+    sa, sb = scales[1], scales[2]
+    assert sa.data_ptr() % 16 != 0
+    expect = (a.float() @ b.float().t()) * 2.0 * 0.25
+    for out in (None, torch.empty(m, n)):
+        res = GF._gemm_into(out, a, sa, b, sb, torch.float32, native=True)
+        assert torch.equal(res, expect)
+    assert seen and all(r == [0, 0, 0, 0] for r in seen)

@@ -240,6 +240,14 @@ def _gemm_into(out: Optional[torch.Tensor], a: torch.Tensor, sa: torch.Tensor, b
     cuBLASLt takes the operands as they are when K and N are multiples of 16 and a bias (if any) can
     be fused; otherwise (and on CPU) ``gemm_fp8_fp8`` pads or emulates, exactly as the generic path."""
     global _SCALED_MM_OUT_OK
+    if native:
+        # cuBLASLt (behind torch._scaled_mm) refuses operand and scale pointers that are not 16-byte
+        # aligned (CUBLAS_STATUS_NOT_SUPPORTED), and gemm_fp8_fp8 passes a contiguous view through as
+        # it is. Views into the multi-cast buffers can be misaligned here: a wgrad operand starts at
+        # starts[g] * cols bytes (e.g. cols = 24 after an expert of 1 row), and the reference twin's
+        # scale_inv is a packed (G,) vector. A fresh copy is aligned (only GEMMs off the cuBLASLt list
+        # get here).
+        a, sa, b, sb = _aligned16(a), _aligned16(sa), _aligned16(b), _aligned16(sb)
     if native and a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and \
             (bias is None or (bias.dtype == out_dtype and out_dtype in (torch.bfloat16, torch.float16))):
         if out is not None and _SCALED_MM_OUT_OK:
@@ -258,6 +266,11 @@ def _gemm_into(out: Optional[torch.Tensor], a: torch.Tensor, sa: torch.Tensor, b
         out.copy_(res)
         return out
     return res
+
+
+def _aligned16(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if its data starts at a 16-byte aligned address, else an aligned copy."""
+    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 def _row_slices(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
