@@ -14,6 +14,7 @@ the extension needs no link-time dependency on it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -153,11 +154,16 @@ def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], sc
     from .ops import backend
 
     ext = backend.extension()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _raw_stream(index)
-    ws = _workspace(device, stream)
-    return ext.lt_fp8_gemms(
-        list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],
-        list(ms), list(ns), list(ks), _DTYPE_CODE[a_dtype], _DTYPE_CODE[b_dtype], _DTYPE_CODE[out_dtype],
-        _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws.data_ptr(), ws.numel(),
-        index, stream)
+    current = torch.cuda.current_device()
+    index = device.index if device.index is not None else current
+    # cuBLASLt launches on the CURRENT device (and picks its algorithm for it): a stream of another
+    # device is an error. A model on cuda:1 called while cuda:0 is current must switch first (torch's own
+    # ops do this with a device guard).
+    with contextlib.nullcontext() if index == current else torch.cuda.device(index):
+        stream = _raw_stream(index)
+        ws = _workspace(device, stream)
+        return ext.lt_fp8_gemms(
+            list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],
+            list(ms), list(ns), list(ks), _DTYPE_CODE[a_dtype], _DTYPE_CODE[b_dtype], _DTYPE_CODE[out_dtype],
+            _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws.data_ptr(),
+            ws.numel(), index, stream)

@@ -135,3 +135,48 @@ def test_scales_inside_a_packed_vector_are_returned_and_aligned_scalars_fix_them
     for i in range(2):
         ref = torch._scaled_mm(a[i], b[i].t(), scale_a=views[i], scale_b=views[i], out_dtype=torch.bfloat16)
         assert torch.equal(out[i], ref)
+
+
+def test_gemms_run_with_their_device_current(monkeypatch):
+    """cuBLASLt launches on the current device: a list for cuda:1 issued while cuda:0 is current must
+    switch to cuda:1 for the call (and back). Checked without a GPU: torch.cuda's device functions, the
+    workspace and the extension are replaced by recorders."""
+    from fp_recipes.ops import backend
+
+    state = {"current": 0}
+    calls = []
+
+    class _Guard:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            self.prev, state["current"] = state["current"], self.index
+
+        def __exit__(self, *exc):
+            state["current"] = self.prev
+
+    class _Ext:
+        def lt_fp8_gemms(self, *args):
+            calls.append((state["current"], args[-2], args[-1]))
+            return []
+
+    class _Ws:
+        def data_ptr(self):
+            return 256
+
+        def numel(self):
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
+    monkeypatch.setattr(torch.cuda, "device", _Guard)
+    monkeypatch.setattr(gemm_lt, "_raw_stream", lambda index: 1000 + index)
+    monkeypatch.setattr(gemm_lt, "_workspace", lambda device, stream: _Ws())
+    monkeypatch.setattr(backend, "extension", lambda: _Ext())
+    args = ([16], [16], [16], [16], [16], [16], [16], [16], torch.float8_e4m3fn, torch.float8_e4m3fn,
+            torch.bfloat16)
+    gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda", 1))
+    gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda", 0))
+    gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda"))
+    assert calls == [(1, 1, 1001), (0, 0, 1000), (0, 0, 1000)]
+    assert state["current"] == 0
