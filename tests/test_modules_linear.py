@@ -492,3 +492,35 @@ def test_grouped_fp8_fallback_gemm_gets_16_byte_aligned_pointers(monkeypatch):
         res = GF._gemm_into(out, a, sa, b, sb, torch.float32, native=True)
         assert torch.equal(res, expect)
     assert seen and all(r == [0, 0, 0, 0] for r in seen)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_grouped_fp8_expert_without_rows_keeps_its_delayed_state(fast, monkeypatch):
+    """An expert that gets no rows in a step saw no activation and no grad_output: its activation and
+    grad_output histories neither record nor roll, its scales stay (its weight was cast: that one
+    rolls). The histories must be non-zero before that step, or a wrongly recorded (and rolled) history
+    of zeros would look the same. Both the fast path and the generic path."""
+    from fp_recipes.modules import grouped_linear as GL
+
+    monkeypatch.setattr(GL, "FP8_FAST_PATH", fast)
+    torch.manual_seed(11)
+    grp = GroupedLinear(3, 32, 16, bias=True)
+    recipe = DelayedScaling(amax_history_len=4)
+
+    def step(splits):
+        x = torch.randn(sum(splits), 32, requires_grad=True)
+        with fp_recipes.autocast(recipe=recipe):
+            y = grp(x, splits)
+        y.backward(torch.randn_like(y))
+
+    step([8, 8, 8])
+    step([4, 8, 4])
+    qs = grp.quantizer_sets[1]
+    before = {role: (q.amax_history.clone(), q.scale.clone())
+              for role, q in (("act", qs.activation), ("grad", qs.grad_output), ("w", qs.weight))}
+    assert all(h.abs().sum() > 0 for h, _ in before.values())
+    step([8, 0, 16])
+    for role, q in (("act", qs.activation), ("grad", qs.grad_output)):
+        assert torch.equal(q.amax_history, before[role][0]), role
+        assert torch.equal(q.scale, before[role][1]), role
+    assert not torch.equal(qs.weight.amax_history, before["w"][0])
