@@ -93,7 +93,9 @@ struct Plan {
   bool ok = false;  // a heuristic found an algorithm
 };
 
-using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t>;
+// (device, m, n, k, dtypes a/b/d, bias dtype, fast accum, workspace, alignments of cuBLASLt's A/B/D)
+using PlanKey =
+    std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t, uint32_t, uint32_t, uint32_t>;
 std::map<PlanKey, Plan> g_plans;
 // Token-routed experts see a new m almost every step; the cache is bounded so that a long run cannot
 // grow it without limit (dropping it costs one heuristic query per shape seen again).
@@ -120,10 +122,19 @@ cublasLtHandle_t handle_for(int device) {
   return h;
 }
 
+// The largest power of two <= 256 dividing the address: the alignment cuBLASLt may assume of it. Its
+// heuristic otherwise assumes 256 bytes, and an algorithm chosen for that refuses (or mis-reads) an
+// operand at an odd offset inside a grouped buffer; so the alignments are part of the plan's key.
+uint32_t alignment_of(std::uintptr_t ptr) {
+  uint32_t a = 256;
+  while (a > 1 && ptr % a != 0) a >>= 1;
+  return a;
+}
+
 Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t, DType d_t, int bias_t,
-               bool fast_accum, size_t workspace) {
+               bool fast_accum, size_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_d) {
   PlanKey key{device, m, n, k, static_cast<int>(a_t), static_cast<int>(b_t), static_cast<int>(d_t), bias_t,
-              fast_accum, workspace};
+              fast_accum, workspace, align_a, align_b, align_d};
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return it->second;
   if (g_plans.size() >= kMaxPlans) drop_plans();  // descriptors are only read during cublasLtMatmul
@@ -155,6 +166,10 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t
   check_lt(g_api.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
   uint64_t ws = workspace;
   check_lt(g_api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), "MAX_WORKSPACE");
+  check_lt(g_api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)), "ALIGN_A");
+  check_lt(g_api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)), "ALIGN_B");
+  check_lt(g_api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)), "ALIGN_C");
+  check_lt(g_api.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)), "ALIGN_D");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   cublasStatus_t st = g_api.heuristic(handle_for(device), p.desc, p.lay_a, p.lay_b, p.lay_d, p.lay_d, pref, 1,
@@ -259,7 +274,9 @@ void register_gemm_lt(py::module_& m) {
             skipped.push_back(static_cast<int64_t>(i));
             continue;
           }
-          Plan& p = plan_for(device, m, n, k, at, bt, dt, bias_code, fast_accum, static_cast<size_t>(workspace_size));
+          // cuBLASLt's A is our B, its B our A
+          Plan& p = plan_for(device, m, n, k, at, bt, dt, bias_code, fast_accum, static_cast<size_t>(workspace_size),
+                             alignment_of(b[i]), alignment_of(a[i]), alignment_of(d[i]));
           if (!p.ok) {
             skipped.push_back(static_cast<int64_t>(i));
             continue;
@@ -273,11 +290,16 @@ void register_gemm_lt(py::module_& m) {
             check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
           }
           void* dp = reinterpret_cast<void*>(d[i]);
-          check_lt(g_api.matmul(handle, p.desc, &alpha, reinterpret_cast<const void*>(b[i]), p.lay_a,
-                                reinterpret_cast<const void*>(a[i]), p.lay_b, &beta, dp, p.lay_d, dp, p.lay_d,
-                                &p.algo, reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size),
-                                as_stream(stream)),
-                   "cublasLtMatmul");
+          const cublasStatus_t st =
+              g_api.matmul(handle, p.desc, &alpha, reinterpret_cast<const void*>(b[i]), p.lay_a,
+                           reinterpret_cast<const void*>(a[i]), p.lay_b, &beta, dp, p.lay_d, dp, p.lay_d, &p.algo,
+                           reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size), as_stream(stream));
+          if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before any launch: the caller's fallback runs it
+            p.ok = false;
+            skipped.push_back(static_cast<int64_t>(i));
+            continue;
+          }
+          check_lt(st, "cublasLtMatmul");
         }
         return skipped;
 #else
