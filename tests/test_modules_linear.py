@@ -524,3 +524,32 @@ def test_grouped_fp8_expert_without_rows_keeps_its_delayed_state(fast, monkeypat
         assert torch.equal(q.amax_history, before[role][0]), role
         assert torch.equal(q.scale, before[role][1]), role
     assert not torch.equal(qs.weight.amax_history, before["w"][0])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_grouped_second_backward_is_a_clear_error(fast, monkeypatch):
+    from fp_recipes.modules import grouped_linear as GL
+
+    monkeypatch.setattr(GL, "FP8_FAST_PATH", fast)
+    grp = GroupedLinear(2, 16, 16, bias=False)
+    x = torch.randn(8, 16, requires_grad=True)
+    with fp_recipes.autocast(recipe=RECIPES["current_pow2"]()):
+        y = grp(x, [3, 5])
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph=True is not supported"):
+        y.sum().backward()
+
+
+def test_grouped_fp8_kernel_takes_only_uniform_members():
+    """The multi-cast kernel trusts its members; mixed dtypes or a non-contiguous member take the
+    checked ops path instead."""
+    from fp_recipes.modules import grouped_fp8 as GF
+
+    a, b = torch.randn(4, 16), torch.randn(4, 16)
+    q = type("Q", (), {"scale": torch.ones(())})()
+    assert GF._kernel_ready([a, b], [q, q], True)
+    assert not GF._kernel_ready([a, b.to(torch.bfloat16)], [q, q], True)
+    assert not GF._kernel_ready([a, torch.randn(16, 4).t()], [q, q], True)
+    q64 = type("Q", (), {"scale": torch.ones((), dtype=torch.float64)})()
+    assert not GF._kernel_ready([a, b], [q, q64], True)
+    assert GF._kernel_ready([a, b], [q, q64], False)

@@ -144,6 +144,17 @@ def _slot0(q: Any) -> torch.Tensor:
     return cached[1]
 
 
+def _kernel_ready(parts: Sequence[torch.Tensor], quantizers: List[Any], delayed: bool) -> bool:
+    """What the multi-cast kernel takes on trust: members of one dtype and device, each contiguous,
+    and (delayed scaling) FP32 scales on that device. Anything else (an expert's weight cast or moved
+    on its own, say) goes through the dispatched ops, which check, copy or say what is wrong."""
+    x0 = parts[0]
+    dtype, device = x0.dtype, x0.device
+    if any(p.dtype != dtype or p.device != device or not p.is_contiguous() for p in parts):
+        return False
+    return not delayed or all(q.scale.device == device and q.scale.dtype == torch.float32 for q in quantizers)
+
+
 def _fp8_dtype(fmt: str) -> torch.dtype:
     return torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
 
@@ -157,9 +168,9 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, 
     step: it is not recorded for the scale update."""
     spec = quantizers[0].spec
     fmt = quantizers[0].fmt
-    lane = _cuda_lane(parts[0])
-    rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
     delayed = spec.scaling is ScalingKind.DELAYED
+    lane = _cuda_lane(parts[0]) if _kernel_ready(parts, quantizers, delayed) else None
+    rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
     if lane is not None:
         data, data_t, f32, starts = lane(
             parts, fmt, scales=[q.scale for q in quantizers] if delayed else None,
@@ -306,6 +317,9 @@ class GroupedFP8Function(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
+        if ctx.casts is None:
+            raise RuntimeError("GroupedLinear (FP8): backward ran a second time through the same graph; its FP8 "
+                               "copies are freed by the first backward, so retain_graph=True is not supported")
         xc, wc = ctx.casts
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(splits)

@@ -62,6 +62,9 @@ class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, m_splits = ctx.sets, ctx.m_splits
+        if ctx.operands is None:
+            raise RuntimeError("GroupedLinear: backward ran a second time through the same graph; its quantized "
+                               "operands are freed by the first backward, so retain_graph=True is not supported")
         x_ops, w_ops = ctx.operands
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(m_splits)
