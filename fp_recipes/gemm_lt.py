@@ -97,11 +97,18 @@ def _raw_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
+_MAX_WORKSPACES = 8  # code that makes a new stream per step must not pile up 32 MiB buffers
+
+
 def _workspace(device: torch.device, stream: int) -> torch.Tensor:
-    """One workspace per device and stream: GEMMs on one stream run in order, so they can share it."""
+    """One workspace per device and stream: GEMMs on one stream run in order, so they can share it.
+    The oldest is dropped beyond :data:`_MAX_WORKSPACES` (it was allocated and used on its own stream
+    only, so the caching allocator's stream-ordered reuse keeps that safe)."""
     key = (device.index if device.index is not None else torch.cuda.current_device(), stream, WORKSPACE_BYTES)
     ws = _workspaces.get(key)
     if ws is None:
+        while len(_workspaces) >= _MAX_WORKSPACES:
+            _workspaces.pop(next(iter(_workspaces)))
         ws = _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return ws
 

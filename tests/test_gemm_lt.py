@@ -180,3 +180,15 @@ def test_gemms_run_with_their_device_current(monkeypatch):
     gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda"))
     assert calls == [(1, 1, 1001), (0, 0, 1000), (0, 0, 1000)]
     assert state["current"] == 0
+
+
+def test_workspaces_are_per_stream_and_bounded(monkeypatch):
+    monkeypatch.setattr(gemm_lt, "_workspaces", {})
+    monkeypatch.setattr(gemm_lt, "WORKSPACE_BYTES", 64)
+    dev = torch.device("cpu", 0)  # the cache logic only; on CUDA the same code allocates device memory
+    first = gemm_lt._workspace(dev, 1)
+    assert gemm_lt._workspace(dev, 1) is first and first.numel() == 64
+    for stream in range(2, 2 + 2 * gemm_lt._MAX_WORKSPACES):
+        gemm_lt._workspace(dev, stream)
+    assert len(gemm_lt._workspaces) == gemm_lt._MAX_WORKSPACES
+    assert gemm_lt._workspace(dev, 1) is not first  # the oldest was dropped, a new one made
