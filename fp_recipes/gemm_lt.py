@@ -89,14 +89,6 @@ def status() -> str:
     return f"unavailable: {_state['error']}"
 
 
-def _raw_stream(index: int) -> int:
-    """The current stream's handle of device ``index`` (torch's raw accessor: no Stream object)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(index)
-    return torch.cuda.current_stream(index).cuda_stream
-
-
 _MAX_WORKSPACES = 8  # code that makes a new stream per step must not pile up 32 MiB buffers
 
 
@@ -167,7 +159,7 @@ def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], sc
     # device is an error. A model on cuda:1 called while cuda:0 is current must switch first (torch's own
     # ops do this with a device guard).
     with contextlib.nullcontext() if index == current else torch.cuda.device(index):
-        stream = _raw_stream(index)
+        stream = backend.current_stream(torch.device("cuda", index))
         ws = _workspace(device, stream)
         return ext.lt_fp8_gemms(
             list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],

@@ -170,7 +170,7 @@ def test_gemms_run_with_their_device_current(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
     monkeypatch.setattr(torch.cuda, "device", _Guard)
-    monkeypatch.setattr(gemm_lt, "_raw_stream", lambda index: 1000 + index)
+    monkeypatch.setattr(backend, "current_stream", lambda device: 1000 + device.index)
     monkeypatch.setattr(gemm_lt, "_workspace", lambda device, stream: _Ws())
     monkeypatch.setattr(backend, "extension", lambda: _Ext())
     args = ([16], [16], [16], [16], [16], [16], [16], [16], torch.float8_e4m3fn, torch.float8_e4m3fn,

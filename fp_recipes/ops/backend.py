@@ -70,6 +70,17 @@ def _load_cuda_modules() -> None:
         _cuda_modules_loaded = True
 
 
+def current_stream(device: Any) -> int:
+    """The handle of ``device``'s current CUDA stream (None index: the current device), for a kernel
+    launch. torch's raw accessor builds no Stream object: launches sit on hot paths where that host
+    time adds up."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)

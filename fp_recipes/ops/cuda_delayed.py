@@ -56,7 +56,7 @@ class DelayedUpdate:
         with contextlib.nullcontext() if same else torch.cuda.device(device):
             backend.extension().delayed_update_scales(
                 self.table.data_ptr(), self.count, self.length, float(fmt_max), int(margin), algo == "max",
-                torch.cuda.current_stream(device).cuda_stream)
+                backend.current_stream(device))
 
 
 __all__ = ["DelayedUpdate", "available"]

@@ -100,7 +100,7 @@ def _call(op, impl, *args):
 
 
 def _stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    return backend.current_stream(device)
 
 
 def _ptr(t: Optional[torch.Tensor]) -> int:
@@ -426,13 +426,6 @@ def _multi_result(xs, buffers, rowwise: bool, columnwise: bool) -> FP8MultiQuant
     return FP8MultiQuantized(data=data_views, data_t=data_t_views, scale_inv=scale_inv, amax=amax, scale=scale)
 
 
-def _raw_stream(device: torch.device) -> int:
-    """The device's current stream handle without building a Stream object (host time on hot paths)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
 def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Optional[Sequence[torch.Tensor]] = None,
                            power_2: bool = False, amax_epsilon: float = 0.0):
     """The multi-tensor cast for callers that take addresses (the grouped FP8 layer's GEMMs): both
@@ -465,11 +458,11 @@ def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Opti
         if scales is not None:
             _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
                                       [t.data_ptr() for t in scales], DTYPE_CODE[dt], fb + 20 * g, fb, fb + 16 * g,
-                                      _raw_stream(device), 4)
+                                      _stream(device), 4)
         else:
             _ext().fp8_multi_current_scaling_quantize(
                 x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[dt], bool(power_2),
-                float(amax_epsilon), fb + 20 * g, fb, fb + 16 * g, _raw_stream(device), 4)
+                float(amax_epsilon), fb + 20 * g, fb, fb + 16 * g, _stream(device), 4)
     return data, data_t, f32, starts
 
 

@@ -38,7 +38,7 @@ def _ext():
 
 def _launch_ctx(x: torch.Tensor) -> tuple[int, int]:
     """(stream handle, device index) of the current torch stream on x's device."""
-    return torch.cuda.current_stream(x.device).cuda_stream, x.device.index
+    return backend.current_stream(x.device), x.device.index
 
 
 def _ptr(t: Optional[torch.Tensor]) -> int:
