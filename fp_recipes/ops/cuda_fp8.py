@@ -322,14 +322,13 @@ def _multi_buffers(xs, fmt: str, rowwise: bool, columnwise: bool, total: int, co
     return data, data_t
 
 
-def _multi_pointers(xs, rows: list, cols: int, data: torch.Tensor, data_t: torch.Tensor, rowwise: bool,
+def _multi_pointers(rows: list, cols: int, data: torch.Tensor, data_t: torch.Tensor, rowwise: bool,
                     columnwise: bool):
-    """Per-member input pointers and output pointers into the two buffers (plain int arithmetic)."""
+    """Per-member output addresses in the two buffers (plain int arithmetic; FP8 is one byte)."""
     starts = list(accumulate(rows, initial=0))[:-1]
-    x_ptrs = [x.data_ptr() for x in xs]
     out = [data.data_ptr() + s * cols for s in starts] if rowwise and data.numel() else []
     out_t = [data_t.data_ptr() + s * cols for s in starts] if columnwise and data_t.numel() else []
-    return x_ptrs, out, out_t
+    return out, out_t
 
 
 def _multi_scalars(x0: torch.Tensor, g: int, separate: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -341,31 +340,34 @@ def _multi_scalars(x0: torch.Tensor, g: int, separate: bool) -> tuple[torch.Tens
     return f32[0], f32[1], f32[2]
 
 
-def _multi_delayed(xs, scales, fmt: str, rowwise: bool, columnwise: bool, separate: bool):
+def _multi_launch(xs, rows: list, cols: int, fp8_dtype: torch.dtype, out: list, out_t: list,
+                  scales: Optional[Sequence[torch.Tensor]], power_2: bool, eps: float, scale: int, scale_inv: int,
+                  amax: int, scale_inv_stride: int = 1) -> None:
+    """The one place the multi-tensor casts are launched: delayed scaling when ``scales`` (one FP32 device
+    scalar per member) is given, else current scaling; ``scale``/``scale_inv``/``amax`` are addresses of
+    the (G,) FP32 outputs (scale_inv with the given stride, in floats)."""
     x0 = xs[0]
-    device, cols = x0.device, x0.shape[1]
-    rows = [x.shape[0] for x in xs]
-    data, data_t = _multi_buffers(xs, fmt, rowwise, columnwise, sum(rows), cols)
-    scale_inv, amax, scale = _multi_scalars(x0, len(rows), separate)
-    x_ptrs, out, out_t = _multi_pointers(xs, rows, cols, data, data_t, rowwise, columnwise)
-    with _on(device):
-        _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
-                                  [s.data_ptr() for s in scales], DTYPE_CODE[data.dtype], scale.data_ptr(),
-                                  scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
-    return data, data_t, scale_inv, amax, scale
+    x_ptrs = [x.data_ptr() for x in xs]
+    with _on(x0.device):
+        if scales is not None:
+            _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
+                                      [t.data_ptr() for t in scales], DTYPE_CODE[fp8_dtype], scale, scale_inv, amax,
+                                      _stream(x0.device), scale_inv_stride)
+        else:
+            _ext().fp8_multi_current_scaling_quantize(
+                x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[fp8_dtype], bool(power_2),
+                float(eps), scale, scale_inv, amax, _stream(x0.device), scale_inv_stride)
 
 
-def _multi_current(xs, fmt: str, power_2: bool, eps: float, rowwise: bool, columnwise: bool, separate: bool):
-    x0 = xs[0]
-    device, cols = x0.device, x0.shape[1]
-    rows = [x.shape[0] for x in xs]
+def _multi_cast(xs, fmt: str, rowwise: bool, columnwise: bool, separate: bool,
+                scales: Optional[Sequence[torch.Tensor]] = None, power_2: bool = False, eps: float = 0.0):
+    """The multi-tensor cast into (data, data_t, scale_inv, amax, scale) buffers (see _multi_launch)."""
+    rows, cols = [x.shape[0] for x in xs], xs[0].shape[1]
     data, data_t = _multi_buffers(xs, fmt, rowwise, columnwise, sum(rows), cols)
-    scale_inv, amax, scale = _multi_scalars(x0, len(rows), separate)
-    x_ptrs, out, out_t = _multi_pointers(xs, rows, cols, data, data_t, rowwise, columnwise)
-    with _on(device):
-        _ext().fp8_multi_current_scaling_quantize(
-            x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[data.dtype], bool(power_2),
-            float(eps), scale.data_ptr(), scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+    scale_inv, amax, scale = _multi_scalars(xs[0], len(rows), separate)
+    out, out_t = _multi_pointers(rows, cols, data, data_t, rowwise, columnwise)
+    _multi_launch(xs, rows, cols, data.dtype, out, out_t, scales, power_2, eps, scale.data_ptr(),
+                  scale_inv.data_ptr(), amax.data_ptr())
     return data, data_t, scale_inv, amax, scale
 
 
@@ -374,14 +376,14 @@ def _fp8_multi_quantize_buffers(xs: list[torch.Tensor], scales: list[torch.Tenso
                                                            torch.Tensor]:
     _require_cuda("fp8_multi_quantize", **{f"xs[{i}]": x for i, x in enumerate(xs)},
                   **{f"scales[{i}]": s for i, s in enumerate(scales)})
-    return _multi_delayed(xs, scales, fmt, rowwise, columnwise, True)
+    return _multi_cast(xs, fmt, rowwise, columnwise, True, scales=scales)
 
 
 def _fp8_multi_current_buffers(xs: list[torch.Tensor], fmt: str, use_power_2_scales: bool, amax_epsilon: float,
                                rowwise: bool, columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                          torch.Tensor, torch.Tensor]:
     _require_cuda("fp8_multi_current_scaling_quantize", **{f"xs[{i}]": x for i, x in enumerate(xs)})
-    return _multi_current(xs, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, True)
+    return _multi_cast(xs, fmt, rowwise, columnwise, True, power_2=use_power_2_scales, eps=amax_epsilon)
 
 
 def _multi_fake(xs, fmt, rowwise, columnwise):
@@ -437,46 +439,29 @@ def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Opti
     ``starts[g]``; ``data_t`` (total * cols,) holds member g's (cols, rows_g) transposed block from
     ``starts[g] * cols``; ``f32`` (6 G,) FP32 holds member g's scale_inv at ``[4 g]`` (16-byte aligned,
     as cuBLASLt requires of scale pointers), its amax at ``[4 G + g]`` and scale at ``[5 G + g]``."""
-    x0 = xs[0]
-    device, cols, g = x0.device, x0.shape[1], len(xs)
-    rows = [x.shape[0] for x in xs]
+    rows, cols, g = [x.shape[0] for x in xs], xs[0].shape[1], len(xs)
     starts = list(accumulate(rows, initial=0))
-    total = starts[-1]
-    dt = FP8_DTYPE[fmt]
-    data = torch.empty((total, cols), dtype=dt, device=device)
-    data_t = torch.empty((total * cols,), dtype=dt, device=device)
-    f32 = torch.empty((6 * g,), dtype=torch.float32, device=device)
-    if total * cols:
-        base, tbase = data.data_ptr(), data_t.data_ptr()
-        out = [base + s * cols for s in starts[:-1]]
-        out_t = [tbase + s * cols for s in starts[:-1]]
-    else:
-        out, out_t = [], []
+    data, data_t = _multi_buffers(xs, fmt, True, True, starts[-1], cols)
+    f32 = xs[0].new_empty((6 * g,), dtype=torch.float32)
+    out, out_t = _multi_pointers(rows, cols, data, data_t, True, True)
     fb = f32.data_ptr()
-    x_ptrs = [x.data_ptr() for x in xs]
-    with _on(device):
-        if scales is not None:
-            _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
-                                      [t.data_ptr() for t in scales], DTYPE_CODE[dt], fb + 20 * g, fb, fb + 16 * g,
-                                      _stream(device), 4)
-        else:
-            _ext().fp8_multi_current_scaling_quantize(
-                x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[dt], bool(power_2),
-                float(amax_epsilon), fb + 20 * g, fb, fb + 16 * g, _stream(device), 4)
+    _multi_launch(xs, rows, cols, data.dtype, out, out_t, scales, power_2, amax_epsilon, fb + 20 * g, fb, fb + 16 * g,
+                  scale_inv_stride=4)
     return data, data_t, f32, starts
 
 
 def _fp8_multi_quantize_impl(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, rowwise: bool,
                              columnwise: bool) -> FP8MultiQuantized:
-    """Eager, validation-light entry point (the module hot path): xs contiguous 2-D CUDA tensors of one
+    """Eager, validation-light entry point with per-member views: xs contiguous 2-D CUDA tensors of one
     dtype/device/cols (a non-empty list), scales FP32 scalars on that device, fmt 'e4m3' or 'e5m2'."""
-    return _multi_result(xs, _multi_delayed(xs, scales, fmt, rowwise, columnwise, False), rowwise, columnwise)
+    return _multi_result(xs, _multi_cast(xs, fmt, rowwise, columnwise, False, scales=scales), rowwise, columnwise)
 
 
 def _fp8_multi_current_impl(xs: Sequence[torch.Tensor], fmt: str, power_2: bool, eps: float, rowwise: bool,
                             columnwise: bool) -> FP8MultiQuantized:
     """Eager, validation-light entry point of current scaling (see _fp8_multi_quantize_impl)."""
-    return _multi_result(xs, _multi_current(xs, fmt, power_2, eps, rowwise, columnwise, False), rowwise, columnwise)
+    return _multi_result(xs, _multi_cast(xs, fmt, rowwise, columnwise, False, power_2=power_2, eps=eps),
+                         rowwise, columnwise)
 
 
 def _contiguous_members(xs: Sequence[torch.Tensor], op: str) -> list[torch.Tensor]:
@@ -617,7 +602,7 @@ def fp8_multi_quantize(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor
     if torch.compiler.is_compiling() or not xs[0].is_cuda:  # traced, or meta/fake (or CPU: refused there)
         buffers = _fp8_multi_quantize_op(xs, list(scales), fmt, rowwise, columnwise)
     else:
-        buffers = _multi_delayed(xs, scales, fmt, rowwise, columnwise, False)
+        buffers = _multi_cast(xs, fmt, rowwise, columnwise, False, scales=scales)
     return _multi_result(xs, buffers, rowwise, columnwise)
 
 
@@ -632,7 +617,7 @@ def fp8_multi_current_scaling_quantize(xs: Sequence[torch.Tensor], fmt: str, *, 
     if torch.compiler.is_compiling() or not xs[0].is_cuda:
         buffers = _fp8_multi_current_op(list(xs), *args)
     else:
-        buffers = _multi_current(xs, *args, False)
+        buffers = _multi_cast(xs, fmt, args[3], args[4], False, power_2=args[1], eps=args[2])
     return _multi_result(xs, buffers, bool(rowwise), bool(columnwise))
 
 
