@@ -38,12 +38,17 @@ def _linear_step(recipe, m=8192, k=8192, n=8192):
     return step
 
 
-def _grouped_step(recipe, m=16384, experts=8, k=7168, n=2048):
+def _grouped_step(recipe, m=16384, experts=8, k=7168, n=2048, forward_only=False):
+    """One GroupedLinear training step (or, forward_only, one forward under no_grad) on fresh tensors."""
     dev = torch.device("cuda")
     splits = [m // experts] * experts
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
     mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+
+    def forward():
+        with torch.no_grad(), fp_recipes.autocast(recipe=recipe):
+            mod(x, splits)
 
     def step():
         x.grad = None
@@ -53,7 +58,7 @@ def _grouped_step(recipe, m=16384, experts=8, k=7168, n=2048):
             y = mod(x, splits)
         y.backward(dy)
 
-    return step
+    return forward if forward_only else step
 
 
 _SYNC_MESSAGE = "called a synchronizing CUDA operation"
@@ -199,20 +204,8 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
 
     print(f"\n== host time at tiny shapes ({experts} experts x {m} rows, K={k}, N={n}; us per call)")
     for label, recipe in (("delayed", DelayedScaling()), ("current", Float8CurrentScaling())):
-        mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
-
-        def step(mod=mod, recipe=recipe):
-            x.grad = None
-            for p in mod.parameters():
-                p.grad = None
-            with fp_recipes.autocast(recipe=recipe):
-                y = mod(x, splits)
-            y.backward(dy)
-
-        def fwd(mod=mod, recipe=recipe):
-            with torch.no_grad(), fp_recipes.autocast(recipe=recipe):
-                mod(x, splits)
-
+        step = _grouped_step(recipe, m=m * experts, experts=experts, k=k, n=n)
+        fwd = _grouped_step(recipe, m=m * experts, experts=experts, k=k, n=n, forward_only=True)
         print(f"    {label}: step {per_call_us(step):7.1f}   forward only (no_grad) {per_call_us(fwd):7.1f}")
         if with_profiler and label == "current":
             from torch.profiler import ProfilerActivity, profile
