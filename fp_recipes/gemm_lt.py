@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["aligned_scalars", "available", "fp8_gemms", "fp8_gemms_ptr", "status"]
+__all__ = ["available", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
 # What torch gives cuBLASLt on Hopper; enough for every split-K / stream-K algorithm. Smaller values
 # restrict the algorithms cuBLASLt may choose (benchmarks compare).
@@ -105,14 +105,6 @@ def _workspace(device: torch.device, stream: int) -> torch.Tensor:
     return ws
 
 
-def aligned_scalars(v: torch.Tensor) -> List[torch.Tensor]:
-    """0-dim views of the (G,) FP32 vector ``v``'s values, each at a 16-byte aligned address (one small
-    copy): cuBLASLt refuses FP8 scale pointers into a packed FP32 vector (NOT_SUPPORTED), and
-    ``torch._scaled_mm`` passes them through unchanged."""
-    padded = torch.nn.functional.pad(v.view(-1, 1), (0, 3))
-    return list(padded[:, 0].unbind(0))
-
-
 def fp8_gemms(a: Sequence[torch.Tensor], scale_a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],
               scale_b: Sequence[torch.Tensor], out: Sequence[torch.Tensor], *,
               bias: Optional[Sequence[Optional[torch.Tensor]]] = None, fast_accum: bool = False) -> List[int]:
@@ -123,7 +115,7 @@ def fp8_gemms(a: Sequence[torch.Tensor], scale_a: Sequence[torch.Tensor], b: Seq
     one dtype (bf16/fp16/fp32) to write into, ``bias[i]`` an (n_i,) vector of the output dtype or None.
     All on one CUDA device, enqueued on its current stream. Returns the indices it did not run (K or N
     not a multiple of 16, an operand or scale not 16-byte aligned, or K == 0): the caller computes those
-    some other way. (:func:`aligned_scalars` gives 16-byte aligned scale views of a packed vector.)"""
+    some other way."""
     if not a:
         return []
     bias_ptrs: Optional[List[int]] = None
