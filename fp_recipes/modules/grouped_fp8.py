@@ -284,6 +284,13 @@ def _aligned16(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
+def second_backward_error() -> RuntimeError:
+    """Both GroupedLinear paths free their quantized operands in the backward (they can be most of a
+    step's memory), so a second backward through the same graph is refused with this."""
+    return RuntimeError("GroupedLinear: backward ran a second time through the same graph; its quantized "
+                        "operands are freed by the first backward, so retain_graph=True is not supported")
+
+
 def _row_slices(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
     return list(torch.split(t, list(splits), dim=0))
 
@@ -318,8 +325,7 @@ class GroupedFP8Function(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
         if ctx.casts is None:
-            raise RuntimeError("GroupedLinear (FP8): backward ran a second time through the same graph; its FP8 "
-                               "copies are freed by the first backward, so retain_graph=True is not supported")
+            raise second_backward_error()
         xc, wc = ctx.casts
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(splits)

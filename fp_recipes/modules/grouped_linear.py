@@ -17,7 +17,7 @@ from ..quantizers.grouped import split_sizes
 from ..quantizers.roles import ModuleKind
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
                    quantize_operand, token_multiple)
-from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
+from .grouped_fp8 import GroupedFP8Function, fast_path_eligible, second_backward_error
 from .linear import _factory, check_features, new_linear_parameters
 
 __all__ = ["GroupedLinear"]
@@ -63,8 +63,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         sets, m_splits = ctx.sets, ctx.m_splits
         if ctx.operands is None:
-            raise RuntimeError("GroupedLinear: backward ran a second time through the same graph; its quantized "
-                               "operands are freed by the first backward, so retain_graph=True is not supported")
+            raise second_backward_error()
         x_ops, w_ops = ctx.operands
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(m_splits)

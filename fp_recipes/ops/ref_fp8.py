@@ -195,6 +195,11 @@ def check_current_scaling_args(x: torch.Tensor, fmt: str, amax_epsilon: float, r
     """fp8_current_scaling_quantize's argument checks (shared with the CUDA wrapper); returns the fmt."""
     what = "fp8_current_scaling_quantize"
     check_float_input(x, what)
+    return _check_current_options(fmt, amax_epsilon, rowwise, columnwise, what)
+
+
+def _check_current_options(fmt: str, amax_epsilon: float, rowwise: bool, columnwise: bool, what: str) -> str:
+    """The option checks every current-scaling cast shares; returns the fmt."""
     fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
     _check_copies(rowwise, columnwise, what)
     if not (amax_epsilon >= 0.0):
@@ -411,11 +416,7 @@ def check_multi_current_args(xs: Sequence[torch.Tensor], fmt: str, amax_epsilon:
     """fp8_multi_current_scaling_quantize's argument checks (shared with the CUDA wrapper); returns the fmt."""
     what = "fp8_multi_current_scaling_quantize"
     check_multi_inputs(xs, what)
-    fmt = check_fmt(fmt, ("e4m3", "e5m2"), what)
-    _check_copies(rowwise, columnwise, what)
-    if not (amax_epsilon >= 0.0):
-        raise ValueError(f"{what}: amax_epsilon must be >= 0, got {amax_epsilon!r}")
-    return fmt
+    return _check_current_options(fmt, amax_epsilon, rowwise, columnwise, what)
 
 
 def _assemble_multi(parts: list, xs: Sequence[torch.Tensor], rowwise: bool, columnwise: bool) -> FP8MultiQuantized:
