@@ -1,18 +1,14 @@
-// NVFP4 rowwise quantize: templated copies of the rowwise kernel with variant switches, for the
-// one-GPU-call variant benchmark (benchmarks/nvfp4_variants/README.md, scripts/gpu_nvfp4_variants.sh).
-// Everything here is a bench-only copy: fp_recipes/csrc is untouched. The per-block math comes from
-// fp_recipes/csrc/nvfp4_device.cuh; only the pieces a switch changes are copied and edited.
+// NVFP4 rowwise quantize: the rowwise kernel with variant switches, for the one-GPU-call variant
+// benchmark (benchmarks/nvfp4_variants/README.md, scripts/gpu_nvfp4_variants.sh). The per-block math
+// is the shipped fp_recipes/csrc/nvfp4_device.cuh; this file holds only the loop shapes and the round-2
+// per-block changes that were measured and not ported (NOTES_nvfp4.md).
 //
 // Switches of rowwise_v<kFos, kMinB, kU, kPf, kPack>:
-//   kMinB  __launch_bounds__(256, kMinB) (1 = no occupancy request, as the real kernel)
-//   kU     16-element blocks in flight per thread per loop iteration (real kernel: 2)
+//   kMinB  __launch_bounds__(256, kMinB) (0 = __launch_bounds__(256) only, as the real kernel)
+//   kU     16-element blocks in flight per thread per loop iteration
 //   kPf    1: software prefetch -- the raw BF16 words of the next iteration are loaded before the
 //          current iteration's blocks are quantized (register double buffering)
-//   kPack  0: e2m1_pack8 (byte permutes, ALU pipe); 1: integer multiply-add packing (FMA pipe):
-//          w = ((s0 + 16 s1 + 256 s2) & 0xFFF | signs) + sum_{j>=3} s_j << 4j, where s_j is the magic
-//          sum's bit pattern (exponent bits | idx, idx <= 7): the exponent bits of s_j << 4j leave the
-//          32-bit word for j >= 3, and the low 12 bits of s0 + 16 s1 + 256 s2 are idx0 | idx1 << 4 |
-//          idx2 << 8 exactly (the exponent bits start at bit 23).
+//   kPack  pack8's switch: 0 byte permutes (ALU pipe), 2 integer multiply-adds (FMA pipe)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,141 +37,9 @@ struct VParams {
   uint64_t seed, offset;
 };
 
-// 16 and 4096 as constant-bank values ptxas cannot fold (cudaMemcpyToSymbol could change them): kPack 2
-// multiplies by them so that the shift-adds stay IMADs with a c[] operand (FMA pipe, no register).
-static __constant__ uint32_t c_k16 = 16u;
-static __constant__ uint32_t c_k4096 = 4096u;
-
-// The sign bits of 8 elements at bits 4j + 3 (byte k: element 2k at bit 3, element 2k+1 at bit 7),
-// exactly the sign part of e2m1_pack8.
-__device__ __forceinline__ uint32_t signs8(const float* x) {
-  const uint32_t seven = prmt(prmt(__float_as_uint(x[0]), __float_as_uint(x[2]), 0x00FBu),
-                              prmt(__float_as_uint(x[4]), __float_as_uint(x[6]), 0x00FBu), 0x5410u);
-  const uint32_t sodd = prmt(prmt(__float_as_uint(x[1]), __float_as_uint(x[3]), 0x00FBu),
-                             prmt(__float_as_uint(x[5]), __float_as_uint(x[7]), 0x00FBu), 0x5410u);
-  return (seven & 0x08080808u) | (sodd & 0x80808080u);
-}
-
-// kPack 2: the same sum as kPack 1 in Horner form with a run-time multiplier k = 16 (k3 = 4096), so the
-// shift-adds stay IMADs (FMA pipe) instead of becoming LEAs (ALU pipe).
-template <int kPack>
-__device__ __forceinline__ uint32_t pack8_v(const uint32_t* s, const float* x) {
-  if (kPack == 0) return e2m1_pack8(s, x);
-  if (kPack == 1) {
-    uint32_t w = ((s[0] + s[1] * 16u + s[2] * 256u) & 0xFFFu) | signs8(x);
-#pragma unroll
-    for (int j = 3; j < 8; ++j) w += s[j] * (1u << (4 * j));
-    return w;
-  }
-  const uint32_t lo = ((s[2] * c_k16 + s[1]) * c_k16 + s[0]) & 0xFFFu;
-  uint32_t hi = s[7];
-#pragma unroll
-  for (int j = 6; j >= 3; --j) hi = hi * c_k16 + s[j];
-  return hi * c_k4096 + (lo | signs8(x));
-}
-
-template <int kPack>
-__device__ __forceinline__ uint2 encode16_rn_v(const float (&x)[16], float enc) {
-  uint32_t s[16];
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    float m;
-    s[j] = __float_as_uint(e2m1_round_magic(__fmul_rn(x[j], enc), m));
-  }
-  uint2 out;
-  out.x = pack8_v<kPack>(s, x);
-  out.y = pack8_v<kPack>(s + 8, x + 8);
-  return out;
-}
-
-// fos_encode16 of nvfp4_device.cuh with the packing switch.
-template <int kFos, bool kShort, bool kVals, int kPack>
-__device__ __forceinline__ void fos_encode16_v(const float (&x)[16], const FosCandidates& c,
-                                               const TensorScale& t, uint2& q4, uint2& q6, float& err4,
-                                               float& err6, float* vt) {
-  const float sf4 = c.sf4f, sf6 = c.sf6f;
-  uint32_t s4[16], s6[16];
-  float e4 = 0.0f, e6 = 0.0f;
-  float* vt4 = vt;
-  float* vt6 = vt + 8 * kValStride;
-  if (kVals) {
-    fos_fill_vals(vt4, sf4, t);
-    fos_fill_vals(vt6, sf6, t);
-  }
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const float ax = fabsf(x[j]);
-    float a4 = __fmul_rn(ax, c.enc4), a6 = __fmul_rn(ax, c.enc6);
-    float m4, m6;
-    if (kShort) {
-      m4 = e2m1_magic2(a4);
-      m6 = e2m1_magic3_exp(a6);
-    } else {
-      a4 = fminf(a4, 6.0f);
-      a6 = fminf(a6, 6.0f);
-      m4 = e2m1_magic3(a4);
-      m6 = e2m1_magic3(a6);
-    }
-    const float r4 = __fadd_rn(a4, m4), r6 = __fadd_rn(a6, m6);
-    s4[j] = __float_as_uint(r4);
-    s6[j] = __float_as_uint(r6);
-    const float orig = fos_fast(kFos) ? __fmul_rn(ax, t.s_enc) : 0.0f;
-    float v4, v6;
-    if (kVals) {
-      const float d4 = __fsub_rn(fos_val(vt4, s4[j]), ax), d6 = __fsub_rn(fos_val(vt6, s6[j]), ax);
-      v4 = fos_mse(kFos) ? __fmul_rn(d4, d4) : fabsf(d4);
-      v6 = fos_mse(kFos) ? __fmul_rn(d6, d6) : fabsf(d6);
-    } else {
-      v4 = fos_elem_err<kFos, kShort>(__fsub_rn(r4, m4), sf4, ax, orig, t);
-      v6 = fos_elem_err<kFos, kShort>(__fsub_rn(r6, m6), sf6, ax, orig, t);
-    }
-    e4 = j == 0 ? v4 : __fadd_rn(e4, v4);
-    e6 = j == 0 ? v6 : __fadd_rn(e6, v6);
-  }
-  q4 = make_uint2(pack8_v<kPack>(s4, x), pack8_v<kPack>(s4 + 8, x + 8));
-  q6 = make_uint2(pack8_v<kPack>(s6, x), pack8_v<kPack>(s6 + 8, x + 8));
-  err4 = e4;
-  err6 = e6;
-}
-
-template <int kFos, int kPack>
-__device__ __forceinline__ void fos_encode16_any_v(const float (&x)[16], float bamax, const FosCandidates& c,
-                                                   const TensorScale& t, uint2& q4, uint2& q6, float& err4,
-                                                   float& err6, float* vt) {
-  if (fos_take_short(fos_short_ok<kFos>(bamax, c, t))) {
-    if (!fos_fast(kFos) && vt != nullptr) {
-      fos_encode16_v<kFos, true, !fos_fast(kFos), kPack>(x, c, t, q4, q6, err4, err6, vt);
-    } else {
-      fos_encode16_v<kFos, true, false, kPack>(x, c, t, q4, q6, err4, err6, nullptr);
-    }
-  } else {
-    fos_encode16_v<kFos, false, false, kPack>(x, c, t, q4, q6, err4, err6, nullptr);
-  }
-}
-
-template <int kFos, int kPack>
-__device__ __forceinline__ void quantize_block_1d_v(const float (&x)[16], const TensorScale& t, bool sr,
-                                                    uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
-                                                    uint32_t& sf, const float2* tab, float* vt) {
-  const float bamax = block_absmax16(x);
-  if (kFos == 0) {
-    sf = plain_scale_code(bamax, t);
-    const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
-    if (sr) {
-      q = encode16_sr(x, enc, sr_block_bits(b, seed, offset));
-    } else {
-      q = encode16_rn_v<kPack>(x, enc);
-    }
-  } else {
-    const FosCandidates c = fos_candidates(bamax, t, tab);
-    uint2 q4, q6;
-    float e4, e6;
-    fos_encode16_any_v<kFos, kPack>(x, bamax, c, t, q4, q6, e4, e6, vt);
-    const bool use4 = fos_pick4(e4, e6);
-    q = use4 ? q4 : q6;
-    sf = use4 ? c.sf4 : c.sf6;
-  }
-}
+// Round 1's packing (kPack 2: IMAD Horner with constant-bank multipliers), the scale / encode paths and
+// the per-block 1-D quantization are the shipped ones (nvfp4_device.cuh: pack8, fos_encode16_any,
+// quantize_block_1d): this file only adds what the variants change.
 
 __device__ __forceinline__ void load_raw(const __nv_bfloat16* p, uint4 (&r)[2]) {
   r[0] = __ldg(reinterpret_cast<const uint4*>(p));
@@ -202,7 +66,7 @@ __device__ __forceinline__ void one_block(const VParams& p, const float (&x)[16]
       p.row_scaled ? make_tensor_scale(__ldg(p.amax + g / blocks_per_row), p.e4m3_max) : t_all;
   uint2 q;
   uint32_t sf;
-  quantize_block_1d_v<kFos, kPack>(x, t, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf, tab, vt);
+  quantize_block_1d<kFos, kPack>(x, t, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf, tab, vt);
   reinterpret_cast<uint2*>(p.data)[g] = q;
   p.scale[g] = static_cast<uint8_t>(sf);
 }
@@ -216,7 +80,7 @@ __device__ __forceinline__ void fos_block_hoisted(const VParams& p, const float 
                                                   const FosCandidates& c, const TensorScale& t, float* vt) {
   uint2 q4, q6;
   float e4, e6;
-  fos_encode16_any_v<kFos, kPack>(x, bamax, c, t, q4, q6, e4, e6, vt);
+  fos_encode16_any<kFos, kPack>(x, bamax, c, t, q4, q6, e4, e6, vt);
   const bool use4 = fos_pick4(e4, e6);
   reinterpret_cast<uint2*>(p.data)[g] = use4 ? q4 : q6;
   p.scale[g] = static_cast<uint8_t>(use4 ? c.sf4 : c.sf6);
@@ -357,11 +221,12 @@ __device__ __forceinline__ uint32_t pack8_sg(const uint32_t* s, uint32_t sg) {
     const uint32_t odd = prmt(prmt(s[1], s[3], 0x0040u), prmt(s[5], s[7], 0x0040u), 0x5410u);
     return even | (odd << 4) | sg;
   }
-  const uint32_t lo = ((s[2] * c_k16 + s[1]) * c_k16 + s[0]) & 0xFFFu;
+  const uint32_t k16 = pack_k16();
+  const uint32_t lo = ((s[2] * k16 + s[1]) * k16 + s[0]) & 0xFFFu;
   uint32_t hi = s[7];
 #pragma unroll
-  for (int j = 6; j >= 3; --j) hi = hi * c_k16 + s[j];
-  return hi * c_k4096 + (lo | sg);
+  for (int j = 6; j >= 3; --j) hi = hi * k16 + s[j];
+  return hi * pack_k4096() + (lo | sg);
 }
 
 __device__ __forceinline__ float div6_rn_r2(float b) {
@@ -449,8 +314,8 @@ __device__ __forceinline__ void r2_block(const VParams& p, const uint4 (&raw)[2]
     sg[0] = signs8_raw(raw[0].x, raw[0].y, raw[0].z, raw[0].w);
     sg[1] = signs8_raw(raw[1].x, raw[1].y, raw[1].z, raw[1].w);
   } else {
-    sg[0] = signs8(x);
-    sg[1] = signs8(x + 8);
+    sg[0] = e2m1_signs8(x);
+    sg[1] = e2m1_signs8(x + 8);
   }
   uint2 q4, q6;
   float e4, e6;
