@@ -191,3 +191,23 @@ def test_workspaces_are_per_stream_and_bounded(monkeypatch):
         gemm_lt._workspace(dev, stream)
     assert len(gemm_lt._workspaces) == gemm_lt._MAX_WORKSPACES
     assert gemm_lt._workspace(dev, 1) is not first  # the oldest was dropped, a new one made
+
+
+@cuda
+@pytest.mark.parametrize("offset", [16, 48, 112])
+def test_operands_at_16_byte_offsets_run_in_cublaslt_and_match_scaled_mm(offset):
+    """An expert's operands inside a grouped buffer are only as aligned as its offset. The plan must ask
+    cuBLASLt for an algorithm that takes that alignment (it assumes 256 bytes otherwise): the GEMM runs
+    in cuBLASLt (not returned to the caller) and equals torch._scaled_mm on aligned copies."""
+    m, n, k = 48, 32, 64
+    buf_a = _fp8((offset + m * k,), torch.float8_e4m3fn, 1)
+    buf_b = _fp8((offset + n * k,), torch.float8_e4m3fn, 2)
+    a = buf_a[offset:].view(m, k)
+    b = buf_b[offset:].view(n, k)
+    assert a.data_ptr() % 256 != 0 and b.data_ptr() % 256 != 0
+    s = _scale(0.5)
+    out_buf = torch.empty(offset + m * n, dtype=torch.bfloat16, device="cuda")
+    out = out_buf[offset // 2:offset // 2 + m * n].view(m, n)  # the output at a 16-byte offset too
+    assert gemm_lt.fp8_gemms([a], [s], [b], [s], [out]) == []
+    ref = torch._scaled_mm(a.clone(), b.clone().t(), scale_a=s, scale_b=s, out_dtype=torch.bfloat16)
+    assert torch.equal(out, ref)
