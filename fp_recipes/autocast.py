@@ -1,13 +1,17 @@
 """``fp_recipes.autocast``: the context in which modules quantize their GEMM operands.
 
-One process-wide stack of states (like TransformerEngine's global state): the innermost context
-wins, and leaving a context (normally or by an exception) restores the one around it. Modules read
-:func:`get_autocast_state` in their forward and keep the recipe they used for their backward, so
-the backward (which autograd may run in another thread) never depends on the stack.
+One stack of states per thread (like ``torch.autocast``): a thread that never entered an autocast
+sees the disabled default, whatever other threads do; the innermost context of a thread wins, and
+leaving a context (normally or by an exception) restores the one around it. Modules read
+:func:`get_autocast_state` in their forward and keep what they used for their backward (and for a
+recompute of that forward under activation checkpointing), so the backward, which autograd may run
+in another thread, never reads the stack.
 
 Outermost-exit hooks: modules register a callback with :func:`register_outermost_exit_hook`; it is
 called as ``fn(state)`` once each time the outermost *enabled* autocast exits normally (not on an
-exception), after the enclosing state has been restored. This is where the delayed-scaling forward
+exception) *in the thread that entered it*, after the enclosing state has been restored (the
+registry is process-wide; "outermost" is per thread). The hooks run with inference mode off, so a
+step run inside ``torch.inference_mode()`` creates no inference tensors in the scaling state. This is where the delayed-scaling forward
 amaxes of all modules are reduced in one collective. Unregister with the returned handle's
 ``remove()`` or :func:`unregister_outermost_exit_hook`; ``weak=True`` holds the callback weakly
 (bound methods via ``WeakMethod``), so a module that is garbage-collected drops out by itself.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import types
 import weakref
 from dataclasses import dataclass
@@ -54,12 +59,26 @@ class AutocastState:
 
 
 _DEFAULT_STATE = AutocastState()
-_stack: List[AutocastState] = []
+
+
+class _ThreadStack(threading.local):
+    """This thread's stack of entered autocast states (empty in a thread that never entered one)."""
+
+    def __init__(self) -> None:
+        self.stack: List[AutocastState] = []
+
+
+_local = _ThreadStack()
+
+
+def _stack() -> List[AutocastState]:
+    return _local.stack
 
 
 def get_autocast_state() -> AutocastState:
-    """The state of the innermost active autocast (a disabled default outside any)."""
-    return _stack[-1] if _stack else _DEFAULT_STATE
+    """The state of this thread's innermost active autocast (a disabled default outside any)."""
+    stack = _local.stack
+    return stack[-1] if stack else _DEFAULT_STATE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,9 +192,17 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         self.enabled = enabled
         self.recipe = recipe
         self.amax_reduction_group = amax_reduction_group
-        self._depths: List[int] = []  # stack heights at entry (re-entrant use as a decorator)
+        self._local = threading.local()  # stack heights at entry, per thread (re-entrant decorator use)
+
+    @property
+    def _depths(self) -> List[int]:
+        depths = getattr(self._local, "depths", None)
+        if depths is None:
+            depths = self._local.depths = []
+        return depths
 
     def __enter__(self) -> AutocastState:
+        _stack = _local.stack
         if self.enabled:
             recipe = _resolve_recipe(self.recipe)  # None when FP_RECIPES_RECIPE=none
         else:
@@ -192,12 +219,16 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         return state
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        _stack = _local.stack
         height = self._depths.pop()
         exiting = _stack[height]
         del _stack[height:]  # restore the enclosing state (drops anything left above us too)
         outermost_enabled = exiting.enabled and not any(s.enabled for s in _stack)
         if exc_type is None and outermost_enabled:
-            _run_outermost_exit_hooks(exiting)
+            import torch
+
+            with torch.inference_mode(False):
+                _run_outermost_exit_hooks(exiting)
 
     def __call__(self, fn: Callable) -> Callable:
         import functools

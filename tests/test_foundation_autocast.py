@@ -222,3 +222,71 @@ def test_decorator_and_reuse():
     with ctx:
         with ctx:
             assert get_autocast_state().depth == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# thread-local state (issue 11)
+
+
+def _in_thread(fn):
+    """Run fn() in a fresh thread; return its result (re-raise its exception)."""
+    import threading
+
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 (handed back to the test thread)
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_another_thread_sees_the_default_state():
+    with autocast(recipe=NVFP4BlockScaling()):
+        other = _in_thread(get_autocast_state)
+        assert get_autocast_state().enabled
+    assert other == autocast_module.AutocastState() and not other.enabled and other.recipe is None
+
+
+def test_nesting_is_per_thread_and_hooks_fire_per_thread(calls):
+    import threading
+
+    inner_entered, release = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        with autocast(recipe=Float8CurrentScaling()):
+            seen["depth_in_worker"] = get_autocast_state().depth
+            inner_entered.set()
+            release.wait(10)
+        seen["worker_calls"] = len(calls)
+
+    with autocast(recipe=DelayedScaling()):
+        t = threading.Thread(target=worker)
+        t.start()
+        assert inner_entered.wait(10)
+        # the worker's context is outermost in ITS thread even though this thread is inside one
+        assert seen["depth_in_worker"] == 1 and get_autocast_state().depth == 1
+        release.set()
+        t.join()
+        assert seen["worker_calls"] == 1 and isinstance(calls[0].recipe, Float8CurrentScaling)
+    assert len(calls) == 2 and isinstance(calls[1].recipe, DelayedScaling)
+
+
+def test_decorator_used_from_two_threads():
+    r = DelayedScaling()
+
+    @autocast(recipe=r)
+    def depth():
+        return get_autocast_state().depth
+
+    with autocast(recipe=r):
+        assert _in_thread(depth) == 1
+        assert depth() == 2
