@@ -35,9 +35,17 @@ def quantize(x: torch.Tensor, spec_or_quantizer: Union[QuantizerSpec, Quantizer]
 
 
 def dequantize(qt: QuantizedTensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """``qt.dequantize(dtype)``; dtype defaults to the tensor's original dtype."""
+    """``qt.dequantize(dtype)``; dtype defaults to the tensor's original dtype (``qt.orig_dtype``, which
+    every quantized tensor type records), whatever default the type's own method has."""
     if not isinstance(qt, QuantizedTensor):
         raise TypeError(f"dequantize: expected a quantized tensor, got {type(qt).__name__}")
+    if dtype is None:
+        dtype = getattr(qt, "orig_dtype", None)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dequantize: {type(qt).__name__} records no original dtype (orig_dtype); "
+                            "pass dtype= explicitly")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"dequantize: dtype must be float32, float16 or bfloat16, got {dtype}")
     return qt.dequantize(dtype)
 
 

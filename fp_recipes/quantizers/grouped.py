@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from .. import ops
-from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
+from ._tensor_io import (STATE_VERSION, StatePickle, check_state, register_weights_only_types,
                          dtype_from_name, dtype_name, resolve_out_dtype)
 from .base import QuantizedTensor, Quantizer, check_input
 from .float8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, fp8_fmt_of_spec
@@ -270,6 +270,6 @@ class GroupedQuantizer(Quantizer):
             q.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
 
 
-allow_in_weights_only_load(GroupedTensor)
+register_weights_only_types()  # this type and every other quantized tensor type
 
 __all__ = ["GroupedQuantizer", "GroupedTensor", "offsets_from_m_splits", "offsets_from_numels"]

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from .. import ops
-from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
+from ._tensor_io import (STATE_VERSION, StatePickle, check_state, register_weights_only_types,
                          dtype_from_name, dtype_name, move, resolve_out_dtype)
 from .base import QuantizedTensor, Quantizer, check_input
 from .float8 import flatten_2d
@@ -122,6 +122,6 @@ class PerTokenQuantizer(Quantizer):
             raise ValueError(f"PerTokenQuantizer has no state; got keys {sorted(state)}")
 
 
-allow_in_weights_only_load(PerTokenTensor)
+register_weights_only_types()  # this type and every other quantized tensor type
 
 __all__ = ["PerTokenQuantizer", "PerTokenTensor", "per_token_quantize"]
