@@ -314,6 +314,16 @@ def gemm_nvfp4_nvfp4(a: _Nvfp4Operand, b: _Nvfp4Operand, *, out_dtype: torch.dty
         raise ValueError(f"gemm: contraction dims differ: {a.data.shape[0]}x{ka} and {b.data.shape[0]}x{kb}")
     if _native_nvfp4_available(a.data.device):  # pragma: no cover - never true (see docstring)
         raise NotImplementedError
+    if a.data.is_cuda:
+        out = _gemm_nvfp4_cuda(a, b, out_dtype, bias)
+        if out is not None:
+            return out
+    return _gemm_nvfp4_emulated(a, b, out_dtype, bias)
+
+
+def _gemm_nvfp4_emulated(a: _Nvfp4Operand, b: _Nvfp4Operand, out_dtype: torch.dtype,
+                         bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The portable emulation in torch ops (the twin of the CUDA path below)."""
     unit = torch.bfloat16 if a.data.is_cuda else torch.float32  # the GEMM's input dtype; both exact
     acc = _mm_bf16_fp32_accum(decode_nvfp4_unit(a.data, a.scale, unit), decode_nvfp4_unit(b.data, b.scale, unit))
     if not a.row_scaled and not b.row_scaled:
@@ -330,6 +340,54 @@ def gemm_nvfp4_nvfp4(a: _Nvfp4Operand, b: _Nvfp4Operand, *, out_dtype: torch.dty
     else:
         factor = (amax_a * amax_b).unsqueeze(0)
     return _finish(out * factor, bias, out_dtype)
+
+
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _fp32_amax_on(t: torch.Tensor, device: torch.device) -> bool:
+    return t.dtype == torch.float32 and t.device == device and t.is_contiguous()
+
+
+def _gemm_nvfp4_cuda(a: _Nvfp4Operand, b: _Nvfp4Operand, out_dtype: torch.dtype,
+                     bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The emulation in three launches at most: one kernel decodes both operands to BF16 unit values and
+    writes alpha on the device; one cuBLASLt BF16 GEMM (FP32 accumulation) applies that alpha (and a
+    bias of the output dtype) in its epilogue; a row-scaled product adds one epilogue kernel. The same
+    values and roundings as :func:`_gemm_nvfp4_emulated`; only the FP32 accumulation order is
+    cuBLAS's choice, as it already was. None when it cannot run here (no cuBLASLt, tracing under
+    torch.compile, operands it does not take): the caller runs the torch emulation."""
+    if torch.compiler.is_compiling() or out_dtype not in _OUT_DTYPES:
+        return None
+    from . import gemm_lt
+    from .ops import cuda_nvfp4
+
+    dev = a.data.device
+    if not cuda_nvfp4.unit_operands_available() or not gemm_lt.available() or b.data.device != dev:
+        return None
+    m, n, k = a.data.shape[0], b.data.shape[0], a.data.shape[1] * 2
+    if m == 0 or n == 0 or k == 0 or not (_fp32_amax_on(a.amax, dev) and _fp32_amax_on(b.amax, dev)):
+        return None
+    if bias is not None and (bias.device != dev or bias.dtype not in _OUT_DTYPES or not bias.is_contiguous()):
+        return None
+    row = a.row_scaled or b.row_scaled
+    try:
+        (ua, ub), alpha_beta = cuda_nvfp4.nvfp4_unit_operands(
+            [(a.data, a.scale), (b.data, b.scale)], None if row else a.amax, None if row else b.amax,
+            a.e4m3_max, b.e4m3_max)
+    except ValueError:  # non-contiguous or unaligned copies: the torch emulation takes them
+        return None
+    if not row:
+        fuse_bias = bias is None or bias.dtype == out_dtype
+        out = torch.empty((m, n), dtype=out_dtype if fuse_bias else torch.float32, device=dev)
+        if not gemm_lt.bf16_gemm_device_alpha(ua, ub, out, alpha_beta, bias=bias if fuse_bias else None):
+            out = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
+            fuse_bias = False
+        return out if fuse_bias else _finish(out, bias, out_dtype)
+    d = torch.empty((m, n), dtype=torch.float32, device=dev)
+    if not gemm_lt.bf16_gemm_device_alpha(ua, ub, d, alpha_beta):
+        d = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
+    return cuda_nvfp4.nvfp4_row_scale_epilogue(d, a.amax, a.row_scaled, b.amax, b.row_scaled, bias, out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------

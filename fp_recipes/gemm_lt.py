@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["available", "fp8_gemms", "fp8_gemms_ptr", "status"]
+__all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
 # What torch gives cuBLASLt on Hopper; enough for every split-K / stream-K algorithm. Smaller values
 # restrict the algorithms cuBLASLt may choose (benchmarks compare).
@@ -158,3 +158,29 @@ def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], sc
             list(ms), list(ns), list(ks), _DTYPE_CODE[a_dtype], _DTYPE_CODE[b_dtype], _DTYPE_CODE[out_dtype],
             _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws.data_ptr(),
             ws.numel(), index, stream)
+
+
+def bf16_gemm_device_alpha(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha_beta: torch.Tensor, *,
+                           bias: Optional[torch.Tensor] = None) -> bool:
+    """``out = alpha * (a @ b.T) (+ bias)`` with FP32 accumulation, alpha read on the device from
+    ``alpha_beta[0]`` (and a zero beta from ``alpha_beta[1]``), so no host synchronisation: the emulated
+    NVFP4 GEMM's one launch. ``a`` (m, k) and ``b`` (n, k) contiguous BF16, ``out`` a contiguous (m, n)
+    bf16/fp16/fp32 tensor to write, ``bias`` an (n,) vector of ``out``'s dtype or None, all on one CUDA
+    device; enqueued on its current stream. Returns False, having launched nothing, when cuBLASLt cannot
+    run it (empty or unaligned operands, K not a multiple of 8, no algorithm): the caller then computes it
+    another way."""
+    if not _load():
+        return False
+    from .ops import backend
+
+    device = a.device
+    current = torch.cuda.current_device()
+    index = device.index if device.index is not None else current
+    with contextlib.nullcontext() if index == current else torch.cuda.device(index):
+        stream = backend.current_stream(torch.device("cuda", index))
+        ws = _workspace(device, stream)
+        ext = backend.extension()
+        return bool(ext.lt_bf16_gemm(
+            a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), a.shape[0],
+            b.shape[0], a.shape[1], _DTYPE_CODE[out.dtype], _DTYPE_CODE[bias.dtype] if bias is not None else -1,
+            alpha_beta.data_ptr(), ws.data_ptr(), ws.numel(), index, stream))

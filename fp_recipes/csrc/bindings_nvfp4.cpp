@@ -1,6 +1,9 @@
 // Bindings of the NVFP4 kernel family: raw device pointers (0 = absent), sizes, dtype codes, a
 // stream handle and the device index. fp_recipes/ops/cuda_nvfp4.py validates before calling.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <vector>
 
 #include "common.h"
 #include "nvfp4_kernels.h"
@@ -88,6 +91,49 @@ void register_nvfp4(py::module_& m) {
       "NVFP4 dequantize", py::arg("data"), py::arg("scale"), py::arg("amax"), py::arg("row_scaled"),
       py::arg("M"), py::arg("N"), py::arg("e4m3_max"), py::arg("out"), py::arg("out_dtype"),
       py::arg("stream"), py::arg("device"));
+  m.def(
+      "nvfp4_decode_unit_bf16",
+      [](const std::vector<std::uintptr_t>& data, const std::vector<std::uintptr_t>& scale,
+         const std::vector<std::uintptr_t>& out, const std::vector<int64_t>& blocks, std::uintptr_t amax_a,
+         std::uintptr_t amax_b, double e_a, double e_b, std::uintptr_t alpha_out, std::uintptr_t stream, int device) {
+        const size_t num = data.size();
+        require(scale.size() == num && out.size() == num && blocks.size() == num,
+                "nvfp4_decode_unit_bf16: data, scale, out and blocks must have the same length");
+        require(num <= static_cast<size_t>(nvfp4::kMaxUnitJobs), "nvfp4_decode_unit_bf16: at most 4 copies per call");
+        use_device(device);
+        nvfp4::UnitDecodeJob jobs[nvfp4::kMaxUnitJobs];
+        for (size_t i = 0; i < num; ++i) {
+          jobs[i].data = as_ptr<const uint8_t>(data[i]);
+          jobs[i].scale = as_ptr<const uint8_t>(scale[i]);
+          jobs[i].out = as_ptr<uint16_t>(out[i]);
+          jobs[i].blocks = blocks[i];
+        }
+        nvfp4::GemmAlphaArgs alpha;
+        alpha.amax_a = as_ptr<const float>(amax_a);
+        alpha.amax_b = as_ptr<const float>(amax_b);
+        alpha.e_a = static_cast<float>(e_a);
+        alpha.e_b = static_cast<float>(e_b);
+        alpha.out = as_ptr<float>(alpha_out);
+        nvfp4::decode_unit_bf16(jobs, static_cast<int>(num), alpha, as_stream(stream));
+      },
+      "BF16 unit values (E2M1 x E4M3, no global factor) of up to 4 NVFP4 copies, and optionally the GEMM's "
+      "{alpha, 0} (amax pointers 0 = 1), in one launch",
+      py::arg("data"), py::arg("scale"), py::arg("out"), py::arg("blocks"), py::arg("amax_a"), py::arg("amax_b"),
+      py::arg("e_a"), py::arg("e_b"), py::arg("alpha_out"), py::arg("stream"), py::arg("device"));
+  m.def(
+      "nvfp4_row_scale_epilogue",
+      [](std::uintptr_t d, int64_t M, int64_t N, std::uintptr_t amax_a, bool a_rows, std::uintptr_t amax_b,
+         bool b_cols, std::uintptr_t bias, int bias_dtype, std::uintptr_t out, int out_dtype, std::uintptr_t stream,
+         int device) {
+        use_device(device);
+        nvfp4::row_scale_epilogue(as_ptr<const float>(d), M, N, as_ptr<const float>(amax_a), a_rows,
+                                  as_ptr<const float>(amax_b), b_cols, as_ptr<const void>(bias),
+                                  static_cast<DType>(bias_dtype), as_ptr<void>(out), static_cast<DType>(out_dtype),
+                                  as_stream(stream));
+      },
+      "row-scaled GEMM epilogue: out = cast(RN(RN(d * RN(sa * sb)) + bias))", py::arg("d"), py::arg("M"), py::arg("N"),
+      py::arg("amax_a"), py::arg("a_rows"), py::arg("amax_b"), py::arg("b_cols"), py::arg("bias"),
+      py::arg("bias_dtype"), py::arg("out"), py::arg("out_dtype"), py::arg("stream"), py::arg("device"));
 }
 
 }  // namespace fp_recipes

@@ -93,9 +93,13 @@ struct Plan {
   bool ok = false;  // a heuristic found an algorithm
 };
 
-// (device, m, n, k, dtypes a/b/d, bias dtype, fast accum, workspace, alignments of cuBLASLt's A/B/D)
-using PlanKey =
-    std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t, uint32_t, uint32_t, uint32_t>;
+// How a plan scales: FP8 per-tensor scale pointers and a host alpha of 1, or (BF16 operands) alpha and
+// beta read from device memory (the emulated NVFP4 GEMM's alpha, written by the kernel before it).
+enum class PlanMode : int { kFp8Scales = 0, kDeviceAlpha = 1 };
+
+// (device, m, n, k, dtypes a/b/d, bias dtype, fast accum, workspace, alignments of cuBLASLt's A/B/D, mode)
+using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t, uint32_t, uint32_t,
+                           uint32_t, int>;
 std::map<PlanKey, Plan> g_plans;
 // Token-routed experts see a new m almost every step; the cache is bounded so that a long run cannot
 // grow it without limit (dropping it costs one heuristic query per shape seen again).
@@ -132,9 +136,10 @@ uint32_t alignment_of(std::uintptr_t ptr) {
 }
 
 Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t, DType d_t, int bias_t,
-               bool fast_accum, size_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_d) {
+               bool fast_accum, size_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_d,
+               PlanMode mode = PlanMode::kFp8Scales) {
   PlanKey key{device, m, n, k, static_cast<int>(a_t), static_cast<int>(b_t), static_cast<int>(d_t), bias_t,
-              fast_accum, workspace, align_a, align_b, align_d};
+              fast_accum, workspace, align_a, align_b, align_d, static_cast<int>(mode)};
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return it->second;
   if (g_plans.size() >= kMaxPlans) drop_plans();  // descriptors are only read during cublasLtMatmul
@@ -143,13 +148,18 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t
   cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
   check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t)), "TRANSA");
   check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)), "TRANSB");
-  int8_t fast = fast_accum ? 1 : 0;
-  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "FAST_ACCUM");
-  // Placeholder scale pointers: the heuristic must see a scaled FP8 problem; the real pointers are
-  // written before every cublasLtMatmul.
-  static float* const kNoScale = nullptr;
-  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &kNoScale, sizeof(kNoScale)), "A_SCALE");
-  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &kNoScale, sizeof(kNoScale)), "B_SCALE");
+  if (mode == PlanMode::kFp8Scales) {
+    int8_t fast = fast_accum ? 1 : 0;
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "FAST_ACCUM");
+    // Placeholder scale pointers: the heuristic must see a scaled FP8 problem; the real pointers are
+    // written before every cublasLtMatmul.
+    static float* const kNoScale = nullptr;
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &kNoScale, sizeof(kNoScale)), "A_SCALE");
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &kNoScale, sizeof(kNoScale)), "B_SCALE");
+  } else {
+    cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)), "POINTER_MODE");
+  }
   if (bias_t >= 0) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "EPILOGUE");
@@ -317,6 +327,54 @@ void register_gemm_lt(py::module_& m) {
       "each operand contiguous, FP8 per-tensor scales as device FP32 pointers. Returns the indices of the "
       "GEMMs it did not run (shapes or alignment cuBLASLt's FP8 kernels cannot take, K == 0), for the caller's "
       "fallback.");
+  m.def(
+      "lt_bf16_gemm",
+      [](std::uintptr_t a, std::uintptr_t b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,
+         int d_dtype, int bias_dtype, std::uintptr_t alpha_beta, std::uintptr_t workspace, int64_t workspace_size,
+         int device, std::uintptr_t stream) -> bool {
+#if FPR_HAVE_CUBLASLT
+        require(m >= 0 && n >= 0 && k >= 0, "lt_bf16_gemm: negative GEMM size");
+        require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
+                "lt_bf16_gemm: workspace must be a device buffer of workspace_size bytes");
+        // Left to the caller: empty products, rows that are not 16-byte multiples, unaligned operands.
+        if (m == 0 || n == 0 || k == 0 || k % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(d) ||
+            alpha_beta == 0 || (bias != 0 && !aligned16(bias)))
+          return false;
+        std::lock_guard<std::mutex> lock(g_mutex);
+        require(g_api.lib != nullptr, "lt_bf16_gemm: cuBLASLt is not loaded (call lt_load first)");
+        const int bias_code = bias != 0 ? bias_dtype : -1;
+        Plan& p = plan_for(device, m, n, k, DType::kBFloat16, DType::kBFloat16, static_cast<DType>(d_dtype),
+                           bias_code, false, static_cast<size_t>(workspace_size), alignment_of(b), alignment_of(a),
+                           alignment_of(d), PlanMode::kDeviceAlpha);
+        if (!p.ok) return false;
+        if (bias != 0) {
+          const void* bp = reinterpret_cast<const void*>(bias);
+          check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
+        }
+        const float* alpha = reinterpret_cast<const float*>(alpha_beta);
+        void* dp = reinterpret_cast<void*>(d);
+        const cublasStatus_t st =
+            g_api.matmul(handle_for(device), p.desc, alpha, reinterpret_cast<const void*>(b), p.lay_a,
+                         reinterpret_cast<const void*>(a), p.lay_b, alpha + 1, dp, p.lay_d, dp, p.lay_d, &p.algo,
+                         reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size), as_stream(stream));
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+          p.ok = false;
+          return false;
+        }
+        check_lt(st, "cublasLtMatmul (bf16)");
+        return true;
+#else
+        (void)a; (void)b; (void)d; (void)bias; (void)m; (void)n; (void)k; (void)d_dtype; (void)bias_dtype;
+        (void)alpha_beta; (void)workspace; (void)workspace_size; (void)device; (void)stream;
+        throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
+#endif
+      },
+      py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias"), py::arg("m"), py::arg("n"), py::arg("k"),
+      py::arg("d_dtype"), py::arg("bias_dtype"), py::arg("alpha_beta"), py::arg("workspace"),
+      py::arg("workspace_size"), py::arg("device"), py::arg("stream"),
+      "D (m x n, row-major; bf16/fp16/fp32) = alpha * A (m x k) @ B^T (B: n x k) (+ bias), A and B contiguous "
+      "BF16, FP32 accumulation; alpha_beta = device FP32 {alpha, beta = 0} (no host synchronisation). Returns "
+      "False without launching when cuBLASLt cannot run it here (the caller's fallback then does).");
 }
 
 }  // namespace fp_recipes

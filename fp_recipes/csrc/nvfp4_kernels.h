@@ -57,5 +57,35 @@ void dequantize(const uint8_t* data, const uint8_t* scale, const float* amax, bo
                 int64_t M, int64_t N, float e4m3_max, void* out, DType out_dtype,
                 cudaStream_t stream);
 
+// ---- the emulated GEMM's operands (nvfp4_gemm_operands.cu) ----
+
+// One NVFP4 copy to decode into BF16 "unit" values (E2M1 x E4M3, no global factor), row-major (rows, K).
+struct UnitDecodeJob {
+  const uint8_t* data = nullptr;   // (rows, K/2) packed E2M1, 8-byte aligned
+  const uint8_t* scale = nullptr;  // (rows, K/16) E4M3
+  uint16_t* out = nullptr;         // (rows, K) BF16 bits, 16-byte aligned
+  int64_t blocks = 0;              // rows * K / 16
+};
+constexpr int kMaxUnitJobs = 4;
+
+// The GEMM's FP32 alpha = RN(RN(amax_a * amax_b) * RN(1/(36 E_a E_b))), written to out[0], and a zero
+// beta to out[1] (cuBLASLt's device pointer mode reads both). A null amax counts as 1 (the unit alpha
+// of a row-scaled GEMM). out == nullptr: no alpha.
+struct GemmAlphaArgs {
+  const float* amax_a = nullptr;
+  const float* amax_b = nullptr;
+  float e_a = 448.0f, e_b = 448.0f;
+  float* out = nullptr;
+};
+
+// Decode up to kMaxUnitJobs copies and write alpha, in one launch.
+void decode_unit_bf16(const UnitDecodeJob* jobs, int num_jobs, const GemmAlphaArgs& alpha, cudaStream_t stream);
+
+// out[m, n] = cast(RN(RN(d[m, n] * RN(sa * sb)) + bias[n])), sa = amax_a[m] if a_rows else amax_a[0],
+// sb = amax_b[n] if b_cols else amax_b[0]; bias optional (float32/bfloat16/float16).
+void row_scale_epilogue(const float* d, int64_t M, int64_t N, const float* amax_a, bool a_rows, const float* amax_b,
+                        bool b_cols, const void* bias, DType bias_dtype, void* out, DType out_dtype,
+                        cudaStream_t stream);
+
 }  // namespace nvfp4
 }  // namespace fp_recipes

@@ -126,12 +126,14 @@ def _output_shapes(m: int, n: int, rowwise: bool, columnwise: bool, row_scaled: 
     )
 
 
-@torch.library.custom_op("fp_recipes::nvfp4_quantize", mutates_args=())
-def _quantize_op(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
-                 block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
-                 err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
-                 offset_lo: int, offset_hi: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
+                   block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
+                   err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
+                   offset_lo: int, offset_hi: int, share_amax: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launches of one quantization. ``share_amax`` (eager calls only: a custom op may not return
+    aliased outputs): when both copies use x's own per-tensor amax, return that one tensor for both
+    instead of a copy (one launch fewer)."""
     what = "nvfp4_quantize"
     _require_cuda(x, what)
     _require_contiguous(x, what)
@@ -169,7 +171,7 @@ def _quantize_op(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, c
             ext.nvfp4_amax(_ptr(x), code, m, n, 0 if g_am is None else g_am.data_ptr(),
                            0 if t_am is None else t_am.data_ptr(), stream, dev)
         if columnwise and not rht:
-            t_am = g_am.clone() if rowwise else g_am
+            t_am = g_am.clone() if rowwise and not share_amax else g_am
 
     shapes = _output_shapes(m, n, rowwise, columnwise, row_scaled)
     data = torch.empty(shapes[0], dtype=torch.uint8, device=dev_t)
@@ -189,9 +191,21 @@ def _quantize_op(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, c
             (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev)
     out_amax = rowwise_amax if rowwise else _empty_f32(dev_t)
     out_amax_t = t_am if columnwise else _empty_f32(dev_t)
-    if rowwise and columnwise and out_amax_t is out_amax:
+    if rowwise and columnwise and out_amax_t is out_amax and not share_amax:
         out_amax_t = out_amax_t.clone()
     return data, scale, out_amax, data_t, scale_t, out_amax_t
+
+
+def _quantize_op_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
+                      block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
+                      err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
+                      offset_lo: int, offset_hi: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _quantize_impl(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
+                          err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi)
+
+
+_quantize_op = torch.library.custom_op("fp_recipes::nvfp4_quantize", _quantize_op_impl, mutates_args=())
 
 
 @_quantize_op.register_fake
@@ -255,10 +269,15 @@ def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, roww
     _require_cuda(x, "nvfp4_quantize")
     if amax is not None:
         amax = amax.contiguous()
-    res = _quantize_op(x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d),
-                       bool(row_scaled), bool(four_over_six), int(e4m3_max), err_mode == "MSE",
-                       bool(err_fast_math), bool(rht), bool(stochastic_rounding), seed & _MASK32, seed >> 32,
-                       offset & _MASK32, offset >> 32)
+    args = (x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d), bool(row_scaled),
+            bool(four_over_six), int(e4m3_max), err_mode == "MSE", bool(err_fast_math), bool(rht),
+            bool(stochastic_rounding), seed & _MASK32, seed >> 32, offset & _MASK32, offset >> 32)
+    if torch.compiler.is_compiling():
+        res = _quantize_op(*args)
+    else:
+        # Eager: the launches directly, without the custom op's dispatch (tens of microseconds of host
+        # time per call on a training step's hot path); the same function, so the same bytes.
+        res = _quantize_impl(*args, share_amax=True)
     data, scale, out_amax, data_t, scale_t, amax_t = res
     if not rowwise:
         data = scale = out_amax = None
@@ -276,3 +295,70 @@ def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     _require_cuda(data, what)
     return _dequantize_op(data.contiguous(), scale.contiguous(), amax.contiguous(), int(e4m3_max),
                           bool(row_scaled), out_dtype)
+
+
+# ---- the emulated GEMM's operands (CUDA only; the twins are gemm.decode_nvfp4_unit and ----------
+# ---- ref_nvfp4.nvfp4_gemm_alpha, and the row epilogue of gemm.gemm_nvfp4_nvfp4) ---------------
+
+def unit_operands_available() -> bool:
+    """Whether the built extension has the unit-decode and row-epilogue kernels."""
+    ext = backend.extension()
+    return ext is not None and hasattr(ext, "nvfp4_decode_unit_bf16")
+
+
+def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: Optional[torch.Tensor] = None,
+                        e4m3_max_a: int = 448, e4m3_max_b: int = 448, *, with_alpha: bool = True):
+    """BF16 unit values (E2M1 x E4M3, no global factor; exact) of up to four NVFP4 copies, each
+    ``(data (rows, K/2) uint8, scale (rows, K/16) e4m3)`` contiguous on one CUDA device, in one launch.
+
+    With ``with_alpha`` the same launch writes ``alpha_beta`` = FP32 {alpha, 0}, alpha =
+    RN(RN(amax_a * amax_b) * RN(1/(36 E_a E_b))) (bit-equal to ``ref_nvfp4.nvfp4_gemm_alpha``; an absent
+    amax counts as 1, the unit alpha of a row-scaled GEMM) for a cuBLASLt call that reads it on the
+    device. Returns ``(list of (rows, K) bfloat16 tensors, alpha_beta or None)``. No validation beyond
+    what the kernel needs: callers (gemm.py) pass an NVFP4Tensor's own copies."""
+    if not 0 < len(copies) <= 4:
+        raise ValueError(f"nvfp4_unit_operands: 1 to 4 copies per call, got {len(copies)}")
+    dev = copies[0][0].device
+    outs, data_p, scale_p, out_p, blocks = [], [], [], [], []
+    for data, scale in copies:
+        rows, half = data.shape
+        if data.dtype != torch.uint8 or scale.shape != (rows, half // 8) or data.device != dev or \
+                scale.device != dev or not data.is_contiguous() or not scale.is_contiguous() or \
+                (rows * half and data.data_ptr() % 8):
+            raise ValueError("nvfp4_unit_operands: each copy needs contiguous uint8 data (rows, K/2) at an "
+                             "8-byte aligned address and contiguous e4m3 scales (rows, K/16) on one device; got "
+                             f"{data.dtype} {tuple(data.shape)} and {scale.dtype} {tuple(scale.shape)}")
+        out = torch.empty((rows, half * 2), dtype=torch.bfloat16, device=dev)
+        outs.append(out)
+        data_p.append(_ptr(data))
+        scale_p.append(_ptr(scale))
+        out_p.append(_ptr(out))
+        blocks.append(rows * half // 8)
+    alpha_beta = torch.empty((4,), dtype=torch.float32, device=dev) if with_alpha else None
+    stream, index = _launch_ctx(copies[0][0])
+    _ext().nvfp4_decode_unit_bf16(data_p, scale_p, out_p, blocks, _ptr(amax_a), _ptr(amax_b), float(e4m3_max_a),
+                                  float(e4m3_max_b), _ptr(alpha_beta), stream, index)
+    return outs, alpha_beta
+
+
+def nvfp4_row_scale_epilogue(d: torch.Tensor, amax_a: torch.Tensor, a_rows: bool, amax_b: torch.Tensor,
+                             b_cols: bool, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """The row-scaled GEMM's epilogue on its FP32 output ``d = RN(acc * alpha_unit)`` (M, N):
+    ``cast(RN(RN(d * RN(sa * sb)) + bias))`` with sa = amax_a[m] (``a_rows``) or the scalar amax_a, sb =
+    amax_b[n] (``b_cols``) or the scalar amax_b; the same FP32 roundings as gemm.py's torch version."""
+    m, n = d.shape
+    out = torch.empty((m, n), dtype=out_dtype, device=d.device)
+    if bias is not None and (bias.dtype not in _DTYPE_CODES or bias.shape != (n,) or not bias.is_contiguous()):
+        raise ValueError(f"nvfp4_row_scale_epilogue: bias must be a contiguous ({n},) float32/bfloat16/float16 "
+                         f"vector, got {bias.dtype} {tuple(bias.shape)}")
+    for name, t, vec, length in (("amax_a", amax_a, a_rows, m), ("amax_b", amax_b, b_cols, n)):
+        if t.dtype != torch.float32 or t.numel() != (length if vec else 1) or t.device != d.device or \
+                not t.is_contiguous():
+            raise ValueError(f"nvfp4_row_scale_epilogue: {name} must be contiguous FP32 on {d.device} with "
+                             f"{length if vec else 1} elements, got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if out.numel():
+        stream, index = _launch_ctx(d)
+        _ext().nvfp4_row_scale_epilogue(_ptr(d), m, n, _ptr(amax_a), bool(a_rows), _ptr(amax_b), bool(b_cols),
+                                        _ptr(bias), _DTYPE_CODES[bias.dtype] if bias is not None else -1, _ptr(out),
+                                        _DTYPE_CODES[out_dtype], stream, index)
+    return out

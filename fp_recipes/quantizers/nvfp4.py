@@ -16,6 +16,7 @@ import torch
 
 from .. import ops
 from ..ops.ref_nvfp4 import BLOCK, E4M3_BOUNDS
+from ._tensor_io import StatePickle, resolve_out_dtype
 from .base import QuantizedTensor, Quantizer, check_input
 from .roles import QFormat, QuantizerSpec, ScalingKind
 
@@ -29,7 +30,7 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
 
-class NVFP4Tensor(QuantizedTensor):
+class NVFP4Tensor(StatePickle, QuantizedTensor):
     """NVFP4 data of a tensor of logical ``shape`` (..., K), flattened to x = (M, K), M = prod(leading).
 
     Rowwise copy: ``data`` uint8 (M, K/2), ``scale`` float8_e4m3fn (M, K/16), ``amax`` FP32 0-dim or (M,)
@@ -37,6 +38,9 @@ class NVFP4Tensor(QuantizedTensor):
     ``amax_t`` FP32 0-dim (always per tensor). When ``rht_columnwise`` the columnwise copy holds the
     random-Hadamard-transformed x^T (both wgrad operands are transformed, and the transform cancels in
     their product). Either copy may be None.
+
+    Pickles (``pickle``, ``copy.deepcopy``, ``torch.save``/``torch.load``) through :meth:`state_dict`, the
+    E4M3 scales as uint8 views of the same bytes, so a copy is bit-identical.
     """
 
     kind = "nvfp4"
@@ -117,8 +121,9 @@ class NVFP4Tensor(QuantizedTensor):
         return self.data_t is not None
 
     # ---- values --------------------------------------------------------------------------------------
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The rowwise copy's values, in the logical ``shape``."""
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The rowwise copy's values, in the logical ``shape``, as ``dtype`` (default: the original dtype)."""
+        dtype = resolve_out_dtype(dtype, self.orig_dtype)
         if self.data is None:
             raise ValueError("NVFP4Tensor.dequantize: this tensor has no rowwise copy (it was quantized with "
                              "rowwise=False); use dequantize_columnwise() for the x^T copy")
@@ -126,9 +131,11 @@ class NVFP4Tensor(QuantizedTensor):
                                    row_scaled=self.row_scaled, out_dtype=dtype)
         return out.reshape(self._shape)
 
-    def dequantize_columnwise(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def dequantize_columnwise(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The columnwise copy's values as a (K, M) tensor: x^T, or RHT(x^T) when ``rht_columnwise``
-        (what the wgrad GEMM consumes; compare with ``rht(x^T)`` rather than x^T in that case)."""
+        (what the wgrad GEMM consumes; compare with ``rht(x^T)`` rather than x^T in that case); ``dtype``
+        defaults to the original dtype."""
+        dtype = resolve_out_dtype(dtype, self.orig_dtype)
         if self.data_t is None:
             raise ValueError("NVFP4Tensor.dequantize_columnwise: this tensor has no columnwise copy (it was "
                              "quantized with columnwise=False)")

@@ -1,0 +1,183 @@
+// The emulated NVFP4 GEMM's own kernels (Hopper and older have no FP4 tensor cores).
+//
+// decode_unit_bf16: E2M1 code x E4M3 block scale, WITHOUT the global factor, written as BF16 in the
+// (rows, K) row-major layout cuBLASLt reads. The product has at most 6 significant bits and lies in
+// [2^-10, 2688], so the FP32 product is exact and its top 16 bits are its BF16 value (no rounding).
+// Up to kMaxUnitJobs copies decode in one launch (a GEMM's two operands), and the first thread
+// also writes the GEMM's FP32 alpha (NUMERICS.md "GEMM alpha") and a zero beta, so that cuBLASLt reads
+// both from device memory: no host synchronisation and no separate scaling kernel.
+//
+// row_scale_epilogue: the row-scaled output rule, y = RN(RN(d * RN(sa * sb)) + bias) cast once, where
+// d = RN(acc * alpha_unit) is the GEMM's FP32 output.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "nvfp4_device.cuh"
+#include "nvfp4_kernels.h"
+
+namespace fp_recipes {
+namespace nvfp4 {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kBf16CanonicalNaN = 0x7FC0u;  // what torch's float -> bfloat16 conversion writes
+
+struct DecodeParams {
+  UnitDecodeJob jobs[kMaxUnitJobs];
+  int64_t cta_start[kMaxUnitJobs + 1];  // first CTA of each job; cta_start[num] = grid size
+  int num;
+  GemmAlphaArgs alpha;
+};
+
+__device__ __forceinline__ uint32_t unit_bits(uint32_t nibble, float sf, bool sf_nan) {
+  // Exact: |code value| in {0..6} with <= 2 significant bits, sf with <= 4.
+  const float v = __fmul_rn(e2m1_decode(nibble), sf);
+  return sf_nan ? kBf16CanonicalNaN : (__float_as_uint(v) >> 16);
+}
+
+__global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_constant__ DecodeParams p) {
+  if (blockIdx.x == 0 && threadIdx.x == 0 && p.alpha.out != nullptr) {
+    // alpha = RN(RN(amax_a * amax_b) * RN(1 / (36 E_a E_b))); 36 E_a E_b < 2^24 is exact in FP32.
+    const float a = p.alpha.amax_a != nullptr ? *p.alpha.amax_a : 1.0f;
+    const float b = p.alpha.amax_b != nullptr ? *p.alpha.amax_b : 1.0f;
+    const float denom = __fmul_rn(__fmul_rn(36.0f, p.alpha.e_a), p.alpha.e_b);
+    p.alpha.out[0] = __fmul_rn(__fmul_rn(a, b), __frcp_rn(denom));
+    p.alpha.out[1] = 0.0f;
+  }
+  const int64_t cta = blockIdx.x;
+  const uint8_t* data = nullptr;
+  const uint8_t* scale = nullptr;
+  uint16_t* out = nullptr;
+  int64_t blocks = 0, first = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxUnitJobs; ++j) {
+    if (j < p.num && cta >= p.cta_start[j] && cta < p.cta_start[j + 1]) {
+      data = p.jobs[j].data;
+      scale = p.jobs[j].scale;
+      out = p.jobs[j].out;
+      blocks = p.jobs[j].blocks;
+      first = p.cta_start[j];
+    }
+  }
+  const int64_t g = (cta - first) * kThreads + threadIdx.x;  // one 16-element block per thread
+  if (g >= blocks) return;
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(data) + g);
+  const uint32_t code = __ldg(scale + g);
+  const float sf = nvfp4_e4m3_decode(code);
+  const bool sf_nan = (code & 0x7Fu) == 0x7Fu;
+  uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu;  // elements 2i, 2i+1
+    w[i] = unit_bits(byte & 0xFu, sf, sf_nan) | (unit_bits(byte >> 4, sf, sf_nan) << 16);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + g * 16);
+  dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+template <typename T>
+__device__ __forceinline__ float load_f32(const void* p, int64_t i) {
+  return to_f32<T>(static_cast<const T*>(p)[i]);
+}
+
+__device__ __forceinline__ float bias_value(const void* bias, DType t, int64_t n) {
+  switch (t) {
+    case DType::kFloat32: return load_f32<float>(bias, n);
+    case DType::kBFloat16: return load_f32<__nv_bfloat16>(bias, n);
+    default: return load_f32<__half>(bias, n);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T cast_out(float v);
+template <>
+__device__ __forceinline__ float cast_out<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 cast_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half cast_out<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) row_scale_kernel(const float* d, int64_t M, int64_t N,
+                                                             const float* amax_a, bool a_rows,
+                                                             const float* amax_b, bool b_cols, const void* bias,
+                                                             DType bias_t, T* out) {
+  const int64_t total = M * N;
+  const float sa0 = a_rows ? 0.0f : __ldg(amax_a);
+  const float sb0 = b_cols ? 0.0f : __ldg(amax_b);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t m = i / N, n = i - m * N;
+    const float sa = a_rows ? __ldg(amax_a + m) : sa0;
+    const float sb = b_cols ? __ldg(amax_b + n) : sb0;
+    float y = __fmul_rn(__ldg(d + i), __fmul_rn(sa, sb));
+    if (bias != nullptr) y = __fadd_rn(y, bias_value(bias, bias_t, n));
+    out[i] = cast_out<T>(y);
+  }
+}
+
+template <typename T>
+void launch_row_scale(const float* d, int64_t M, int64_t N, const float* amax_a, bool a_rows, const float* amax_b,
+                      bool b_cols, const void* bias, DType bias_t, void* out, cudaStream_t stream) {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t want = (M * N + kThreads - 1) / kThreads;
+  const int64_t cap = static_cast<int64_t>(sms) * 16;
+  row_scale_kernel<T><<<static_cast<unsigned>(want < cap ? want : cap), kThreads, 0, stream>>>(
+      d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_t, static_cast<T*>(out));
+  check_launch("nvfp4 row_scale_kernel");
+}
+
+}  // namespace
+
+void decode_unit_bf16(const UnitDecodeJob* jobs, int num_jobs, const GemmAlphaArgs& alpha, cudaStream_t stream) {
+  require(num_jobs >= 0 && num_jobs <= kMaxUnitJobs, "nvfp4 decode_unit_bf16: 0 to 4 jobs per launch");
+  DecodeParams p{};
+  p.num = num_jobs;
+  p.alpha = alpha;
+  int64_t ctas = 0;
+  for (int j = 0; j < num_jobs; ++j) {
+    const UnitDecodeJob& job = jobs[j];
+    require(job.blocks >= 0, "nvfp4 decode_unit_bf16: negative block count");
+    require(job.blocks == 0 || (job.data && job.scale && job.out), "nvfp4 decode_unit_bf16: null pointer");
+    require(reinterpret_cast<std::uintptr_t>(job.data) % 8 == 0 && reinterpret_cast<std::uintptr_t>(job.out) % 16 == 0,
+            "nvfp4 decode_unit_bf16: data must be 8-byte and out 16-byte aligned");
+    p.jobs[j] = job;
+    p.cta_start[j] = ctas;
+    ctas += (job.blocks + kThreads - 1) / kThreads;
+  }
+  for (int j = num_jobs; j <= kMaxUnitJobs; ++j) p.cta_start[j] = ctas;
+  if (ctas == 0 && alpha.out != nullptr) ctas = 1;  // empty operands: still write alpha and beta
+  if (ctas == 0) return;
+  require(ctas <= 0x7FFFFFFF, "nvfp4 decode_unit_bf16: too many blocks for one launch");
+  decode_unit_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(p);
+  check_launch("nvfp4 decode_unit_kernel");
+}
+
+void row_scale_epilogue(const float* d, int64_t M, int64_t N, const float* amax_a, bool a_rows, const float* amax_b,
+                        bool b_cols, const void* bias, DType bias_dtype, void* out, DType out_dtype,
+                        cudaStream_t stream) {
+  require(amax_a != nullptr && amax_b != nullptr && d != nullptr && out != nullptr,
+          "nvfp4 row_scale_epilogue: null pointer");
+  require(bias == nullptr || bias_dtype == DType::kFloat32 || bias_dtype == DType::kBFloat16 ||
+              bias_dtype == DType::kFloat16,
+          "nvfp4 row_scale_epilogue: bias must be float32, bfloat16 or float16");
+  if (M * N == 0) return;
+  switch (out_dtype) {
+    case DType::kFloat32:
+      launch_row_scale<float>(d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_dtype, out, stream);
+      break;
+    case DType::kBFloat16:
+      launch_row_scale<__nv_bfloat16>(d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_dtype, out, stream);
+      break;
+    case DType::kFloat16:
+      launch_row_scale<__half>(d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_dtype, out, stream);
+      break;
+    default:
+      require(false, std::string("nvfp4 row_scale_epilogue: unsupported output dtype ") + dtype_name(out_dtype));
+  }
+}
+
+}  // namespace nvfp4
+}  // namespace fp_recipes

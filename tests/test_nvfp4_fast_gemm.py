@@ -1,0 +1,283 @@
+"""The fast emulated NVFP4 GEMM: the unit-decode kernel and the GEMM alpha it writes (bit-equal to the
+torch twins ``gemm.decode_nvfp4_unit`` and ``ref_nvfp4.nvfp4_gemm_alpha``), the row-scaled epilogue
+kernel (bit-equal to gemm.py's torch epilogue on the same FP32 input), the cuBLASLt GEMM with a device
+alpha against the torch emulation, and (CPU) the host-side wiring of ``gemm._gemm_nvfp4_cuda``.
+
+GEMM tolerances: both paths multiply the same BF16-exact operands with FP32 accumulation, but cuBLAS
+picks the summation order per call, so outputs agree to the FP32 dot-product bound of
+tests/_modules_helpers.py (plus one output-dtype rounding), never bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp_recipes import gemm as G
+from fp_recipes.ops import ref_nvfp4 as R
+
+from _modules_helpers import assert_close_gemm, gemm_tol
+
+cuda = pytest.mark.cuda
+
+
+def _codes(rows: int, k: int, gen: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random packed codes (every byte value) and E4M3 scales (every code but NaN)."""
+    data = torch.randint(0, 256, (rows, k // 2), generator=gen, dtype=torch.uint8)
+    scale = torch.randint(0, 256, (rows, k // 16), generator=gen, dtype=torch.uint8)
+    scale[(scale & 0x7F) == 0x7F] = 0x3C  # NaN codes are tested on their own
+    return data.to(device), scale.view(torch.float8_e4m3fn).to(device)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CUDA: kernels against their twins
+# ---------------------------------------------------------------------------------------------------
+
+
+@cuda
+@pytest.mark.parametrize("rows,k", [(1, 16), (1, 32), (3, 48), (17, 160), (256, 4096), (1000, 64), (5, 16 * 129)])
+def test_unit_decode_bit_equal_to_twin(rows, k):
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    gen = torch.Generator().manual_seed(rows * 7 + k)
+    data, scale = _codes(rows, k, gen, "cuda")
+    (out,), ab = C.nvfp4_unit_operands([(data, scale)], with_alpha=False)
+    assert ab is None and out.dtype == torch.bfloat16 and out.shape == (rows, k)
+    expect = G.decode_nvfp4_unit(data, scale, torch.bfloat16)
+    assert torch.equal(_bits(out), _bits(expect)), "unit decode differs from decode_nvfp4_unit"
+    assert torch.equal(_bits(out.cpu()), _bits(G.decode_nvfp4_unit(data.cpu(), scale.cpu(), torch.float32).bfloat16()))
+
+
+@cuda
+def test_unit_decode_specials_and_several_copies():
+    """Zeros (both signs), the largest and smallest products, NaN scales (torch's canonical BF16 NaN),
+    and four copies of different shapes in one launch."""
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    gen = torch.Generator().manual_seed(3)
+    data, scale = _codes(4, 64, gen, "cpu")
+    data[0] = 0x80  # +0 / -0 nibbles
+    data[1] = 0x77  # 6 and 6
+    data[2] = 0xF7  # 6 and -6
+    scale[0] = torch.tensor(448.0).to(torch.float8_e4m3fn)
+    scale[1] = torch.tensor(448.0).to(torch.float8_e4m3fn)  # 2688: the largest product
+    scale.view(torch.uint8)[2] = 0x01  # 2^-9: the smallest scale
+    scale.view(torch.uint8)[3, 0] = 0x7F  # NaN
+    scale.view(torch.uint8)[3, 1] = 0xFF  # -NaN
+    copies = [(data.cuda(), scale.cuda())]
+    for rows, k in ((1, 16), (33, 80), (2, 2048)):
+        copies.append(tuple(t for t in _codes(rows, k, gen, "cuda")))
+    outs, _ = C.nvfp4_unit_operands(copies, with_alpha=False)
+    for (d, s), out in zip(copies, outs):
+        expect = G.decode_nvfp4_unit(d, s, torch.bfloat16)
+        nan = torch.isnan(expect)
+        assert torch.equal(torch.isnan(out), nan)
+        assert torch.equal(_bits(out)[~nan], _bits(expect)[~nan])
+        assert (_bits(out)[nan] == 0x7FC0).all()
+    assert torch.equal(_bits(outs[0][0]).cpu().unique(), torch.tensor([-32768, 0], dtype=torch.int16))  # -0, +0
+    assert outs[0][1].float().max().item() == 2688.0
+
+
+@cuda
+@pytest.mark.parametrize("e_a,e_b", [(448, 448), (256, 448), (256, 256)])
+@pytest.mark.parametrize("amaxes", [(1.0, 1.0), (3.7, 0.011), (0.0, 5.0), (1e20, 1e20), (1e-30, 1e-30),
+                                    (float("nan"), 1.0), (float("inf"), 2.0)])
+def test_alpha_bit_equal_to_twin(e_a, e_b, amaxes):
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    a = torch.tensor(amaxes[0], dtype=torch.float32, device="cuda")
+    b = torch.tensor(amaxes[1], dtype=torch.float32, device="cuda")
+    data, scale = _codes(1, 16, torch.Generator().manual_seed(0), "cuda")
+    _, ab = C.nvfp4_unit_operands([(data, scale)], a, b, e_a, e_b)
+    expect = R.nvfp4_gemm_alpha(a.cpu(), b.cpu(), e_a, e_b)
+    assert torch.equal(ab[:1].cpu().view(torch.int32), expect.reshape(1).view(torch.int32)) or \
+        (torch.isnan(expect) and torch.isnan(ab[0]).item())
+    assert ab[1].item() == 0.0
+    _, unit = C.nvfp4_unit_operands([(data, scale)], None, None, e_a, e_b)  # the row-scaled unit alpha
+    one = torch.ones((), dtype=torch.float32)
+    assert torch.equal(unit[:1].cpu(), R.nvfp4_gemm_alpha(one, one, e_a, e_b).reshape(1))
+
+
+def _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype):
+    """gemm.py's torch epilogue on an FP32 GEMM output (the twin of the kernel)."""
+    if a_rows and b_cols:
+        factor = amax_a.unsqueeze(1) * amax_b.unsqueeze(0)
+    elif a_rows:
+        factor = (amax_a * amax_b).unsqueeze(1)
+    else:
+        factor = (amax_a * amax_b).unsqueeze(0)
+    return G._finish(d * factor, bias, out_dtype)
+
+
+@cuda
+@pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (37, 1), (129, 259), (512, 1024)])
+@pytest.mark.parametrize("rows_cols", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("out_dtype,bias_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, None),
+                                                  (torch.float32, torch.float32), (torch.float16, torch.bfloat16),
+                                                  (torch.bfloat16, torch.float32)])
+def test_row_scale_epilogue_bit_equal(m, n, rows_cols, out_dtype, bias_dtype):
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    a_rows, b_cols = rows_cols
+    g = torch.Generator(device="cuda").manual_seed(m * n)
+    d = torch.randn(m, n, device="cuda", generator=g) * 1e3
+    d[0, 0] = float("inf")
+    if n > 1:
+        d[0, 1] = float("nan")
+    amax_a = torch.rand(m if a_rows else (), device="cuda", generator=g) * 50
+    amax_b = torch.rand(n if b_cols else (), device="cuda", generator=g) * 3
+    if a_rows:
+        amax_a[-1] = 0.0
+    bias = None if bias_dtype is None else (torch.randn(n, device="cuda", generator=g) * 10).to(bias_dtype)
+    out = C.nvfp4_row_scale_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype)
+    expect = _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype)
+    assert out.dtype == out_dtype
+    assert torch.equal(torch.isnan(out), torch.isnan(expect))
+    ok = ~torch.isnan(expect)
+    assert torch.equal(out[ok], expect[ok])
+
+
+def _nvfp4_operand(x, **kw):
+    q = R.nvfp4_quantize(x, rowwise=True, columnwise=False, **kw)
+    return G._Nvfp4Operand(q.data, q.scale, q.amax, kw.get("row_scaled", False), kw.get("e4m3_max", 448), False)
+
+
+@cuda
+@pytest.mark.parametrize("m,k,n", [(16, 16, 16), (48, 96, 40), (130, 256, 72), (512, 1024, 768)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("bias_dtype", [None, "same", torch.float32])
+@pytest.mark.parametrize("row_scaled", [False, True])
+def test_fast_gemm_matches_torch_emulation(m, k, n, out_dtype, bias_dtype, row_scaled):
+    from fp_recipes import gemm_lt
+
+    assert gemm_lt.available(), gemm_lt.status()
+    g = torch.Generator(device="cuda").manual_seed(m + k + n)
+    x = torch.randn(m, k, device="cuda", generator=g) * 4
+    w = torch.randn(n, k, device="cuda", generator=g) / 8
+    a = _nvfp4_operand(x, row_scaled=row_scaled)
+    b = _nvfp4_operand(w, e4m3_max=256, four_over_six=True)
+    bias = None
+    if bias_dtype is not None:
+        bias = torch.randn(n, device="cuda", generator=g).to(out_dtype if bias_dtype == "same" else bias_dtype)
+    fast = G._gemm_nvfp4_cuda(a, b, out_dtype, bias)
+    assert fast is not None, "the fast path declined an operand pair it takes"
+    slow = G._gemm_nvfp4_emulated(a, b, out_dtype, bias)
+    assert fast.dtype == out_dtype and fast.shape == (m, n)
+    ua = G.decode_nvfp4_unit(a.data, a.scale).double()
+    ub = G.decode_nvfp4_unit(b.data, b.scale).double()
+    scale = (a.amax.double().reshape(-1, 1) if row_scaled else a.amax.double()) * b.amax.double() / (36 * 448 * 256)
+    tol = gemm_tol(ua, ub, out_dtype) * scale + slow.double().abs() * 2 ** -7
+    assert_close_gemm(fast, slow.double(), tol, f"fast vs emulated (row_scaled={row_scaled})")
+
+
+@cuda
+def test_fast_gemm_runs_inside_modules_and_counts_launches():
+    """One Linear fwd+bwd under the NVFP4 recipe: the GEMMs take the fast path (no torch gather kernel
+    of the old decode) and the step stays within a launch budget."""
+    import fp_recipes
+    from fp_recipes import Linear, NVFP4BlockScaling
+
+    mod = Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    recipe = NVFP4BlockScaling()
+
+    def step():
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x)
+        y.float().sum().backward()
+
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("decode_unit_kernel" in nm for nm in names), names
+    assert not any("index" in nm.lower() and "gather" in nm.lower() for nm in names), names
+
+
+# ---------------------------------------------------------------------------------------------------
+# CPU: host-side wiring of the fast path (the CUDA pieces replaced by recorders that compute with torch)
+# ---------------------------------------------------------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+
+@pytest.fixture
+def fake_cuda_pieces(monkeypatch):
+    """Stand-ins for the three device pieces with the documented semantics, computed with torch on CPU,
+    recording their arguments."""
+    from fp_recipes import gemm_lt
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    rec = _Recorder()
+
+    def unit_operands(copies, amax_a=None, amax_b=None, e_a=448, e_b=448, *, with_alpha=True):
+        rec.calls.append(("decode", len(copies), amax_a is not None, amax_b is not None, e_a, e_b))
+        outs = [G.decode_nvfp4_unit(d, s, torch.bfloat16) for d, s in copies]
+        one = torch.ones((), dtype=torch.float32)
+        alpha = R.nvfp4_gemm_alpha(one if amax_a is None else amax_a, one if amax_b is None else amax_b, e_a, e_b)
+        return outs, torch.stack([alpha.reshape(()), torch.zeros(())])
+
+    def bf16_gemm(a, b, out, alpha_beta, *, bias=None):
+        rec.calls.append(("gemm", out.dtype, None if bias is None else bias.dtype))
+        acc = (a.float() @ b.float().t()) * alpha_beta[0]
+        if bias is not None:
+            acc = acc + bias.float()
+        out.copy_(acc.to(out.dtype))
+        return True
+
+    def epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype):
+        rec.calls.append(("epilogue", a_rows, b_cols))
+        return _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype)
+
+    monkeypatch.setattr(C, "unit_operands_available", lambda: True)
+    monkeypatch.setattr(C, "nvfp4_unit_operands", unit_operands)
+    monkeypatch.setattr(C, "nvfp4_row_scale_epilogue", epilogue)
+    monkeypatch.setattr(gemm_lt, "available", lambda: True)
+    monkeypatch.setattr(gemm_lt, "bf16_gemm_device_alpha", bf16_gemm)
+    return rec
+
+
+def test_cpu_wiring_per_tensor(fake_cuda_pieces):
+    g = torch.Generator().manual_seed(0)
+    a = _nvfp4_operand(torch.randn(32, 64, generator=g) * 3)
+    b = _nvfp4_operand(torch.randn(48, 64, generator=g), e4m3_max=256, four_over_six=True)
+    bias = torch.randn(48, generator=g).bfloat16()
+    out = G._gemm_nvfp4_cuda(a, b, torch.bfloat16, bias)
+    assert fake_cuda_pieces.calls == [("decode", 2, True, True, 448, 256), ("gemm", torch.bfloat16, torch.bfloat16)]
+    assert torch.equal(out, G._gemm_nvfp4_emulated(a, b, torch.bfloat16, bias))
+    # a bias of another dtype is added in FP32 after an FP32 GEMM output (the emulation's order)
+    fake_cuda_pieces.calls.clear()
+    out = G._gemm_nvfp4_cuda(a, b, torch.bfloat16, bias.float())
+    assert fake_cuda_pieces.calls[1] == ("gemm", torch.float32, None)
+    assert torch.equal(out, G._gemm_nvfp4_emulated(a, b, torch.bfloat16, bias.float()))
+
+
+def test_cpu_wiring_row_scaled(fake_cuda_pieces):
+    g = torch.Generator().manual_seed(1)
+    a = _nvfp4_operand(torch.randn(32, 64, generator=g) * 3, row_scaled=True)
+    b = _nvfp4_operand(torch.randn(16, 64, generator=g))
+    out = G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None)
+    # unit alpha (no amax pointers), an FP32 GEMM output, then the row epilogue
+    assert fake_cuda_pieces.calls == [("decode", 2, False, False, 448, 448), ("gemm", torch.float32, None),
+                                      ("epilogue", True, False)]
+    assert torch.equal(out, G._gemm_nvfp4_emulated(a, b, torch.bfloat16, None))
+
+
+def test_cpu_wiring_declines(fake_cuda_pieces, monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    a = _nvfp4_operand(torch.randn(16, 32, generator=g))
+    b = _nvfp4_operand(torch.randn(16, 32, generator=g))
+    assert G._gemm_nvfp4_cuda(a, b, torch.float64, None) is None  # not an output dtype it writes
+    empty = G._Nvfp4Operand(a.data[:0], a.scale[:0], a.amax, False, 448, False)
+    assert G._gemm_nvfp4_cuda(empty, b, torch.bfloat16, None) is None  # empty: the emulation's zeros
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None) is None  # traced: torch ops only
+    assert fake_cuda_pieces.calls == []
