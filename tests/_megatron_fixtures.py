@@ -1,0 +1,146 @@
+"""Test-side helpers for the Megatron backend on CPU (gloo): the CUDA-only spots of megatron-core
+patched for CPU (never in the library), process-group set-up, a tiny GPT, a deterministic batch and
+a short training loop. Shared by the in-process tests and the torchrun worker."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+
+def cpu_patches() -> List[tuple]:
+    """(object, attribute, replacement) for the CUDA-only spots a CPU run of megatron-core hits:
+    core attention's global buffer (allocated on CUDA), the CUDA RNG tracker (fork/states) and the
+    reentrant checkpoint's CUDA RNG state."""
+    from megatron.core import utils as mutils
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+
+    def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+        return torch.empty(tuple(tensor_shape), dtype=dtype)
+
+    @contextlib.contextmanager
+    def fork(self, name=None):
+        yield
+
+    cpu_state = lambda *a, **k: torch.get_rng_state()  # noqa: E731
+    return [
+        (mutils.GlobalMemoryBuffer, "get_tensor", get_tensor),
+        (mrandom.CudaRNGStatesTracker, "fork", fork),
+        (mrandom.CudaRNGStatesTracker, "get_states", lambda self: {}),
+        (mrandom.CudaRNGStatesTracker, "set_states", lambda self, states: None),
+        (mrandom, "_get_cuda_rng_state", cpu_state),
+        (mrandom, "_set_cuda_rng_state", lambda state, *a, **k: None),
+        # the MoE router and the sequence-parallel gather buffers place tensors on the current
+        # CUDA device; on CPU that device is the CPU
+        (torch.cuda, "current_device", lambda: "cpu"),
+        # megatron-core 0.16.1's MoE router tests a name bound only when TE imports (NameError)
+        (moe_utils, "te_general_gemm", None),
+    ]
+
+
+def apply_cpu_patches(setattr_fn: Callable[[Any, str, Any], None] = setattr) -> None:
+    for obj, name, value in cpu_patches():
+        setattr_fn(obj, name, value)
+
+
+def init_parallel(tp: int = 1, ep: int = 1) -> None:
+    """gloo process group (world of one in-process unless torchrun set one up) + Megatron's groups."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
+        dist.init_process_group("gloo", rank=int(os.environ.get("RANK", 0)),
+                                world_size=int(os.environ.get("WORLD_SIZE", 1)))
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
+                                             expert_model_parallel_size=ep)
+
+
+def tiny_config(**overrides: Any):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kw: Dict[str, Any] = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                              use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
+                              bias_dropout_fusion=False, masked_softmax_fusion=False,
+                              bias_activation_fusion=False, apply_rope_fusion=False,
+                              gradient_accumulation_fusion=False, params_dtype=torch.float32,
+                              persist_layer_norm=False)
+    kw.update(overrides)
+    return TransformerConfig(**kw)
+
+
+def moe_overrides(**kw: Any) -> Dict[str, Any]:
+    out = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64, moe_grouped_gemm=True,
+               moe_token_dispatcher_type="allgather", add_bias_linear=False, moe_aux_loss_coeff=0.0,
+               )
+    out.update(kw)
+    return out
+
+
+VOCAB, SEQ, BATCH = 128, 32, 2
+
+
+def build_gpt(config, spec, seed: int = 1234):
+    """A GPTModel built after the same seeding, so equal specs give equal weights."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
+
+    torch.manual_seed(seed)
+    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
+                    max_sequence_length=SEQ, position_embedding_type="learned_absolute")
+
+
+def local_spec(config):
+    """Megatron's own local spec (the reference backend)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec(num_experts=config.num_moe_experts,
+                                    moe_grouped_gemm=False, normalization=config.normalization)
+
+
+def make_batch(step: int = 0, batch: int = BATCH, seq: int = SEQ):
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
+    position_ids = torch.arange(seq).unsqueeze(0).expand(batch, -1)
+    mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool).tril().logical_not()
+    return tokens[:, :-1].contiguous(), position_ids, mask, tokens[:, 1:].contiguous()
+
+
+def loss_of(model, step: int = 0) -> torch.Tensor:
+    tokens, pos, mask, labels = make_batch(step)
+    return model(tokens, pos, mask, labels=labels).float().mean()
+
+
+def allreduce_grads(model) -> None:
+    """What Megatron's finalize_model_grads does for sequence-parallel norm/bias grads at TP>1."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return
+    for p in model.parameters():
+        if p.grad is not None and getattr(p, "sequence_parallel", False):
+            dist.all_reduce(p.grad, group=parallel_state.get_tensor_model_parallel_group())
+
+
+def train(model, steps: int, lr: float = 1e-2, start: int = 0, opt: Optional[torch.optim.Optimizer] = None,
+          step_fn: Optional[Callable] = None) -> List[float]:
+    opt = opt or torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for s in range(start, start + steps):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model, s)
+        loss.backward()
+        allreduce_grads(model)
+        opt.step()
+        losses.append(loss.item())
+        if step_fn is not None:
+            step_fn(s)
+    return losses
