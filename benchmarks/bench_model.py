@@ -1,0 +1,259 @@
+"""Model-level training step: a stack of transformer-like blocks, BF16 against the quantized recipes.
+
+Each block: LayerNorm + QKV (``LayerNormLinear``), causal attention (torch SDPA, BF16), proj (``Linear``),
+LayerNorm + FC1, GELU, FC2, two residuals. One step = forward + backward of the whole stack, eager
+(torch.compile only for the "BF16 compiled" and torchao rows). Per row: the step time (CUDA events
+around many back-to-back steps, so host and GPU overlap as in training), the host time to enqueue one
+step (the host clock around one step after a synchronisation), the peak memory of a step, and the
+ratio BF16-eager time / row time (>= 1 is faster than BF16).
+
+    python benchmarks/bench_model.py --size small|full [--json out.json]
+    python benchmarks/bench_model.py --linear          # one Linear 4096^3: GPU time, launches, host time
+
+``--linear`` profiles one Linear (M = K = N = 4096, no bias) fwd+bwd per recipe with torch.profiler:
+the GPU time is the sum of the step's kernel and memset durations, the launch count counts kernels and
+memsets (as issue 13's BF16 figure of 8 does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import fp_recipes  # noqa: E402
+from fp_recipes import (DelayedScaling, Float8CurrentScaling, LayerNormLinear, Linear,  # noqa: E402
+                        NVFP4BlockScaling)
+
+SIZES = {
+    # name: (hidden, ffn, tokens, layers)
+    "h2048_t8192": (2048, 8192, 8192, 4),
+    "h4096_t4096": (4096, 14336, 4096, 4),
+    "h4096_t8192": (4096, 14336, 8192, 4),
+}
+SIZE_SETS = {"small": ["h2048_t8192"], "full": list(SIZES)}
+SEQ = 2048
+HEAD_DIM = 128
+
+
+def recipes() -> Dict[str, Any]:
+    return {
+        "FP8 delayed": DelayedScaling(),
+        "FP8 current": Float8CurrentScaling(),
+        "NVFP4 default": NVFP4BlockScaling(),
+        "NVFP4 row-scaled+4over6 fast": NVFP4BlockScaling(
+            row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True,
+            disable_stochastic_rounding=True, nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True),
+    }
+
+
+class Block(torch.nn.Module):
+    """Pre-norm transformer block; ``quantized`` picks fp_recipes modules (else plain torch ones)."""
+
+    def __init__(self, hidden: int, ffn: int, quantized: bool, device, dtype=torch.bfloat16) -> None:
+        super().__init__()
+        kw = dict(device=device)
+        self.heads = hidden // HEAD_DIM
+        if quantized:
+            self.qkv = LayerNormLinear(hidden, 3 * hidden, bias=True, params_dtype=dtype, **kw)
+            self.proj = Linear(hidden, hidden, bias=True, params_dtype=dtype, **kw)
+            self.fc1 = LayerNormLinear(hidden, ffn, bias=True, params_dtype=dtype, **kw)
+            self.fc2 = Linear(ffn, hidden, bias=True, params_dtype=dtype, **kw)
+            self.norm1 = self.norm2 = None
+        else:
+            self.norm1 = torch.nn.LayerNorm(hidden, dtype=dtype, **kw)
+            self.qkv = torch.nn.Linear(hidden, 3 * hidden, dtype=dtype, **kw)
+            self.proj = torch.nn.Linear(hidden, hidden, dtype=dtype, **kw)
+            self.norm2 = torch.nn.LayerNorm(hidden, dtype=dtype, **kw)
+            self.fc1 = torch.nn.Linear(hidden, ffn, dtype=dtype, **kw)
+            self.fc2 = torch.nn.Linear(ffn, hidden, dtype=dtype, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens, hidden = x.shape
+        h = self.qkv(x if self.norm1 is None else self.norm1(x))
+        q, k, v = h.view(tokens // SEQ, SEQ, 3, self.heads, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(tokens, hidden))
+        h = self.fc1(x if self.norm2 is None else self.norm2(x))
+        return x + self.fc2(F.gelu(h, approximate="tanh"))
+
+
+def build(hidden: int, ffn: int, layers: int, quantized: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block(hidden, ffn, quantized, "cuda") for _ in range(layers)])
+
+
+def make_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any = None,
+              run: Optional[Callable] = None) -> Callable[[], None]:
+    fwd = run or model
+
+    def step() -> None:
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        if recipe is None:
+            y = fwd(x)
+        else:
+            with fp_recipes.autocast(recipe=recipe):
+                y = fwd(x)
+        y.backward(dy)
+
+    return step
+
+
+def measure(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, float]:
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    hosts = []
+    for _ in range(max(3, iters // 3)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        hosts.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return {"step_ms": start.elapsed_time(end) / iters, "host_ms": statistics.median(hosts),
+            "peak_mib": peak / 2**20}
+
+
+def model_rows(size: str, warmup: int, iters: int, compiled: bool = True) -> List[Dict[str, Any]]:
+    hidden, ffn, tokens, layers = SIZES[size]
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    rows = []
+
+    def add(label: str, make: Callable[[], Callable[[], None]]) -> None:
+        try:
+            r = measure(make(), warmup, iters)
+        except Exception as exc:  # report, do not hide
+            print(f"  {label}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            r = {"error": f"{type(exc).__name__}: {exc}"}
+        r.update(size=size, row=label)
+        rows.append(r)
+        if "step_ms" in r:
+            print(f"  {label:32s} step {r['step_ms']:8.2f} ms  host {r['host_ms']:8.2f} ms  "
+                  f"peak {r['peak_mib']:9.0f} MiB", flush=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    add("BF16 eager", lambda: make_step(build(hidden, ffn, layers, False), x, dy))
+    if compiled:
+        add("BF16 torch.compile", lambda: (lambda m: make_step(m, x, dy, run=torch.compile(m)))(
+            build(hidden, ffn, layers, False)))
+    for name, recipe in recipes().items():
+        add(name, lambda recipe=recipe: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
+    try:
+        if not compiled:
+            raise ImportError("skipped (--no-compiled)")
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        def ao():
+            m = build(hidden, ffn, layers, False)
+            convert_to_float8_training(m, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+            return make_step(m, x, dy, run=torch.compile(m))
+
+        add("torchao Float8 (compiled)", ao)
+    except ImportError as exc:
+        print(f"  torchao unavailable: {exc}")
+    base = next((r["step_ms"] for r in rows if r["row"] == "BF16 eager" and "step_ms" in r), None)
+    for r in rows:
+        if base and "step_ms" in r:
+            r["x_bf16"] = base / r["step_ms"]
+    return rows
+
+
+def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096) -> List[Dict[str, Any]]:
+    """One Linear fwd+bwd per recipe: step time, GPU time and launches (profiler), host time."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None)]
+    for name, recipe in recipes().items():
+        cases.append((name, Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda"), recipe))
+    rows = []
+    for name, mod, recipe in cases:
+        step = make_step(mod, x, dy, recipe)
+        r = measure(step, 5, 50)
+        torch.cuda.synchronize()
+        steps = 5
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        gpu_us = sum(e.device_time for e in kernels) / steps
+        r.update(row=name, gpu_ms=gpu_us / 1e3, launches=len(kernels) / steps,
+                 kernels=sorted({e.name[:90] for e in kernels}))
+        rows.append(r)
+        print(f"  {name:32s} step {r['step_ms']:6.3f} ms  GPU {r['gpu_ms']:6.3f} ms  launches {r['launches']:5.1f}  "
+              f"host {r['host_ms']:6.3f} ms", flush=True)
+    base = rows[0]["gpu_ms"]
+    for r in rows:
+        r["gpu_x_bf16"] = r["gpu_ms"] / base
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size", choices=sorted(SIZE_SETS), default="small")
+    p.add_argument("--sizes", default=None, help="comma-separated size names (overrides --size): "
+                   + ", ".join(SIZES))
+    p.add_argument("--no-compiled", action="store_true", help="skip the torch.compile rows (compile time)")
+    p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_model: needs a CUDA GPU")
+        return 1
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.linear:
+        print("one Linear 4096x4096x4096, fwd+bwd, no bias")
+        rows = result["linear"] = linear_profile()
+        print(f"\n{'row':34s} {'GPU ms':>8s} {'x BF16':>7s} {'launches':>8s} {'host ms':>8s} {'step ms':>8s}")
+        for r in rows:
+            print(f"{r['row']:34s} {r['gpu_ms']:8.3f} {r['gpu_x_bf16']:7.2f} {r['launches']:8.1f} "
+                  f"{r['host_ms']:8.3f} {r['step_ms']:8.3f}")
+    else:
+        names = args.sizes.split(",") if args.sizes else SIZE_SETS[args.size]
+        rows = []
+        for size in names:
+            hidden, ffn, tokens, layers = SIZES[size]
+            print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
+            rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled)
+        result["model"] = rows
+        print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
+        for r in rows:
+            if "step_ms" not in r:
+                print(f"{r['size']:12s} {r['row']:32s} {'failed':>8s}")
+                continue
+            print(f"{r['size']:12s} {r['row']:32s} {r['step_ms']:8.2f} {r.get('x_bf16', 0):7.2f} "
+                  f"{r['host_ms']:8.2f} {r['peak_mib']:9.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

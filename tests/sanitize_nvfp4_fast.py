@@ -1,0 +1,56 @@
+"""Small driver for compute-sanitizer (memcheck, racecheck) over the fast NVFP4 GEMM's kernels: the
+unit decode (1-4 copies per launch, odd row counts, one row, tails of a CTA), the alpha it writes, the
+row-scaled epilogue (odd shapes, bias dtypes) and the cuBLASLt BF16 GEMM with a device alpha. Not a
+pytest file; scripts/gpu_nvfp4_fast.sh runs it. Exits non-zero if any result differs from its twin."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from fp_recipes import gemm as G
+from fp_recipes.ops import cuda_nvfp4 as C
+from fp_recipes.ops import ref_nvfp4 as R
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    bad = runs = 0
+    copies = []
+    for rows, k in ((1, 16), (3, 48), (17, 160), (257, 64)):
+        data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, device="cuda")
+        scale = torch.randint(0, 126, (rows, k // 16), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        copies.append((data, scale))
+    for n in (1, 2, 4):
+        outs, ab = C.nvfp4_unit_operands(copies[:n], torch.tensor(3.0, device="cuda"),
+                                         torch.tensor(0.5, device="cuda"), 448, 256)
+        runs += 1
+        for (d, s), o in zip(copies, outs):
+            bad += not torch.equal(o.view(torch.int16), G.decode_nvfp4_unit(d, s, torch.bfloat16).view(torch.int16))
+        bad += not torch.equal(ab[:1].cpu(), R.nvfp4_gemm_alpha(torch.tensor(3.0), torch.tensor(0.5), 448, 256)
+                               .reshape(1))
+    for m, n, bias_dtype in ((1, 1, None), (3, 37, torch.bfloat16), (129, 67, torch.float32)):
+        d = torch.randn(m, n, device="cuda")
+        amax_a = torch.rand(m, device="cuda")
+        amax_b = torch.rand((), device="cuda")
+        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
+        out = C.nvfp4_row_scale_epilogue(d, amax_a, True, amax_b, False, bias, torch.bfloat16)
+        runs += 1
+        bad += not torch.equal(out, G._finish(d * (amax_a * amax_b).unsqueeze(1), bias, torch.bfloat16))
+    for m, k, n, row in ((16, 32, 16, False), (48, 96, 40, True)):
+        a = R.nvfp4_quantize(torch.randn(m, k, device="cuda"), row_scaled=row)
+        b = R.nvfp4_quantize(torch.randn(n, k, device="cuda"))
+        oa = G._Nvfp4Operand(a.data, a.scale, a.amax, row, 448, False)
+        ob = G._Nvfp4Operand(b.data, b.scale, b.amax, False, 448, False)
+        fast = G._gemm_nvfp4_cuda(oa, ob, torch.float32, None)
+        slow = G._gemm_nvfp4_emulated(oa, ob, torch.float32, None)
+        runs += 1
+        bad += fast is None or not torch.allclose(fast, slow, rtol=1e-5, atol=1e-5)
+    torch.cuda.synchronize()
+    print(f"sanitize_nvfp4_fast: {runs} kernel runs, {bad} mismatches")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
