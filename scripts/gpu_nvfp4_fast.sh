@@ -17,7 +17,7 @@ MODEL_SIZES=${MODEL_SIZES:-h2048_t8192,h4096_t4096}
   git log --oneline -1 2>/dev/null || true
   python3 -c "import fp_recipes.ops.backend as b, fp_recipes.gemm_lt as g; print(b.backend_info()['summary']); print(g.status())"
   echo "== pytest -m cuda"
-  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -x -p no:cacheprovider --durations=5 \
+  timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
       tests/test_nvfp4_fast_gemm.py tests/test_modules_gemm.py tests/test_gemm_lt.py tests/test_modules_linear.py \
       tests/test_cuda_nvfp4_kernels.py 2>&1 | tail -n 30
   echo "pytest rc=$?"
