@@ -11,20 +11,24 @@ per call. Instead:
   torch.distributed is not initialised), written back, and each quantizer's ``update_scale()`` runs
   (scale from the history by ``amax_compute_algo`` and ``margin``, then the history rolls).
 * **backward**: the grad_output quantizers record their amaxes as the backward runs; the first one
-  queues a callback with the autograd engine that runs once the whole backward pass has finished and
-  does the same single reduction + update for the backward quantizers.
+  of a pass (an autograd graph task) queues a callback with the autograd engine that runs once the
+  whole backward pass has finished and does the same single reduction + update for the backward
+  quantizers. A pass that raises never runs its callback: its partial records are discarded when
+  autograd drops it, and later passes update as usual (a bad batch costs one step, not the run).
 
 Quantizers whose spec says ``reduce_amax=False`` are updated without taking part in the reduction.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import weakref
 from typing import Any, Dict, List, Optional
 
 import torch
 
-__all__ = ["AmaxReducer", "batched_update_scales", "reducer", "reduce_and_update"]
+__all__ = ["AmaxReducer", "batched_update_scales", "discard_records", "reducer", "reduce_and_update"]
 
 _COUNTERS: Dict[str, int] = {"all_reduce": 0}
 
@@ -197,16 +201,48 @@ def batched_update_scales(quantizers: List[Any]) -> None:
         torch._foreach_copy_(p.dsts, p.srcs)
 
 
+class _BackwardPass:
+    """The delayed-scaling quantizers recorded in ONE autograd backward pass (one graph task), and that
+    pass's end-of-backward update: the object itself is the callback queued with the autograd engine.
+
+    The engine holds the only strong reference. When the pass finishes, it calls the object (reduce and
+    update). When the pass raises, the engine never calls it and drops it as the exception leaves
+    ``backward()``: ``__del__`` then discards the pass's partial amax records (slot 0 of its quantizers,
+    which hold nothing else since their last update), so the failed pass leaves the state as if it had
+    not run, and the next pass updates normally."""
+
+    __slots__ = ("reducer", "task", "quantizers", "group", "done", "__weakref__")
+
+    def __init__(self, reducer: "AmaxReducer", task: int) -> None:
+        self.reducer = reducer
+        self.task = task
+        self.quantizers: Dict[int, Any] = {}
+        self.group: Any = None
+        self.done = False
+
+    def __call__(self) -> None:
+        self.done = True
+        self.reducer._finish_backward(self)
+
+    def __del__(self) -> None:
+        if not self.done and not sys.is_finalizing():
+            self.done = True
+            self.reducer._abandon_backward(self)
+
+
 class AmaxReducer:
-    """Collects the delayed-scaling quantizers used in one forward / one backward pass."""
+    """Collects the delayed-scaling quantizers used in one forward / one backward pass.
+
+    Backward state is kept per autograd graph task (``torch._C._current_graph_task_id()``), each pass
+    with its own queued update (:class:`_BackwardPass`): a pass that raises (a NaN under
+    ``detect_anomaly``, an out-of-memory error) costs that pass only, and the next backward updates the
+    grad_output scales as usual."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # RLock: a dropped pass's __del__ may run on any thread
         self._forward: Dict[int, Any] = {}
         self._forward_group: Any = None
-        self._backward: Dict[int, Any] = {}
-        self._backward_group: Any = None
-        self._backward_callback_queued = False
+        self._passes: Dict[int, "weakref.ref[_BackwardPass]"] = {}
         self._hook_handle: Any = None
 
     # ------------------------------------------------------------------ forward
@@ -252,37 +288,60 @@ class AmaxReducer:
 
     # ------------------------------------------------------------------ backward
     def record_backward(self, quantizer: Any, group: Any) -> None:
-        """Remember a backward quantizer; the first one in a pass queues the end-of-backward update."""
-        with self._lock:
-            self._backward[id(quantizer)] = quantizer
-            self._backward_group = group
-            queue = not self._backward_callback_queued
-            self._backward_callback_queued = True
-        if queue:
-            try:
-                torch.autograd.Variable._execution_engine.queue_callback(self.on_backward_end)
-            except RuntimeError:
-                # Not inside an autograd backward (a direct call of the Function's backward, e.g. in
-                # a test): update now, as the end of this "backward" is the end of this call.
-                self.on_backward_end()
+        """Remember a backward quantizer; the first one of a backward pass queues that pass's update."""
+        self.record_backward_many([quantizer], group)
 
     def record_backward_many(self, quantizers: List[Any], group: Any) -> None:
-        """:meth:`record_backward` for a list."""
+        """Remember backward quantizers (their amaxes are already in ``amax_history[0]``) until the end
+        of the current backward pass. Outside an autograd pass (a direct call of a Function's backward,
+        e.g. in a test) the end of this call is the end of the "backward": update now."""
         if not quantizers:
             return
+        task = torch._C._current_graph_task_id()
+        if task < 0:
+            reduce_and_update(list({id(q): q for q in quantizers}.values()), group)
+            return
+        new = None
         with self._lock:
-            for q in quantizers[1:]:
-                self._backward[id(q)] = q
-        self.record_backward(quantizers[0], group)
+            ref = self._passes.get(task)
+            bpass = ref() if ref is not None else None
+            if bpass is None:
+                bpass = new = _BackwardPass(self, task)
+                self._passes[task] = weakref.ref(bpass)
+            for q in quantizers:
+                bpass.quantizers[id(q)] = q
+            bpass.group = group
+        if new is not None:
+            torch.autograd.Variable._execution_engine.queue_callback(new)
 
-    def on_backward_end(self) -> None:
+    def pending_backward(self) -> int:
+        """How many backward passes are recording now (0 between passes)."""
         with self._lock:
-            quantizers = list(self._backward.values())
-            group = self._backward_group
-            self._backward.clear()
-            self._backward_group = None
-            self._backward_callback_queued = False
-        reduce_and_update(quantizers, group)
+            return sum(1 for ref in self._passes.values() if ref() is not None)
+
+    def _take(self, bpass: _BackwardPass) -> List[Any]:
+        with self._lock:
+            ref = self._passes.get(bpass.task)
+            if ref is not None and ref() in (bpass, None):
+                del self._passes[bpass.task]
+            quantizers = list(bpass.quantizers.values())
+            bpass.quantizers = {}
+        return quantizers
+
+    def _finish_backward(self, bpass: _BackwardPass) -> None:
+        reduce_and_update(self._take(bpass), bpass.group)
+
+    def _abandon_backward(self, bpass: _BackwardPass) -> None:
+        quantizers = self._take(bpass)
+        if quantizers:
+            discard_records(quantizers)
+
+
+def discard_records(quantizers: List[Any]) -> None:
+    """Zero ``amax_history[0]`` of these quantizers (the records of a pass that did not finish)."""
+    slots = [q.amax_history[0] for q in quantizers if isinstance(getattr(q, "amax_history", None), torch.Tensor)]
+    if slots:
+        torch._foreach_zero_(slots)
 
 
 reducer = AmaxReducer()
