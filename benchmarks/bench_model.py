@@ -200,8 +200,15 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096) -> List[Dict[str
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu_us = sum(e.device_time for e in kernels) / steps
+        per_kernel: Dict[str, List[float]] = {}
+        for e in kernels:
+            per_kernel.setdefault(e.name[:90], []).append(e.device_time)
+        breakdown = sorted(((nm, sum(v) / steps, len(v) / steps) for nm, v in per_kernel.items()),
+                           key=lambda t: -t[1])
         r.update(row=name, gpu_ms=gpu_us / 1e3, launches=len(kernels) / steps,
-                 kernels=sorted({e.name[:90] for e in kernels}))
+                 kernels=[{"name": nm, "us_per_step": us, "launches_per_step": c} for nm, us, c in breakdown])
+        for nm, us, c in breakdown:
+            print(f"      {us:8.1f} us  x{c:3.0f}  {nm}")
         rows.append(r)
         print(f"  {name:32s} step {r['step_ms']:6.3f} ms  GPU {r['gpu_ms']:6.3f} ms  launches {r['launches']:5.1f}  "
               f"host {r['host_ms']:6.3f} ms", flush=True)

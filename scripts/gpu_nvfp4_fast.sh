@@ -18,8 +18,8 @@ MODEL_SIZES=${MODEL_SIZES:-h2048_t8192,h4096_t4096}
   python3 -c "import fp_recipes.ops.backend as b, fp_recipes.gemm_lt as g; print(b.backend_info()['summary']); print(g.status())"
   echo "== pytest -m cuda"
   timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
-      tests/test_nvfp4_fast_gemm.py tests/test_modules_gemm.py tests/test_gemm_lt.py tests/test_modules_linear.py \
-      tests/test_cuda_nvfp4_kernels.py 2>&1 | tail -n 30
+      ${TEST_FILES:-tests/test_nvfp4_fast_gemm.py tests/test_modules_gemm.py tests/test_gemm_lt.py \
+      tests/test_modules_linear.py tests/test_cuda_nvfp4_kernels.py} 2>&1 | tail -n 30
   echo "pytest rc=$?"
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   # racecheck: the new kernels use no shared memory; memcheck only (device time)
@@ -36,4 +36,10 @@ MODEL_SIZES=${MODEL_SIZES:-h2048_t8192,h4096_t4096}
   timeout "$LIM_MODEL" python3 benchmarks/bench_model.py --sizes "$MODEL_SIZES" ${MODEL_FLAGS:-} \
       --json "$OUT/model.json" 2>&1 | grep -v Warning
   echo "model rc=$?"
+  if [ -n "${MODEL2_SIZES:-}" ]; then
+    echo "== bench_model $MODEL2_SIZES (second set)"
+    timeout "${LIM_MODEL2:-150}" python3 benchmarks/bench_model.py --sizes "$MODEL2_SIZES" ${MODEL2_FLAGS:-} \
+        --json "$OUT/model2.json" 2>&1 | grep -v Warning
+    echo "model2 rc=$?"
+  fi
 } 2>&1 | tee "$OUT/log.txt"

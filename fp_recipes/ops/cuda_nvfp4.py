@@ -165,6 +165,12 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
             if rht:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
                 ext.nvfp4_amax(_ptr(x), code, m, n, 0, t_am.data_ptr(), stream, dev)
+        elif need_g and rht and share_amax:
+            # Eager: both amaxes in one 8-byte buffer, which the launcher zeroes with one memset (views of
+            # one buffer: not allowed as a custom op's outputs).
+            both = torch.empty((2,), dtype=torch.float32, device=dev_t)
+            g_am, t_am = both[0], both[1]
+            ext.nvfp4_amax(_ptr(x), code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev)
         else:
             g_am = torch.empty((), dtype=torch.float32, device=dev_t) if need_g else None
             t_am = torch.empty((), dtype=torch.float32, device=dev_t) if rht else None
