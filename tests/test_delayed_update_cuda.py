@@ -2,11 +2,13 @@
 against its torch-op twin (amax_reduction.batched_update_scales with USE_UPDATE_KERNEL off) and against
 Float8Quantizer.update_scale, bit for bit: every history slot and every scale, over batch sizes across
 the launch chunk (224 quantizers), history lengths, both algos, margins, both FP8 formats and special
-amaxes (0, -0.0, subnormal, huge, NaN, Inf, NaN in a non-first slot). The last tests run on CPU."""
+amaxes (0, -0.0, subnormal, huge, NaN, +-Inf, non-finite values in any slot: counted as 0, written back
+as 0, and the quantizer flagged, so each path warns for the same quantizers). The last tests run on CPU."""
 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ import fp_recipes
 from fp_recipes import DelayedScaling, GroupedLinear, Linear
 from fp_recipes.modules import amax_reduction
 from fp_recipes.ops import backend, cuda_delayed
-from fp_recipes.quantizers.float8 import Float8Quantizer
+from fp_recipes.quantizers.float8 import Float8Quantizer, NonFiniteAmaxWarning
 from fp_recipes.quantizers.roles import QuantizerRole, QuantizerSpec
 
 cuda = pytest.mark.cuda
@@ -54,6 +56,10 @@ def _histories(n: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tens
             h[i, 0] = 448.0 / 3.3e38  # the scale lands next to FLT_MAX (margin 0) without overflowing
         elif kind == 10:
             h[i, -1] = float("inf")
+        elif kind == 11:
+            h[i, 0] = float("-inf")
+        elif kind == 12:
+            h[i, :3] = torch.tensor([float("inf"), float("nan"), float("-inf")])[:length]
     scales = (torch.rand(n, generator=g) * 100).float()
     scales.view(torch.int32)[::7] = NAN_PAYLOAD
     scales[1::11] = float("inf")
@@ -124,10 +130,23 @@ def test_kernel_is_torch_ops_and_update_scale_bit_for_bit(n, length, algo, margi
         _assert_same(kern, single, f"kernel vs update_scale, step {step}")
         new = torch.rand(n, generator=g) * 10.0 ** (step * 3 - 3)
         new[::5] = torch.tensor([0.0, float("nan"), float("inf"), 1e-40, 3e38])[step % 5]
+        new[2::9] = float("-inf")
         for qs in (kern, ops, single):
             for q, v in zip(qs, new.cuda()):
                 q.record_amax(v)
     assert kernel_counter == [n] * 3
+    # the flags reach the host lazily on CUDA (no sync in the step): after a sync and one more update,
+    # the same quantizers have warned on every path
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteAmaxWarning)
+        amax_reduction.batched_update_scales(kern)
+        monkeypatch.setattr(amax_reduction, "USE_UPDATE_KERNEL", False)
+        amax_reduction.batched_update_scales(ops)
+        for q in single:
+            q.update_scale()
+    warned = [[getattr(q, "nonfinite_warned", False) for q in qs] for qs in (kern, ops, single)]
+    assert warned[0] == warned[1] == warned[2] and any(warned[0])
 
 
 @cuda
@@ -195,7 +214,12 @@ def test_pointer_table_refuses_what_the_kernel_cannot_take():
     h, s = [torch.zeros(4) for _ in range(2)], [torch.ones(()) for _ in range(2)]
     dev = torch.device("cpu")
     ok = cuda_delayed.DelayedUpdate.build(h, s, 4, dev)
-    assert ok is not None and ok.table.tolist() == [t.data_ptr() for t in h + s]
+    assert ok is not None and ok.table.tolist() == [t.data_ptr() for t in h + s] + [0]  # no flags
+    flags = torch.zeros(2, dtype=torch.bool)
+    with_flags = cuda_delayed.DelayedUpdate.build(h, s, 4, dev, flags)
+    assert with_flags.table.tolist() == [t.data_ptr() for t in h + s] + [flags.data_ptr()]
+    with pytest.raises(ValueError, match="flags must be a contiguous bool"):
+        cuda_delayed.DelayedUpdate.build(h, s, 4, dev, torch.zeros(3, dtype=torch.bool))
     assert cuda_delayed.DelayedUpdate.build([h[0], h[0]], s, 4, dev) is None  # shared history
     assert cuda_delayed.DelayedUpdate.build(h, [s[0], s[0]], 4, dev) is None  # shared scale
     strided = torch.zeros(4, 2)[:, 0]

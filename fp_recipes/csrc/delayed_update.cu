@@ -4,6 +4,8 @@
 // step is host-bound, so every launch is host time. Here: one warp per quantizer, the history and scale
 // pointers of a chunk of quantizers passed by value in the kernel parameters (< 4 KB), one launch per
 // chunk. Bit for bit the torch rule (same correctly rounded FP32 divisions; the build uses -fmad=false).
+// Non-finite history entries (NaN, +-Inf) count as +0.0 and are written back as +0.0; the quantizer's flag
+// is set (never cleared), so the host can warn without a sync (quantizers/float8.py: NonfiniteWatch).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -22,6 +24,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 struct DelayedUpdateChunk {
   float* history[kDelayedUpdateChunk];
   float* scale[kDelayedUpdateChunk];
+  bool* flags;  // this chunk's first flag, or null
   int64_t length;
   int count;
   float fmt_max;
@@ -31,6 +34,8 @@ struct DelayedUpdateChunk {
 };
 static_assert(sizeof(DelayedUpdateChunk) < 4000, "kernel parameters must stay under 4 KB");
 
+__device__ __forceinline__ float finite_or_zero(float v) { return isfinite(v) ? v : 0.f; }
+
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     delayed_update_kernel(const __grid_constant__ DelayedUpdateChunk c) {
   const int q = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
@@ -38,28 +43,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (q >= c.count) return;  // the whole warp leaves together
   float* h = c.history[q];
   const int64_t L = c.length;
-  const float h0 = h[0];
+  const float h0 = finite_or_zero(h[0]);
 
-  // 1. amax_ref, from the whole history before anything is written (the shuffles order it).
-  float amax_ref = h0;
-  if (c.algo_max) {
-    float m = -INFINITY;
-    bool nan = false;
-    for (int64_t j = lane; j < L; j += 32) {
-      const float v = h[j];
-      nan |= isnan(v);
-      m = fmaxf(m, v);  // the sign of a zero max does not matter: a zero amax keeps the old scale
-    }
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, off));
-    amax_ref = __any_sync(kFullMask, nan) ? NAN : m;  // Tensor.amax propagates NaN
+  // 1. amax_ref, from the whole history before anything is written (the shuffles order it). Every slot
+  // is read (also for most_recent) to find non-finite entries.
+  float m = -INFINITY;
+  bool bad = false;
+  for (int64_t j = lane; j < L; j += 32) {
+    const float v = h[j];
+    const bool finite = isfinite(v);
+    bad |= !finite;
+    m = fmaxf(m, finite ? v : 0.f);  // the sign of a zero max does not matter: a zero amax keeps the old scale
   }
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, off));
+  bad = __any_sync(kFullMask, bad);
+  const float amax_ref = c.algo_max ? m : h0;
 
   // 2. the scale (lane 0): same FP32 ops and order as the torch twin.
   if (lane == 0) {
     float s = __fdiv_rn(c.fmt_max, amax_ref);
     if (c.use_margin) s = __fdiv_rn(s, c.margin_div);
-    s = s > FLT_MAX ? FLT_MAX : s;  // clamp_max: +Inf -> FLT_MAX, NaN stays
-    if (amax_ref > 0.f && amax_ref < INFINITY) *c.scale[q] = s;  // false for NaN: old scale kept
+    s = s > FLT_MAX ? FLT_MAX : s;  // clamp_max: +Inf (amax_ref 0 or subnormal) -> FLT_MAX
+    if (amax_ref > 0.f) *c.scale[q] = s;  // amax_ref is finite: non-finite entries counted as 0
+    if (bad && c.flags != nullptr) c.flags[q] = true;
   }
 
   // 3. roll by -1 and zero slot 0, in place: out[j] = h[j + 1] (1 <= j < L-1), out[L-1] = h0, out[0] = 0.
@@ -68,7 +74,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int64_t base = 0; base < L; base += 32) {
     const int64_t j = base + lane;
     float v = 0.f;
-    if (j > 0 && j < L) v = j == L - 1 ? h0 : h[j + 1];
+    if (j > 0 && j < L) v = j == L - 1 ? h0 : finite_or_zero(h[j + 1]);
     __syncwarp();
     if (j < L) h[j] = v;
   }
@@ -86,7 +92,10 @@ void launch_delayed_update_scales(float* const* histories, float* const* scales,
   c.margin_div = std::ldexp(1.0f, margin);  // exact power of two, Inf past FP32 range, as torch rounds it
   c.use_margin = margin != 0;
   c.algo_max = algo_max;
+  // the flags pointer follows the count scales in the table (null: no flags)
+  bool* const flags = count > 0 ? reinterpret_cast<bool*>(scales[count]) : nullptr;
   for (int64_t first = 0; first < count; first += kDelayedUpdateChunk) {
+    c.flags = flags != nullptr ? flags + first : nullptr;
     c.count = static_cast<int>(std::min<int64_t>(kDelayedUpdateChunk, count - first));
     for (int i = 0; i < c.count; ++i) {
       c.history[i] = histories[first + i];

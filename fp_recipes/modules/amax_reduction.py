@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..quantizers.float8 import NonfiniteWatch
+
 __all__ = ["AmaxReducer", "batched_update_scales", "discard_records", "reducer", "reduce_and_update"]
 
 _COUNTERS: Dict[str, int] = {"all_reduce": 0}
@@ -50,6 +52,9 @@ def reduce_and_update(quantizers: List[Any], group: Any) -> None:
         import torch.distributed as dist
 
         amaxes = torch.stack([q.amax_history[0] for q in reduced]).float()
+        # NaN -> +Inf first: MAX then propagates a non-finite amax on every backend (NaN need not
+        # survive MAX), so every rank drops it together, as one process holding all ranks' data would.
+        amaxes.nan_to_num_(nan=float("inf"), posinf=float("inf"), neginf=float("inf"))
         dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=group)
         _COUNTERS["all_reduce"] += 1
         for q, v in zip(reduced, amaxes.unbind(0)):
@@ -107,6 +112,7 @@ class _UpdatePlan:
         self.srcs = list(self.stage_hist.unbind(0)) + list(self.stage_scales.split(1))
         # roll by -1 along the history: out[:, i] = hist[:, (i + 1) % L]
         self.perm = torch.arange(1, length + 1, device=device) % length
+        self.watch = NonfiniteWatch(n, device)
 
 
 _PLANS: Dict[Any, _UpdatePlan] = {}
@@ -152,8 +158,10 @@ def _kernel_plan(qs: List[Any], length: int, device: torch.device) -> Any:
 
         if len(_KERNEL_PLANS) >= 256:
             _KERNEL_PLANS.clear()
-        hit = _KERNEL_PLANS[key] = DelayedUpdate.build(
-            [q.amax_history for q in qs], [q.scale for q in qs], length, device)
+        watch = NonfiniteWatch(len(qs), device)
+        update = DelayedUpdate.build([q.amax_history for q in qs], [q.scale for q in qs], length, device,
+                                     watch.flags)
+        hit = _KERNEL_PLANS[key] = None if update is None else (update, watch)
     return hit
 
 
@@ -165,9 +173,11 @@ def batched_update_scales(quantizers: List[Any]) -> None:
     host time, so the op count is what matters.
 
     The batched rule is Float8Quantizer.update_scale's, op for op (same FP32 ops, same order):
-    amax_ref = max(history) or history[0]; new = (fmt_max / amax_ref) / 2^margin with +Inf -> FLT_MAX;
-    keep the old scale unless amax_ref > 0 and finite; roll the history by -1; zero slot 0.
-    tests/test_modules_delayed.py checks it against update_scale() bit for bit."""
+    non-finite history entries become +0.0 (and flag the quantizer: one NonFiniteAmaxWarning each,
+    read without a host sync, see NonfiniteWatch); amax_ref = max(history) or history[0];
+    new = (fmt_max / amax_ref) / 2^margin with +Inf -> FLT_MAX; keep the old scale unless amax_ref > 0;
+    roll the history by -1; zero slot 0. tests/test_modules_delayed.py and
+    tests/test_faults_delayed_nonfinite.py check it against update_scale() bit for bit."""
     from .. import formats
 
     groups: Dict[Any, List[Any]] = {}
@@ -179,26 +189,30 @@ def batched_update_scales(quantizers: List[Any]) -> None:
             groups.setdefault(key, []).append(q)
     for (fmt_max, margin, algo, length, device), qs in groups.items():
         if USE_UPDATE_KERNEL and device.type == "cuda":
-            update = _kernel_plan(qs, length, device)
-            if update is not None:
+            hit = _kernel_plan(qs, length, device)
+            if hit is not None:
+                update, watch = hit
                 update(fmt_max, margin, algo)  # one launch, the same bits as the ops below
+                watch.report(qs)
                 continue
         p = _plan(qs, length, device)
         torch.cat(p.dsts, out=p.flat)  # one gather of every history and scale
-        # Tensor.amax propagates NaN, like Tensor.max() in update_scale
+        bad = torch.isfinite(p.hist).all(dim=1).logical_not_()
+        torch.logical_or(p.watch.flags, bad, out=p.watch.flags)
+        p.hist.nan_to_num_(0.0, 0.0, 0.0)  # NaN/+-Inf do not count (written back by the roll)
         amax_ref = p.hist.amax(dim=1) if algo == "max" else p.hist0
         new = torch.div(_constant(fmt_max, device), amax_ref)
         if margin:
             new = torch.div(new, _constant(2.0 ** margin, device))
-        new = new.clamp_max_(formats.FP32_MAX)  # +Inf -> FLT_MAX; NaN stays (and is not selected)
-        ok = torch.logical_and(amax_ref > 0, amax_ref < float("inf"))  # false for NaN
-        torch.where(ok, new, p.old, out=p.stage_scales)
+        new = new.clamp_max_(formats.FP32_MAX)  # +Inf (amax_ref 0 or subnormal) -> FLT_MAX
+        torch.where(amax_ref > 0, new, p.old, out=p.stage_scales)
         if length > 1:
             torch.index_select(p.hist, 1, p.perm, out=p.stage_hist)
             p.stage_col0.zero_()  # a fill kernel; `t[:, 0] = 0.0` copies a host scalar (a sync on CUDA)
         else:
             p.stage_hist.zero_()
         torch._foreach_copy_(p.dsts, p.srcs)
+        p.watch.report(qs)
 
 
 class _BackwardPass:

@@ -24,36 +24,46 @@ def available() -> bool:
 
 
 class DelayedUpdate:
-    """One batch's pointer table (the histories, then the scales) in a host int64 tensor, built once
-    per set of state tensors; :meth:`__call__` updates them all on the current stream."""
+    """One batch's pointer table in a host int64 tensor, built once per set of state tensors: the
+    histories, then the scales, then the flags (a bool per quantizer on the device, set when its history
+    held a NaN or Inf, never cleared: see quantizers.float8.NonfiniteWatch; 0 for none). :meth:`__call__`
+    updates them all on the current stream."""
 
     def __init__(self, histories: List[torch.Tensor], scales: List[torch.Tensor], length: int,
-                 device: torch.device) -> None:
+                 device: torch.device, flags: Optional[torch.Tensor] = None) -> None:
         self.tensors = histories + scales  # keeps the storages (and so the pointers) alive
+        self.flags = flags
         self.count, self.length, self.device = len(histories), length, device
-        self.table = torch.tensor([t.data_ptr() for t in self.tensors], dtype=torch.int64)
+        self.table = torch.tensor([t.data_ptr() for t in self.tensors] + [0 if flags is None else flags.data_ptr()],
+                                  dtype=torch.int64)
 
     @staticmethod
     def build(histories: List[torch.Tensor], scales: List[torch.Tensor], length: int,
-              device: torch.device) -> Optional["DelayedUpdate"]:
+              device: torch.device, flags: Optional[torch.Tensor] = None) -> Optional["DelayedUpdate"]:
         """The launcher for these tensors, or None where the kernel cannot take them (then the caller
         runs the torch ops): not FP32 on ``device``, a non-contiguous history, or shared storage
-        (the warps of one launch must not update one tensor twice)."""
+        (the warps of one launch must not update one tensor twice). ``flags``: None, or a contiguous
+        bool tensor of one entry per quantizer on ``device``."""
         for h in histories:
             if h.dtype != torch.float32 or h.device != device or h.numel() != length or not h.is_contiguous():
                 return None
         for s in scales:
             if s.dtype != torch.float32 or s.device != device or s.numel() != 1:
                 return None
+        if flags is not None and (flags.dtype != torch.bool or flags.device != device
+                                  or tuple(flags.shape) != (len(histories),) or not flags.is_contiguous()):
+            raise ValueError(f"DelayedUpdate.build: flags must be a contiguous bool ({len(histories)},) tensor "
+                             f"on {device}, got {flags.dtype} {tuple(flags.shape)} on {flags.device}")
         ptrs = [t.data_ptr() for t in histories + scales]
         if len(set(ptrs)) != len(ptrs):
             return None
-        return DelayedUpdate(histories, scales, length, device)
+        return DelayedUpdate(histories, scales, length, device, flags)
 
     def __call__(self, fmt_max: float, margin: int, algo: str) -> None:
         device = self.device
         same = device.index is None or device.index == torch.cuda.current_device()
         with contextlib.nullcontext() if same else torch.cuda.device(device):
+            # the binding hands the launcher the table and table + count: the scales, then the flags
             backend.extension().delayed_update_scales(
                 self.table.data_ptr(), self.count, self.length, float(fmt_max), int(margin), algo == "max",
                 backend.current_stream(device))

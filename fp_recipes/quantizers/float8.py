@@ -7,7 +7,8 @@ state and shapes. Quantizers always go through the op dispatcher, so a CUDA tens
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -124,6 +125,66 @@ def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
 
 
+class NonFiniteAmaxWarning(RuntimeWarning):
+    """A delayed-scaling quantizer saw a NaN or +-Inf amax (shown once per quantizer)."""
+
+
+def _warn_nonfinite(flags: Sequence[bool], quantizers: Sequence[Any]) -> None:
+    for flagged, q in zip(flags, quantizers):
+        if flagged and not getattr(q, "nonfinite_warned", False):
+            q.nonfinite_warned = True
+            role = q.spec.role
+            warnings.warn(
+                f"fp_recipes: a NaN or Inf amax reached the delayed-scaling history of {role} (the "
+                f"{role.tensor.value} of GEMM {role.gemm} of a {role.module.value} module"
+                f"{f' {role.name!r}' if role.name else ''}); it was counted as 0, so the scale keeps "
+                "following the finite steps. That tensor (or, with an amax reduction group, the same tensor "
+                "on another rank) held a non-finite value: a bad batch or an overflowing layer. Shown once "
+                "per tensor.", NonFiniteAmaxWarning, stacklevel=2)
+
+
+class NonfiniteWatch:
+    """Sticky per-quantizer flags, set on the device by a scale update that found a non-finite value in
+    a history, and turned into one :class:`NonFiniteAmaxWarning` per quantizer without a host sync.
+
+    On CPU the flags are read at once. On CUDA each :meth:`report` first reads the pinned host copy
+    made by an earlier report if its copy has landed (``Event.query()``, no wait), then starts a new
+    non-blocking copy: a warning comes one or two updates after the step that saw the value, and the
+    step never waits for the GPU. The flags are never cleared (a copy in flight cannot lose a flag)."""
+
+    def __init__(self, count: int, device: torch.device) -> None:
+        self.flags = torch.zeros(count, dtype=torch.bool, device=device)
+        self._host: Optional[torch.Tensor] = None
+        self._event: Any = None
+        self._copying = False
+        self._all_warned = False
+
+    def report(self, quantizers: Sequence[Any]) -> None:
+        if self._all_warned:
+            return
+        if self.flags.device.type != "cuda":
+            if bool(self.flags.any()):
+                self._warn(self.flags.tolist(), quantizers)
+            return
+        if self._copying:
+            if not self._event.query():
+                return  # the last copy has not landed: read it at a later update
+            self._copying = False
+            self._warn(self._host.tolist(), quantizers)
+            if self._all_warned:
+                return
+        if self._host is None:
+            self._host = torch.zeros(self.flags.shape, dtype=torch.bool, pin_memory=True)
+            self._event = torch.cuda.Event()
+        self._host.copy_(self.flags, non_blocking=True)
+        self._event.record()
+        self._copying = True
+
+    def _warn(self, flags: List[bool], quantizers: Sequence[Any]) -> None:
+        _warn_nonfinite(flags, quantizers)
+        self._all_warned = all(getattr(q, "nonfinite_warned", False) for q in quantizers)
+
+
 class Float8Quantizer(Quantizer):
     """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
 
@@ -134,12 +195,19 @@ class Float8Quantizer(Quantizer):
     ``quantize`` does ``amax_history[0] = max(amax_history[0], amax(x))`` (NaN propagates). After the
     step (and after any cross-rank MAX reduction of slot 0), :meth:`update_scale`:
 
+    0. every non-finite history entry (NaN, +Inf, -Inf; normally only slot 0, the step just recorded)
+       becomes +0.0: it does not count, so one bad step never freezes the scale for
+       ``amax_history_len`` steps (TransformerEngine keeps it); the first time, a
+       :class:`NonFiniteAmaxWarning` names the quantizer's role (see :class:`NonfiniteWatch`);
     1. ``amax_ref = max(amax_history)`` ("max") or ``amax_history[0]`` ("most_recent");
-    2. if ``amax_ref > 0`` and finite: ``scale = RN(RN(fmt_max / amax_ref) / 2^margin)``, an overflow
-       to +Inf (subnormal amax_ref) becoming FLT_MAX; otherwise the scale is kept;
+    2. if ``amax_ref > 0``: ``scale = RN(RN(fmt_max / amax_ref) / 2^margin)``, an overflow to +Inf
+       (subnormal amax_ref) becoming FLT_MAX; otherwise the scale is kept;
     3. the history rolls by -1 (``torch.roll(h, -1)``: the current slot moves to the last position,
        older entries move one slot toward 0) and slot 0 is zeroed for the next step. With length 1 only
        the zeroing happens.
+
+    The batched update (``modules/amax_reduction.batched_update_scales``) and the CUDA kernel
+    (``csrc/delayed_update.cu``) implement this rule bit for bit.
     """
 
     def __init__(self, spec: QuantizerSpec) -> None:
@@ -207,22 +275,30 @@ class Float8Quantizer(Quantizer):
         return _wrap(res, x, self.fmt)
 
     def compute_scale(self) -> torch.Tensor:
-        """The scale :meth:`update_scale` would set (steps 1-2), without touching the state."""
-        h = self.amax_history
+        """The scale :meth:`update_scale` would set (steps 0-2), without touching the state."""
+        return self._scale_from(self.amax_history.nan_to_num(0.0, 0.0, 0.0))
+
+    def _scale_from(self, h: torch.Tensor) -> torch.Tensor:
         amax_ref = h.max() if self.spec.amax_compute_algo == "max" else h[0]
         # torch.full fills on the device: no blocking host-to-device copy (which would sync the stream)
         fmax = torch.full((), self.fmt_max, dtype=torch.float32, device=h.device)
         div = torch.full((), 2.0 ** self.spec.margin, dtype=torch.float32, device=h.device)
         new = (fmax / amax_ref) / div
         new = torch.where(torch.isinf(new), torch.full_like(new, formats.FP32_MAX), new)
-        ok = (amax_ref > 0) & torch.isfinite(amax_ref)
-        return torch.where(ok, new, self.scale)
+        return torch.where(amax_ref > 0, new, self.scale)  # amax_ref is finite (step 0)
 
     def update_scale(self) -> None:
-        self.scale.copy_(self.compute_scale())
-        if self.amax_history.numel() > 1:
-            self.amax_history.copy_(torch.roll(self.amax_history, -1, 0))
-        self.amax_history[0].zero_()  # `h[0] = 0.0` copies a host scalar: a stream sync on CUDA
+        h = self.amax_history
+        watch = getattr(self, "_watch", None)
+        if watch is None or watch.flags.device != h.device:
+            watch = self._watch = NonfiniteWatch(1, h.device)
+        torch.logical_or(watch.flags, torch.isfinite(h).all().logical_not().reshape(1), out=watch.flags)
+        clean = h.nan_to_num(0.0, 0.0, 0.0)
+        self.scale.copy_(self._scale_from(clean))
+        if h.numel() > 1:
+            h.copy_(torch.roll(clean, -1, 0))
+        h[0].zero_()  # `h[0] = 0.0` copies a host scalar: a stream sync on CUDA
+        watch.report([self])
 
 
 class Float8CurrentScalingQuantizer(Quantizer):
@@ -272,4 +348,5 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
 allow_in_weights_only_load(Float8Tensor)
 
-__all__ = ["Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8Tensor", "flatten_2d"]
+__all__ = ["Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8Tensor", "NonFiniteAmaxWarning",
+           "NonfiniteWatch", "flatten_2d"]
