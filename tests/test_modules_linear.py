@@ -527,16 +527,33 @@ def test_grouped_fp8_expert_without_rows_keeps_its_delayed_state(fast, monkeypat
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_grouped_second_backward_is_a_clear_error(fast, monkeypatch):
+@pytest.mark.parametrize("kind", ["linear", "layernorm_linear", "grouped"])
+def test_second_backward_with_retain_graph(kind, fast, monkeypatch):
+    """Every module keeps its backward operands as saved tensors: retain_graph=True lets a second
+    backward through the same graph give the same gradients again; without it, torch's own error."""
     from fp_recipes.modules import grouped_linear as GL
 
     monkeypatch.setattr(GL, "FP8_FAST_PATH", fast)
-    grp = GroupedLinear(2, 16, 16, bias=False)
+    torch.manual_seed(0)
+    if kind == "grouped":
+        mod = GroupedLinear(2, 16, 16, bias=False)
+        run = lambda x: mod(x, [3, 5])  # noqa: E731
+    else:
+        mod = Linear(16, 16) if kind == "linear" else LayerNormLinear(16, 16)
+        run = mod
+    params = [p for p in mod.parameters()]
     x = torch.randn(8, 16, requires_grad=True)
     with fp_recipes.autocast(recipe=RECIPES["current_pow2"]()):
-        y = grp(x, [3, 5])
+        y = run(x)
     y.sum().backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="retain_graph=True is not supported"):
+    first = [t.grad.clone() for t in [x] + params]
+    y.sum().backward()
+    for t, g in zip([x] + params, first):
+        assert torch.equal(t.grad, 2 * g)
+    with fp_recipes.autocast(recipe=RECIPES["current_pow2"]()):
+        y = run(x)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         y.sum().backward()
 
 

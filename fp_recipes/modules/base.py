@@ -8,18 +8,20 @@ Two layers:
   (Megatron column/row splits, sequence parallel) call it on their local shards and do their
   all-gathers / reduce-scatters outside it.
 * :class:`QuantizedModule` -- an ``nn.Module`` mixin that builds its quantizers from
-  ``recipe.plan(role)`` for each role of each of its GEMMs, keeps delayed-scaling state (amax
-  history, scale) as module buffers so it is in ``state_dict``, keeps NVFP4 stochastic-rounding
-  state (seed, offset) in the module's extra state, and hands delayed-scaling quantizers to the
-  amax reducer (one all-reduce after the forward, one after the backward).
+  ``recipe.plan(role)`` for each role of each of its GEMMs (one set per recipe used), keeps
+  delayed-scaling state (amax history, scale) as module buffers so it is in ``state_dict``, keeps
+  NVFP4 stochastic-rounding state (seed, offset) in the module's extra state, and hands
+  delayed-scaling quantizers to the amax reducer (one all-reduce after the forward, one after the
+  backward).
 
-Outside an enabled autocast the modules call ``torch.nn.functional`` directly, so their outputs and
-gradients are exactly torch's.
+A module quantizes under the recipe of this thread's innermost ``fp_recipes.autocast``; outside any
+autocast, under its own ``recipe`` attribute when set; otherwise it calls ``torch.nn.functional``
+directly, so outputs and gradients are exactly torch's. What a forward quantized with is captured:
+its backward and any activation-checkpointing recompute of it use that (``replay.py``).
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -29,13 +31,15 @@ from ..gemm import gemm
 from ..quantizers.factory import make_quantizer
 from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, QuantizerSpec,
                                 ScalingKind, TensorKind)
+from . import replay
+from . import state as qstate
 from .amax_reduction import reducer
 
-__all__ = ["backward_operands", "GemmQuantizers", "pad_tokens", "token_multiple", "QuantizedLinearFunction", "QuantizedModule", "quantized_linear",
-           "quantize_operand"]
+__all__ = ["backward_operands", "check_input_dtype", "GemmQuantizers", "pad_tokens", "token_multiple",
+           "QuantizedLinearFunction", "QuantizedModule", "quantized_linear", "quantize_operand"]
 
 _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
-_module_ids = itertools.count()
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -45,12 +49,20 @@ _module_ids = itertools.count()
 
 @dataclass
 class GemmQuantizers:
-    """The three operand quantizers of one linear GEMM (None = that operand stays high precision)."""
+    """The three operand quantizers of one linear GEMM (None = that operand stays high precision).
+
+    Per call, not per recipe: ``flush_forward`` (quantized under a module's own ``recipe`` outside
+    any autocast: the backward flushes the pending forward amaxes, as an autocast exit would),
+    ``record`` (the call's checkpoint record, held by the autograd node that holds this set) and
+    ``replay`` (a checkpoint recompute: forward amaxes are not recorded)."""
 
     specs: Dict[TensorKind, QuantizerSpec]
     quantizers: Dict[TensorKind, Optional[Any]]
     amax_reduction_group: Any = None
     backward_override: Optional[BackwardOverride] = None
+    flush_forward: bool = False
+    record: Optional[Any] = None
+    replay: bool = False
 
     @classmethod
     def from_recipe(cls, recipe: Any, module: ModuleKind, gemm_index: int = 0,
@@ -63,6 +75,15 @@ class GemmQuantizers:
             quantizers[tensor] = make_quantizer(spec)
         override = next((s.backward_override for s in specs.values() if s.backward_override), None)
         return cls(specs, quantizers, amax_reduction_group, override)
+
+    def variant(self, quantizers: Optional[Dict[TensorKind, Optional[Any]]] = None, **fields: Any) -> "GemmQuantizers":
+        """A set sharing these specs (and quantizers, unless given) with some per-call fields changed."""
+        new = GemmQuantizers(self.specs, self.quantizers if quantizers is None else quantizers,
+                             self.amax_reduction_group, self.backward_override, self.flush_forward,
+                             self.record, self.replay)
+        for k, v in fields.items():
+            setattr(new, k, v)
+        return new
 
     @property
     def activation(self) -> Optional[Any]:
@@ -77,18 +98,28 @@ class GemmQuantizers:
         return self.quantizers[TensorKind.GRAD_OUTPUT]
 
 
+def check_input_dtype(owner: str, x: torch.Tensor, recipe_name: str = "") -> None:
+    """Quantized GEMMs take FP32, BF16 or FP16 input: say so before any cast could hide it."""
+    if x.dtype not in _INPUT_DTYPES:
+        under = f" under {recipe_name}" if recipe_name else ""
+        raise TypeError(f"{owner}: input dtype {str(x.dtype).replace('torch.', '')} is not supported{under}; "
+                        "allowed: float32, bfloat16, float16")
+
+
 def quantize_operand(quantizer: Optional[Any], x: torch.Tensor, group: Any = None, *,
-                     backward: bool = False) -> Any:
+                     backward: bool = False, record: bool = True) -> Any:
     """``quantizer(x)`` (or ``x`` itself for a high-precision operand); a delayed-scaling quantizer is
-    handed to the amax reducer, so its amax is reduced and its scale updated after this pass."""
+    handed to the amax reducer, so its amax is reduced and its scale updated after this pass
+    (``record=False``: a checkpoint recompute, whose amax was recorded by the original forward)."""
     if quantizer is None:
         return x
     spec = quantizer.spec
     if spec.rht_columnwise and spec.columnwise and x.dtype != torch.bfloat16:
         # The Hadamard transform's contract is defined on BF16 input (NUMERICS.md, RHT).
+        check_input_dtype(f"quantize ({spec.role})", x)
         x = x.to(torch.bfloat16)
     q = quantizer.quantize(x)
-    if spec.scaling is ScalingKind.DELAYED:
+    if record and spec.scaling is ScalingKind.DELAYED:
         if backward:
             reducer.record_backward(quantizer, group)
         else:
@@ -156,11 +187,12 @@ class QuantizedLinearFunction(torch.autograd.Function):
         n = weight.shape[0]
         group = qs.amax_reduction_group
         _check_nvfp4_shapes(qs, m, k, n)
+        record = not qs.replay
         if m == 0:
             qx = x
         else:
-            qx = quantize_operand(qs.activation, x, group)
-        qw = quantize_operand(qs.weight, weight, group)
+            qx = quantize_operand(qs.activation, x, group, record=record)
+        qw = quantize_operand(qs.weight, weight, group, record=record)
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         else:
@@ -170,11 +202,11 @@ class QuantizedLinearFunction(torch.autograd.Function):
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         ctx.has_bias = bias is not None
         x_op, w_op = backward_operands(qs, x, weight, qx, qw)
-        # Quantized tensors are plain Python objects: kept on ctx; torch tensors go through
-        # save_for_backward (version checks, saved-tensor hooks).
-        ctx.operands = tuple(None if isinstance(t, torch.Tensor) else t for t in (x_op, w_op))
-        ctx.plain = [isinstance(t, torch.Tensor) for t in (x_op, w_op)]
-        ctx.save_for_backward(*[t for t in (x_op, w_op) if isinstance(t, torch.Tensor)])
+        # Every tensor the backward reads goes through save_for_backward (the quantized operands as
+        # their component tensors): freed after a backward that does not retain the graph, kept for
+        # retain_graph=True, dropped and recomputed by activation checkpointing.
+        tensors, ctx.shells = replay.pack((x_op, w_op))
+        ctx.save_for_backward(*tensors)
         return y
 
     @staticmethod
@@ -182,8 +214,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
         qs: GemmQuantizers = ctx.qs
         m, k, n = ctx.shapes
         x_dtype, w_dtype, b_dtype = ctx.dtypes
-        saved = list(ctx.saved_tensors)
-        x_op, w_op = [saved.pop(0) if plain else q for plain, q in zip(ctx.plain, ctx.operands)]
+        x_op, w_op = replay.unpack(ctx.shells, ctx.saved_tensors)
+        start_backward(qs)
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], \
             ctx.has_bias and ctx.needs_input_grad[2]
         dy = dy.contiguous()
@@ -201,8 +233,20 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db:
             db = dy.float().sum(0).to(b_dtype)
-        ctx.operands = None
         return dx, dw, db, None
+
+
+def start_backward(qs: GemmQuantizers) -> None:
+    """At the start of a call's backward: its checkpoint record is done; a call quantized under a
+    module's own recipe (no autocast, so no autocast exit) flushes the pending forward amaxes here,
+    once per forward pass (the first backward to run finds them, the others find none)."""
+    if qs.record is not None:
+        qs.record.done = True
+    if qs.flush_forward and reducer.pending_forward():
+        from ..autocast import AutocastState
+
+        with torch.inference_mode(False):
+            reducer.on_outermost_exit(AutocastState(True, None, qs.amax_reduction_group, 0))
 
 
 def token_multiple(qs: GemmQuantizers) -> int:
@@ -231,6 +275,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     tensor-parallel wrappers: it communicates nothing."""
     if qs is None:
         return torch.nn.functional.linear(x, weight, bias)
+    check_input_dtype("linear", x)
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight expects {weight.shape[1]} "
                          f"(weight shape {tuple(weight.shape)})")
@@ -247,35 +292,64 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 # module mixin: quantizer sets per recipe, state in state_dict
 # ----------------------------------------------------------------------------------------------
 
-_STATE_PREFIX = "qstate_"
-
-
-def _buffer_name(tensor: TensorKind, gemm_index: int, attr: str) -> str:
-    return f"{_STATE_PREFIX}{tensor.value}{gemm_index}_{attr}"
+_STATE_PREFIX = qstate.PREFIX
+_buffer_name = qstate.buffer_name
 
 
 def _delayed_attrs(q: Any) -> Tuple[str, ...]:
     return tuple(a for a in ("scale", "amax_history") if isinstance(getattr(q, a, None), torch.Tensor))
 
 
+class _RecipeSets:
+    """One recipe's quantizer sets (built on its first use, kept while other recipes are used)."""
+
+    __slots__ = ("recipe", "sets", "module_sets", "has_tensors")
+
+    def __init__(self, recipe: Any, sets: List[GemmQuantizers]) -> None:
+        self.recipe = recipe
+        self.sets = sets
+        # the same quantizers, for calls under the module's own recipe (no autocast around them)
+        self.module_sets = [qs.variant(flush_forward=True) for qs in sets]
+        self.has_tensors = any(_delayed_attrs(q) for qs in sets for q in qs.quantizers.values() if q is not None)
+
+    def quantizers(self):
+        for g, qs in enumerate(self.sets):
+            for tensor, q in qs.quantizers.items():
+                if q is not None:
+                    yield g, tensor, q
+
+
 class QuantizedModule(torch.nn.Module):
     """Mixin for modules whose GEMMs are quantized under :func:`fp_recipes.autocast`.
 
     Subclasses set ``module_kind`` and ``num_gemms`` and call :meth:`gemm_quantizers` in forward.
-    The quantizer set is built on first use of a recipe and rebuilt when the recipe changes (the
-    delayed-scaling state then starts afresh: it belongs to that recipe's scales)."""
+
+    * Recipe: this thread's innermost ``fp_recipes.autocast`` decides (``enabled=False``: no
+      quantization); outside any autocast, ``self.recipe`` (default None: plain torch), with
+      ``self.amax_reduction_group`` (see :meth:`set_recipe`).
+    * One quantizer set per recipe used, built on first use and kept: a call under another recipe
+      (an NVFP4 probe inside delayed-scaling training) leaves every other recipe's state as it was.
+    * Checkpointed state (``state_dict``): the delayed-scaling buffers ``qstate_*`` of the *state
+      recipe* (the last recipe used that has delayed-scaling state; else the last recipe used), the
+      SR seeds/offsets of that recipe's quantizers and the recipe's identity (extra state)."""
 
     module_kind: ModuleKind = ModuleKind.LINEAR
 
     def __init__(self) -> None:
         super().__init__()
-        self._module_id = next(_module_ids)
-        self._recipe: Any = None
+        # Stochastic-rounding seeds come from torch's default generator, like weight init: the same
+        # torch.manual_seed builds the same random streams (deepcopy and state_dict keep them).
+        self._sr_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+        self.recipe: Any = None
+        self.amax_reduction_group: Any = None
+        self._by_recipe: Dict[Any, _RecipeSets] = {}
+        self._last: Optional[Tuple[Any, bool, List[GemmQuantizers]]] = None  # the fast path's cache
         self._quantizer_sets: Optional[List[GemmQuantizers]] = None
-        self._pending_buffers: Dict[str, torch.Tensor] = {}
-        self._pending_extra: Dict[str, Dict[str, Any]] = {}
+        self._state_recipe: Optional[_RecipeSets] = None
         self._state_buffer_names: List[str] = []
-        self._in_forward_step = False
+        self._pending: Optional[Dict[str, Any]] = None  # loaded state waiting for its recipe
+        self._records = replay.RecordQueue()
+        self._loading = False
 
     @property
     def num_gemms(self) -> int:
@@ -283,49 +357,130 @@ class QuantizedModule(torch.nn.Module):
 
     @property
     def quantizer_sets(self) -> Optional[List[GemmQuantizers]]:
-        """The quantizers of the last recipe used (None before the first forward under autocast)."""
+        """The quantizers of the last recipe used (None before the first quantized forward)."""
         return self._quantizer_sets
 
-    # ------------------------------------------------------------------ building
+    def set_recipe(self, recipe: Any, amax_reduction_group: Any = None) -> "QuantizedModule":
+        """Quantize with ``recipe`` whenever this thread is inside no ``fp_recipes.autocast`` (an
+        explicit autocast, enabled or not, overrides it). Delayed-scaling forward amaxes are then
+        reduced over ``amax_reduction_group`` and the scales updated when the backward of that
+        forward starts (there is no autocast exit to do it). ``None`` turns it off."""
+        if recipe is not None:
+            from ..autocast import _resolve_recipe
+
+            recipe = _resolve_recipe(recipe)
+        self.recipe = recipe
+        self.amax_reduction_group = amax_reduction_group
+        return self
+
+    # ------------------------------------------------------------------ per call
     def gemm_quantizers(self) -> Optional[List[GemmQuantizers]]:
-        """The quantizers for the current autocast (None outside an enabled autocast)."""
+        """The quantizers for this call (None: no quantization, plain torch).
+
+        A recompute under activation checkpointing gets what its original forward used."""
+        if self._records and replay.in_backward():
+            record = self._records.pop()
+            if record is not None:
+                return replay.replay_sets(record, lambda qs, quantizers: qs.variant(quantizers, replay=True,
+                                                                                    record=None))
         from ..autocast import get_autocast_state
 
         state = get_autocast_state()
-        if not state.enabled or state.recipe is None:
-            return None
-        recipe = state.recipe
-        if self._quantizer_sets is None or not (recipe is self._recipe or recipe == self._recipe):
-            self._build(recipe)
-        group = state.amax_reduction_group
-        for qs in self._quantizer_sets:
-            qs.amax_reduction_group = group
-        return self._quantizer_sets
+        if state.depth:
+            recipe = state.recipe if state.enabled else None
+            module_mode = False
+        else:
+            recipe = self.recipe
+            module_mode = True
+        if recipe is None:
+            sets = None
+        else:
+            last = self._last
+            if last is not None and last[0] is recipe and last[1] is module_mode:
+                sets = last[2]
+            else:
+                sets = self._sets_for(recipe, module_mode)
+            group = self.amax_reduction_group if module_mode else state.amax_reduction_group
+            for qs in sets:
+                qs.amax_reduction_group = group
+        if replay.may_be_recomputed(self.training):
+            record = replay.CallRecord(sets)
+            if sets is not None:
+                # this call's own set objects hold the record (through the autograd node's ctx)
+                sets = [qs.variant(record=record) for qs in sets]
+            self._records.push(record, weak=torch.is_grad_enabled() and sets is not None)
+        return sets
 
-    def _build(self, recipe: Any) -> None:
+    def check_input(self, x: torch.Tensor, sets: Optional[List[GemmQuantizers]]) -> None:
+        """FP32/BF16/FP16 input when quantizing (before any cast could hide a wrong dtype)."""
+        if sets is not None and x.dtype not in _INPUT_DTYPES:
+            recipe = self._quantizer_recipe_name()
+            check_input_dtype(type(self).__name__, x, recipe)
+
+    def _quantizer_recipe_name(self) -> str:
+        last = self._last
+        return type(last[0]).__name__ if last is not None else ""
+
+    # ------------------------------------------------------------------ building
+    def _sets_for(self, recipe: Any, module_mode: bool) -> List[GemmQuantizers]:
+        entry = self._by_recipe.get(recipe)
+        if entry is None:
+            entry = self._build(recipe)
+        if self._pending is not None:
+            self._apply_pending(entry)
+        if entry is not self._state_recipe and (entry.has_tensors or self._state_recipe is None
+                                                or not self._state_recipe.has_tensors):
+            self._make_state_recipe(entry)
+        sets = entry.module_sets if module_mode else entry.sets
+        self._quantizer_sets = entry.sets
+        self._last = (recipe, module_mode, sets)
+        return sets
+
+    def _build(self, recipe: Any) -> _RecipeSets:
+        device = self._param_device()
+        # built outside inference mode: state created by a first forward under torch.inference_mode()
+        # must stay usable for training
+        with torch.inference_mode(False):
+            sets = [GemmQuantizers.from_recipe(recipe, self.module_kind, g) for g in range(self.num_gemms)]
+            for g, qs in enumerate(sets):
+                for tensor, q in qs.quantizers.items():
+                    if q is None:
+                        continue
+                    if hasattr(q, "seed") and isinstance(getattr(q, "seed"), int):
+                        # distinct, reproducible SR streams per module, GEMM and operand
+                        q.seed = (self._sr_seed + 4 * g + _OPERANDS.index(tensor) + 1) % 2**64
+                    if device is not None:
+                        for attr in _delayed_attrs(q):
+                            buf = getattr(q, attr)
+                            if buf.device != device:
+                                setattr(q, attr, buf.to(device))
+        entry = _RecipeSets(recipe, sets)
+        self._by_recipe[recipe] = entry
+        return entry
+
+    def _make_state_recipe(self, entry: _RecipeSets) -> None:
+        """Register ``entry``'s delayed-scaling tensors as the ``qstate_*`` buffers."""
         for name in self._state_buffer_names:
             self._buffers.pop(name, None)
         self._state_buffer_names = []
-        sets = [GemmQuantizers.from_recipe(recipe, self.module_kind, g) for g in range(self.num_gemms)]
-        device = self._param_device()
-        for g, qs in enumerate(sets):
-            for tensor, q in qs.quantizers.items():
-                if q is None:
-                    continue
-                if hasattr(q, "seed") and isinstance(getattr(q, "seed"), int):
-                    # Distinct, reproducible SR streams per module and operand.
-                    q.seed = (self._module_id << 16) + g * 8 + _OPERANDS.index(tensor) + 1
-                for attr in _delayed_attrs(q):
-                    name = _buffer_name(tensor, g, attr)
-                    buf = getattr(q, attr)
-                    if device is not None and buf.device != device:
-                        buf = buf.to(device)
-                        setattr(q, attr, buf)
-                    self.register_buffer(name, buf, persistent=True)
-                    self._state_buffer_names.append(name)
-        self._quantizer_sets = sets
-        self._recipe = recipe
-        self._apply_pending_state()
+        for g, tensor, q in entry.quantizers():
+            for attr in _delayed_attrs(q):
+                name = _buffer_name(tensor, g, attr)
+                self.register_buffer(name, getattr(q, attr), persistent=True)
+                self._state_buffer_names.append(name)
+        self._state_recipe = entry
+
+    def reset_quantizer_state(self) -> None:
+        """Forget every recipe's quantizer state and any loaded state not applied yet (fresh start)."""
+        for name in self._state_buffer_names:
+            self._buffers.pop(name, None)
+        self._state_buffer_names = []
+        self._by_recipe = {}
+        self._last = None
+        self._quantizer_sets = None
+        self._state_recipe = None
+        self._pending = None
+        self._records.clear()
 
     def _param_device(self) -> Optional[torch.device]:
         for p in self.parameters(recurse=False):
@@ -333,10 +488,8 @@ class QuantizedModule(torch.nn.Module):
         return None
 
     def _iter_quantizers(self):
-        for g, qs in enumerate(self._quantizer_sets or []):
-            for tensor, q in qs.quantizers.items():
-                if q is not None:
-                    yield g, tensor, q
+        if self._state_recipe is not None:
+            yield from self._state_recipe.quantizers()
 
     # ------------------------------------------------------------------ state
     def _rebind_state_buffers(self) -> None:
@@ -355,61 +508,165 @@ class QuantizedModule(torch.nn.Module):
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
         self._rebind_state_buffers()
+        # the other recipes' state (not buffers now) moves along
+        for entry in self._by_recipe.values():
+            if entry is self._state_recipe:
+                continue
+            for _, _, q in entry.quantizers():
+                for attr in _delayed_attrs(q):
+                    t = fn(getattr(q, attr))
+                    setattr(q, attr, t if t.dtype == torch.float32 else t.float())
         return out
 
-    def _apply_pending_state(self) -> None:
-        for g, tensor, q in self._iter_quantizers():
-            for attr in _delayed_attrs(q):
-                name = _buffer_name(tensor, g, attr)
-                if name in self._pending_buffers:
-                    src = self._pending_buffers.pop(name)
-                    dst = getattr(q, attr)
-                    if src.shape != dst.shape:
-                        raise ValueError(
-                            f"checkpoint state {name} has shape {tuple(src.shape)} but this recipe's "
-                            f"quantizer has {tuple(dst.shape)} (different amax_history_len?)")
-                    with torch.no_grad():
-                        dst.copy_(src)
-            key = f"{tensor.value}{g}"
-            if key in self._pending_extra:
-                _load_extra(q, self._pending_extra.pop(key))
+    def __getstate__(self) -> Dict[str, Any]:
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_records"] = replay.RecordQueue()  # per-graph bookkeeping: not copied
+        return state
 
     def get_extra_state(self) -> Any:
-        extra: Dict[str, Dict[str, Any]] = dict(self._pending_extra)
-        for g, tensor, q in self._iter_quantizers():
+        pending = self._pending
+        if pending is not None:
+            return {"version": qstate.EXTRA_VERSION, "recipe": pending["identity"],
+                    "recipe_repr": pending["repr"], "recipe_config": pending["config"],
+                    "quantizer_state": dict(pending["plain"])}
+        entry = self._state_recipe
+        if entry is None:
+            return {"version": qstate.EXTRA_VERSION, "recipe": None, "quantizer_state": {}}
+        plain_state: Dict[str, Dict[str, Any]] = {}
+        for g, tensor, q in entry.quantizers():
             plain = {k: v for k, v in _quantizer_state(q).items() if not isinstance(v, torch.Tensor)}
             if plain:
-                extra[f"{tensor.value}{g}"] = plain
-        return {"quantizer_state": extra}
+                plain_state[f"{tensor.value}{g}"] = plain
+        return {"version": qstate.EXTRA_VERSION, "recipe": qstate.identity(entry.recipe),
+                "recipe_repr": repr(entry.recipe), "recipe_config": entry.recipe.to_config(),
+                "quantizer_state": plain_state}
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._pending is not None:  # loaded, not applied yet: that is this module's state
+            for name in self._state_buffer_names:
+                destination.pop(prefix + name, None)
+            for name, t in self._pending["tensors"].items():
+                destination[prefix + name] = t if keep_vars else t.detach()
 
     def set_extra_state(self, state: Any) -> None:
-        if not state:
+        if self._loading:  # handled (validated first) by _load_from_state_dict
             return
-        extra = dict(state.get("quantizer_state", {}))
-        if self._quantizer_sets is None:
-            self._pending_extra = extra
-            return
-        for g, tensor, q in self._iter_quantizers():
-            key = f"{tensor.value}{g}"
-            if key in extra:
-                _load_extra(q, extra.pop(key))
-        self._pending_extra = extra
+        errors: List[str] = []
+        self._load_quantizer_state({}, state, errors, type(self).__name__)
+        if errors:
+            raise RuntimeError("\n".join(errors))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-        # Quantizer state saved by a module that had already built its quantizers, loaded into one
-        # that has not (yet): keep it until the first forward under the same recipe builds them.
-        state_prefix = prefix + _STATE_PREFIX
-        for key in [k for k in unexpected_keys if k.startswith(state_prefix)]:
+        # Everything is validated before anything is copied: a failed load changes nothing here.
+        where = f"{type(self).__name__} {prefix[:-1] or '(root)'}"
+        n_errors = len(error_msgs)
+        for name, p in list(self._parameters.items()) + [(n, b) for n, b in self._buffers.items()
+                                                         if n not in self._state_buffer_names]:
+            key = prefix + name
+            if p is not None and key in state_dict and isinstance(state_dict[key], torch.Tensor) \
+                    and tuple(state_dict[key].shape) != tuple(p.shape):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape "
+                                  f"{tuple(state_dict[key].shape)} from checkpoint, the shape in current "
+                                  f"model is {tuple(p.shape)}.")
+        state_keys = [k for k in state_dict if k.startswith(prefix + _STATE_PREFIX) and "." not in k[len(prefix):]]
+        tensors = {k[len(prefix):]: state_dict[k] for k in state_keys
+                   if qstate.parse_name(k[len(prefix):], self.num_gemms)}
+        if strict:
+            # a misspelt or foreign qstate_* key is an error (its state would be lost), and the load
+            # then fails as a whole: copy nothing
+            bad = [k for k in state_keys if k[len(prefix):] not in tensors]
+            if bad:
+                unexpected_keys.extend(bad)
+                return
+        extra = state_dict.get(prefix + "_extra_state")
+        plan = self._load_quantizer_state(tensors, extra, error_msgs, where, dry_run=True)
+        if len(error_msgs) > n_errors:
+            return
+        # torch loads parameters and other buffers; the qstate_* buffers are ours
+        hidden = {n: self._buffers.pop(n) for n in self._state_buffer_names if n in self._buffers}
+        self._loading = True
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                          unexpected_keys, error_msgs)
+        finally:
+            self._loading = False
+            self._buffers.update(hidden)
+        if len(error_msgs) > n_errors:
+            return
+        # valid state names are ours; misspelt or foreign qstate_* keys stay unexpected (strict fails)
+        for key in [k for k in unexpected_keys if k[len(prefix):] in tensors and k.startswith(prefix)]:
             unexpected_keys.remove(key)
-            self._pending_buffers[key[len(prefix):]] = state_dict[key].detach().clone()
-        # Checkpoints without quantizer state (e.g. from torch.nn.Linear) load too.
-        for key in [k for k in missing_keys if k.startswith(state_prefix) or k == prefix + "_extra_state"]:
+        # checkpoints without quantizer state (e.g. from torch.nn.Linear) load too
+        for key in [k for k in missing_keys if k == prefix + "_extra_state"]:
             missing_keys.remove(key)
-        if self._quantizer_sets is not None and self._pending_buffers:
-            self._apply_pending_state()
+        plan()
+
+    def _load_quantizer_state(self, tensors: Dict[str, torch.Tensor], extra: Any, errors: List[str],
+                              where: str, dry_run: bool = False):
+        """Validate ``tensors`` (qstate_* by name) and ``extra`` against this module; append messages to
+        ``errors``; return a function that applies them (now, or pending until their recipe is used)."""
+        extra = extra if isinstance(extra, dict) else {}
+        ident = extra.get("recipe")
+        plain = dict(extra.get("quantizer_state", {}) or {})
+        repr_ = extra.get("recipe_repr")
+        config = extra.get("recipe_config")
+        if not tensors and not plain:
+            return lambda: None
+        current = self._state_recipe
+        now = current is not None and (qstate.identity(current.recipe) == ident if ident is not None
+                                       else current.has_tensors or not tensors)
+        if now:
+            expected = qstate.expected_shapes(current.recipe, self.module_kind, self.num_gemms)
+            errors.extend(qstate.shape_errors(tensors, expected, where))
+        elif ident is not None:
+            recipe = qstate.recipe_from_extra(extra)
+            if recipe is not None:
+                expected = qstate.expected_shapes(recipe, self.module_kind, self.num_gemms)
+                errors.extend(qstate.shape_errors(tensors, expected, where))
+        copies = {k: v.detach().clone() for k, v in tensors.items()}
+
+        def apply() -> None:
+            if now:
+                _copy_state(current, copies, plain)
+            else:
+                self._pending = {"identity": ident, "repr": repr_, "config": config, "tensors": copies,
+                                 "plain": plain}
+                self._last = None  # the next forward checks the pending state against its recipe
+        if not dry_run and not errors:
+            apply()
+        return apply
+
+    def _apply_pending(self, entry: _RecipeSets) -> None:
+        """Loaded state meets the first recipe used after the load: its own, or an error naming both."""
+        pending = self._pending
+        ident = pending["identity"]
+        saved = qstate.describe(ident, pending["repr"])
+        hint = ("; run it under the checkpoint's recipe, or call reset_quantizer_state() to start "
+                "this recipe's state afresh")
+        if ident is not None and ident != qstate.identity(entry.recipe):
+            raise ValueError(f"{type(self).__name__}: the loaded checkpoint holds quantizer state of "
+                             f"{saved}, but this module now runs under {entry.recipe!r}{hint}")
+        expected = qstate.expected_shapes(entry.recipe, self.module_kind, self.num_gemms)
+        errors = qstate.shape_errors(pending["tensors"], expected, type(self).__name__)
+        if errors:
+            raise ValueError("\n".join(errors) + f" (the module runs under {entry.recipe!r}){hint}")
+        _copy_state(entry, pending["tensors"], pending["plain"])
+        self._pending = None
+
+
+def _copy_state(entry: _RecipeSets, tensors: Dict[str, torch.Tensor], plain: Dict[str, Dict[str, Any]]) -> None:
+    with torch.no_grad():
+        for g, tensor, q in entry.quantizers():
+            for attr in _delayed_attrs(q):
+                src = tensors.get(_buffer_name(tensor, g, attr))
+                if src is not None:
+                    getattr(q, attr).copy_(src)
+            key = f"{tensor.value}{g}"
+            if key in plain:
+                _load_extra(q, plain[key])
 
 
 def _quantizer_state(q: Any) -> Dict[str, Any]:

@@ -34,9 +34,10 @@ import torch
 from .. import ops
 from .. import gemm as G
 from .. import gemm_lt
+from . import replay
 from ..quantizers.roles import ScalingKind, TensorKind
 from .amax_reduction import reducer
-from .base import GemmQuantizers
+from .base import GemmQuantizers, start_backward
 
 __all__ = ["fast_path_eligible", "GroupedFP8Function"]
 
@@ -115,6 +116,29 @@ class _Casts:
         base = self.f32.data_ptr()
         return [base + 16 * g for g in gs]
 
+    def split_saved(self) -> "tuple[list, _Casts]":
+        """(its tensors, a shell without them) for ``ctx.save_for_backward`` (see ``replay.pack``)."""
+        views = self._views
+        tensors = [self.data_buf, self.data_t_buf, self.f32]
+        shape = None
+        if views is not None:
+            shape = (views[0] is not None, len(views[1]))
+            tensors += (list(views[0]) if views[0] is not None else []) + list(views[1]) + [views[2]]
+        shell = _Casts(None, None, None, self.dtype, self.rows, self.cols, self.starts)
+        shell._views = shape  # the structure of the views, rebuilt by with_saved_tensors
+        return tensors, shell
+
+    def with_saved_tensors(self, tensors: list) -> "_Casts":
+        shape = self._views
+        views = None
+        if shape is not None:
+            has_rowwise, g = shape
+            rest = tensors[3:]
+            data = rest[:g] if has_rowwise else None
+            rest = rest[g:] if has_rowwise else rest
+            views = (data, rest[:g], rest[g])
+        return _Casts(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views)
+
     def release_rowwise(self) -> None:
         """Drop the rowwise copy (the backward needs only the transposed one)."""
         self.data_buf = None
@@ -160,12 +184,13 @@ def _fp8_dtype(fmt: str) -> torch.dtype:
 
 
 def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, backward: bool,
-              splits: Optional[Sequence[int]] = None) -> _Casts:
+              splits: Optional[Sequence[int]] = None, record: bool = True) -> _Casts:
     """Cast every ``parts[g]`` by ``quantizers[g]`` (both copies) in one multi-tensor cast (one kernel
     launch for delayed scaling, two for current scaling, whatever the number of experts); record the
     delayed amaxes. Members with no rows are cast too (empty data, a valid scale_inv), but, as in the
     generic path, a delayed quantizer whose member is empty (``splits[g] == 0``) saw no tensor this
-    step: it is not recorded for the scale update."""
+    step: it is not recorded for the scale update. ``record=False`` (a checkpoint recompute) records
+    nothing."""
     spec = quantizers[0].spec
     fmt = quantizers[0].fmt
     delayed = spec.scaling is ScalingKind.DELAYED
@@ -185,7 +210,7 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, 
                                                          columnwise=True)
         casts = _Casts(None, None, res.amax, _fp8_dtype(fmt), rows, cols, list(accumulate(rows, initial=0)),
                        (res.data, res.data_t, res.scale_inv))
-    if delayed:
+    if delayed and record:
         # amax_history[0] = max(amax_history[0], amax) for every expert: one kernel
         amaxes = casts.amaxes() if lane is not None else list(casts.f32.unbind(0))
         torch._foreach_maximum_([_slot0(q) for q in quantizers], amaxes)
@@ -284,13 +309,6 @@ def _aligned16(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
-def second_backward_error() -> RuntimeError:
-    """Both GroupedLinear paths free their quantized operands in the backward (they can be most of a
-    step's memory), so a second backward through the same graph is refused with this."""
-    return RuntimeError("GroupedLinear: backward ran a second time through the same graph; its quantized "
-                        "operands are freed by the first backward, so retain_graph=True is not supported")
-
-
 def _row_slices(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
     return list(torch.split(t, list(splits), dim=0))
 
@@ -303,9 +321,10 @@ class GroupedFP8Function(torch.autograd.Function):
         n = weights[0].shape[0]
         k = x.shape[1]
         group = sets[0].amax_reduction_group
+        record = not sets[0].replay
         x = x.contiguous()
-        xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), group, False, splits)
-        wc = _cast_all([qs.weight for qs in sets], weights, group, False)
+        xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), group, False, splits, record)
+        wc = _cast_all([qs.weight for qs in sets], weights, group, False, None, record)
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         live = [g for g in range(num) if splits[g] > 0]
         starts, esize = xc.starts, y.element_size()
@@ -317,16 +336,18 @@ class GroupedFP8Function(torch.autograd.Function):
         # the backward reads only the columnwise copies of x and the weights
         xc.release_rowwise()
         wc.release_rowwise()
-        ctx.casts = (xc, wc)
+        # saved tensors: freed after a backward that does not retain the graph (they can be most of a
+        # step's memory), kept for retain_graph=True, recomputed under activation checkpointing
+        tensors, ctx.shells = replay.pack((xc, wc))
+        ctx.save_for_backward(*tensors)
         ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
-        if ctx.casts is None:
-            raise second_backward_error()
-        xc, wc = ctx.casts
+        xc, wc = replay.unpack(ctx.shells, ctx.saved_tensors)
+        start_backward(sets[0])
         k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(splits)
         need = ctx.needs_input_grad
@@ -364,5 +385,4 @@ class GroupedFP8Function(torch.autograd.Function):
         for g in range(num):
             if b_dtypes[g] is not None and need[3 + num + g]:
                 dbs[g] = dy_parts[g].float().sum(0).to(b_dtypes[g])
-        ctx.casts = None
         return (dx, None, None, *dws, *dbs)

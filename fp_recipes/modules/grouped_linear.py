@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from ..gemm import gemm, grouped_gemm
 from ..quantizers.grouped import split_sizes
 from ..quantizers.roles import ModuleKind
+from . import replay
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
-                   quantize_operand, token_multiple)
-from .grouped_fp8 import GroupedFP8Function, fast_path_eligible, second_backward_error
+                   quantize_operand, start_backward, token_multiple)
+from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
 from .linear import _factory, check_features, new_linear_parameters
 
 __all__ = ["GroupedLinear"]
@@ -40,8 +41,10 @@ class _GroupedLinearFunction(torch.autograd.Function):
         for g in range(num):
             qs = sets[g]
             _check_nvfp4_shapes(qs, m_splits[g], k, n)
-            qx = quantize_operand(qs.activation, xs[g], qs.amax_reduction_group) if m_splits[g] else xs[g]
-            qw = quantize_operand(qs.weight, weights[g], qs.amax_reduction_group)
+            record = not qs.replay
+            qx = quantize_operand(qs.activation, xs[g], qs.amax_reduction_group, record=record) \
+                if m_splits[g] else xs[g]
+            qw = quantize_operand(qs.weight, weights[g], qs.amax_reduction_group, record=record)
             qxs.append(qx)
             qws.append(qw)
             x_op, w_op = backward_operands(qs, xs[g], weights[g], qx, qw)
@@ -55,18 +58,21 @@ class _GroupedLinearFunction(torch.autograd.Function):
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         ctx.sets = sets
         ctx.m_splits = m_splits
-        ctx.operands = (x_ops, w_ops)
+        # saved tensors: freed after a backward that does not retain the graph, dropped and recomputed
+        # under activation checkpointing
+        tensors, ctx.shells = replay.pack(x_ops + w_ops)
+        ctx.save_for_backward(*tensors)
         ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         sets, m_splits = ctx.sets, ctx.m_splits
-        if ctx.operands is None:
-            raise second_backward_error()
-        x_ops, w_ops = ctx.operands
-        k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         num = len(m_splits)
+        ops_ = replay.unpack(ctx.shells, ctx.saved_tensors)
+        x_ops, w_ops = ops_[:num], ops_[num:]
+        start_backward(sets[0])
+        k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
         need = ctx.needs_input_grad
         need_dx = need[0]
         dy = dy.contiguous()
@@ -94,7 +100,6 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 db = dys[g].float().sum(0).to(b_dtypes[g])
             dws.append(dw)
             dbs.append(db)
-        ctx.operands = None
         return (dx, None, None, *dws, *dbs)
 
 
@@ -151,6 +156,7 @@ class GroupedLinear(QuantizedModule):
                              f"{tuple(x.shape)}")
         splits = self._check_splits(x, m_splits)
         sets = self.gemm_quantizers()
+        self.check_input(x, sets)
         weights, biases = self.weights(), self.biases()
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]

@@ -65,6 +65,7 @@ class LayerNormLinear(QuantizedModule):
 
     def forward(self, x: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         sets = self.gemm_quantizers()
+        self.check_input(x, sets)
         ln_out = self.normalize(x)
         out = quantized_linear(ln_out, self.weight, self.bias, None if sets is None else sets[0])
         if self.return_layernorm_output:

@@ -61,6 +61,7 @@ class Linear(QuantizedModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sets = self.gemm_quantizers()
+        self.check_input(x, sets)
         return quantized_linear(x, self.weight, self.bias, None if sets is None else sets[0])
 
     def extra_repr(self) -> str:
