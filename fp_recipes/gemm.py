@@ -22,7 +22,8 @@ Backends:
 * NVFP4 x NVFP4: exact emulation everywhere (native FP4 GEMMs need sm_100+, which this project cannot
   test; see ``_native_nvfp4_available``). E2M1 code x E4M3 block scale is exact in BF16, so each
   operand is decoded to BF16 *without* its global factor, multiplied with FP32 accumulation
-  (``torch.mm(..., out_dtype=float32)`` on CUDA; an FP32 matmul of the BF16-exact values on CPU),
+  (on CUDA: one kernel decodes both operands and writes alpha on the device, one cuBLASLt BF16 GEMM
+  reads that alpha, see ``_gemm_nvfp4_cuda``; an FP32 matmul of the BF16-exact values on CPU),
   and the FP32 global factor ``alpha = nvfp4_gemm_alpha(amax_a, amax_b, E_a, E_b)`` is applied in
   the FP32 epilogue. The global scale is never folded into the E4M3 block scales (seed 003).
   Row-scaled operands: unit-amax GEMM into FP32, then each output row scaled by
