@@ -7,16 +7,19 @@ per call. Instead:
 
 * **forward**: every quantizer used inside an autocast region is remembered; when the OUTERMOST
   autocast exits, the amaxes of all of them are stacked into one FP32 vector, reduced with ONE
-  ``all_reduce(MAX)`` over the autocast's ``amax_reduction_group`` (skipped when there is no group or
-  torch.distributed is not initialised), written back, and each quantizer's ``update_scale()`` runs
-  (scale from the history by ``amax_compute_algo`` and ``margin``, then the history rolls).
+  ``all_reduce(MAX)`` over the autocast's ``amax_reduction_group`` -- or, when none is given and
+  torch.distributed is initialised with more than one rank, over the default world group, as
+  TransformerEngine does (skipped when torch.distributed is not initialised) -- written back, and each
+  quantizer's ``update_scale()`` runs (scale from the history by ``amax_compute_algo`` and ``margin``,
+  then the history rolls). Every rank then holds the state one process that saw all ranks' data would.
 * **backward**: the grad_output quantizers record their amaxes as the backward runs; the first one
   of a pass (an autograd graph task) queues a callback with the autograd engine that runs once the
   whole backward pass has finished and does the same single reduction + update for the backward
   quantizers. A pass that raises never runs its callback: its partial records are discarded when
   autograd drops it, and later passes update as usual (a bad batch costs one step, not the run).
 
-Quantizers whose spec says ``reduce_amax=False`` are updated without taking part in the reduction.
+Quantizers whose spec says ``reduce_amax=False`` (``DelayedScaling(reduce_amax=False)``) are updated
+without taking part in the reduction: each rank then keeps its own scales.
 """
 
 from __future__ import annotations
@@ -30,32 +33,49 @@ import torch
 
 from ..quantizers.float8 import NonfiniteWatch
 
-__all__ = ["AmaxReducer", "batched_update_scales", "discard_records", "reducer", "reduce_and_update"]
+__all__ = ["AmaxReducer", "batched_update_scales", "discard_records", "reducer", "reduce_and_update",
+           "reduction_group"]
 
 _COUNTERS: Dict[str, int] = {"all_reduce": 0}
 
 
-def _group_usable(group: Any) -> bool:
-    if group is None:
-        return False
+_NO_REDUCTION = object()
+
+
+def reduction_group(group: Any) -> Any:
+    """The process group the amaxes are MAX-reduced over, or ``_NO_REDUCTION``.
+
+    * torch.distributed not available or not initialised: no reduction;
+    * an explicit ``amax_reduction_group``: that group (also of one rank);
+    * ``None`` (none given): the default world group (``None`` to torch.distributed), as
+      TransformerEngine does, unless the world has one rank (the reduction would be the identity).
+      Without this, ranks that see different data drift apart silently. Opt out per recipe with
+      ``DelayedScaling(reduce_amax=False)``."""
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized()
+    if not (dist.is_available() and dist.is_initialized()):
+        return _NO_REDUCTION
+    if group is None and dist.get_world_size() == 1:
+        return _NO_REDUCTION
+    return group
 
 
 def reduce_and_update(quantizers: List[Any], group: Any) -> None:
-    """Reduce ``amax_history[0]`` of ``quantizers`` with one all_reduce(MAX), then update their scales."""
+    """Reduce ``amax_history[0]`` of ``quantizers`` with one all_reduce(MAX) over
+    :func:`reduction_group` of ``group``, then update their scales. Quantizers whose spec says
+    ``reduce_amax=False`` take no part in the reduction."""
     if not quantizers:
         return
     reduced = [q for q in quantizers if getattr(q.spec, "reduce_amax", True)]
-    if reduced and _group_usable(group):
+    target = reduction_group(group) if reduced else _NO_REDUCTION
+    if target is not _NO_REDUCTION:
         import torch.distributed as dist
 
         amaxes = torch.stack([q.amax_history[0] for q in reduced]).float()
         # NaN -> +Inf first: MAX then propagates a non-finite amax on every backend (NaN need not
         # survive MAX), so every rank drops it together, as one process holding all ranks' data would.
         amaxes.nan_to_num_(nan=float("inf"), posinf=float("inf"), neginf=float("inf"))
-        dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=target)
         _COUNTERS["all_reduce"] += 1
         for q, v in zip(reduced, amaxes.unbind(0)):
             q.amax_history[0].copy_(v)

@@ -63,7 +63,11 @@ class DelayedScaling(_Float8Recipe):
 
     scale = fp8_max / amax_ref / 2**margin, with amax_ref the max of the last
     ``amax_history_len`` amaxes ("max") or the latest one ("most_recent"). With ``reduce_amax``
-    the amaxes are MAX-reduced over the autocast's ``amax_reduction_group`` first.
+    (the default) the amaxes are MAX-reduced first over the autocast's ``amax_reduction_group``, or,
+    when none is given and torch.distributed is initialised with more than one rank, over the default
+    world group (as TransformerEngine does), so every rank keeps the same scales;
+    ``reduce_amax=False`` keeps each rank's own. A NaN/Inf amax counts as 0 (it never freezes the scale)
+    and draws one warning per tensor.
     """
 
     recipe_name: ClassVar[str] = "delayed"
@@ -73,7 +77,8 @@ class DelayedScaling(_Float8Recipe):
     amax_history_len: int = Field(1024, ge=1, description="steps of amax history kept")
     amax_compute_algo: AmaxComputeAlgo = Field(AmaxComputeAlgo.MAX,
                                                description="max | most_recent")
-    reduce_amax: bool = Field(True, description="MAX-reduce amaxes across the reduction group")
+    reduce_amax: bool = Field(True, description="MAX-reduce amaxes across the reduction group (default: "
+                              "the world group when torch.distributed is initialised)")
 
     @field_validator("amax_compute_algo", mode="before")
     @classmethod
