@@ -621,6 +621,11 @@ class QuantizedModule(torch.nn.Module):
         if now:
             expected = qstate.expected_shapes(current.recipe, self.module_kind, self.num_gemms)
             errors.extend(qstate.shape_errors(tensors, expected, where))
+        elif current is not None and ident is not None and ident.get("recipe") == type(current.recipe).__name__:
+            # the same kind of recipe with another state shape: it cannot be this module's state
+            errors.append(f"{where}: the checkpoint's quantizer state was saved under "
+                          f"{qstate.describe(ident, repr_)}, which does not fit this module's "
+                          f"{current.recipe!r} (different amax_history_len?)")
         elif ident is not None:
             recipe = qstate.recipe_from_extra(extra)
             if recipe is not None:
