@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, Optional
 
+import torch
 from pydantic import Field, field_validator
 
 from fp_recipes.quantizers.roles import (
@@ -16,6 +18,25 @@ from fp_recipes.quantizers.roles import (
 )
 
 from .base import CaseInsensitiveEnum, Format, Recipe, none_from_string
+
+
+#: The longest amax history: TransformerEngine's default is 1024 steps and users go up to a few
+#: thousand; 65536 steps is more history than any schedule reacts to, and every step scans the whole
+#: history of every delayed-scaling quantizer (4 bytes a step each). A longer one is a typo (10**9 steps
+#: would allocate 4 GB per quantizer).
+MAX_AMAX_HISTORY_LEN = 65536
+
+# (largest finite value, smallest normal value) of the FP8 formats
+_FP8_RANGE = {"E4M3": (448.0, 2.0 ** -6), "E5M2": (57344.0, 2.0 ** -14)}
+
+
+def max_margin(fmt: Format) -> int:
+    """The largest margin for which ``scale = fmt_max / amax / 2**margin`` still maps a tensor's amax to
+    at least the smallest normal value of every format the recipe uses (E4M3: 14, E5M2: 29, HYBRID:
+    14): a larger margin pushes the largest values into the subnormals (few or no significant bits)
+    or to zero, whatever the data."""
+    names = ("E4M3", "E5M2") if fmt is Format.HYBRID else (fmt.value,)
+    return min(int(math.floor(math.log2(_FP8_RANGE[n][0] / _FP8_RANGE[n][1]))) for n in names)
 
 
 class AmaxComputeAlgo(CaseInsensitiveEnum):
@@ -80,6 +101,32 @@ class DelayedScaling(_Float8Recipe):
     reduce_amax: bool = Field(True, description="MAX-reduce amaxes across the reduction group (default: "
                               "the world group when torch.distributed is initialised)")
 
+    @field_validator("amax_history_len")
+    @classmethod
+    def _history_bound(cls, value: int) -> int:
+        if value > MAX_AMAX_HISTORY_LEN:
+            raise ValueError(
+                f"amax_history_len={value} is too long: allowed 1 <= amax_history_len <= "
+                f"{MAX_AMAX_HISTORY_LEN}. Each delayed-scaling quantizer keeps and scans that many FP32 "
+                f"amaxes every step ({value * 4 / 2 ** 20:.0f} MiB each here); TransformerEngine's "
+                "default is 1024")
+        return value
+
+    def _check_combinations(self) -> None:
+        super()._check_combinations()
+        limit = max_margin(self.fp8_format)
+        if self.margin > limit:
+            names = ("E4M3", "E5M2") if self.fp8_format is Format.HYBRID else (self.fp8_format.value,)
+            worst = min(names, key=lambda n: math.log2(_FP8_RANGE[n][0] / _FP8_RANGE[n][1]))
+            fmax, fmin = _FP8_RANGE[worst]
+            raise ValueError(
+                f"DelayedScaling: {self._origin('margin')} is too large for "
+                f"{self._origin('fp8_format')}: the scale fp8_max / amax / 2**margin maps a tensor's amax to "
+                f"{fmax:g} * 2**-{self.margin} = {fmax * 2.0 ** -self.margin:.3g}, below {worst}'s smallest "
+                f"normal value {fmin:g}, so the largest values lose their precision or round to zero (and past "
+                f"margin 127 the scale is not a finite FP32). Allowed: 0 <= margin <= {limit} for this format "
+                "(a margin is headroom of a few binades; TransformerEngine's default is 0)")
+
     @field_validator("amax_compute_algo", mode="before")
     @classmethod
     def _no_callables(cls, value):
@@ -110,6 +157,17 @@ class Float8CurrentScaling(_Float8Recipe):
     amax_epsilon: float = Field(0.0, ge=0.0, allow_inf_nan=False,
                                 description="floor of the amax a scale is computed from")
 
+    @field_validator("amax_epsilon")
+    @classmethod
+    def _epsilon_is_fp32(cls, value: float) -> float:
+        # the floor is applied as an FP32 value: past FLT_MAX it would be +Inf (and every scale 0)
+        if value > torch.finfo(torch.float32).max:
+            raise ValueError(
+                f"amax_epsilon={value!r} is not representable in FP32 (the amax and the scale are FP32): "
+                f"allowed 0 <= amax_epsilon <= {torch.finfo(torch.float32).max:.7g}; it is a floor for tiny "
+                "amaxes, typically 0 or around 1e-12")
+        return value
+
     def _extra_spec_fields(self) -> dict:
         return {"use_power_2_scales": self.use_power_2_scales, "amax_epsilon": self.amax_epsilon}
 
@@ -117,4 +175,4 @@ class Float8CurrentScaling(_Float8Recipe):
         return True
 
 
-__all__ = ["AmaxComputeAlgo", "DelayedScaling", "Float8CurrentScaling"]
+__all__ = ["AmaxComputeAlgo", "DelayedScaling", "Float8CurrentScaling", "MAX_AMAX_HISTORY_LEN", "max_margin"]
