@@ -175,10 +175,11 @@ class GroupedLinear(QuantizedModule):
         return torch.cat([o[:m] for o, m in zip(outs, splits)])
 
     def _fp8_path_ok(self, sets: List[GemmQuantizers]) -> bool:
-        """fast_path_eligible(sets), computed once per quantizer set (it reads every spec)."""
+        """fast_path_eligible(sets), computed once per recipe's quantizer sets (it reads every spec;
+        per-call variants of one recipe's sets share its specs)."""
         cached = getattr(self, "_fp8_path_cache", None)
-        if cached is None or cached[0] is not sets:
-            cached = (sets, fast_path_eligible(sets))
+        if cached is None or cached[0] is not sets[0].specs:
+            cached = (sets[0].specs, fast_path_eligible(sets))
             self._fp8_path_cache = cached
         return cached[1]
 

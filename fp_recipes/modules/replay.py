@@ -56,7 +56,7 @@ _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _APPLY_CODE = torch.autograd.function.Function.apply.__func__.__code__
 
 
-def _inside_function_forward(limit: int = 64) -> bool:
+def _inside_function_forward(limit: int = 128) -> bool:
     """Whether an ``autograd.Function.apply`` is on this thread's stack (a reentrant checkpoint runs
     its first pass inside one)."""
     frame = sys._getframe(2)
