@@ -114,11 +114,37 @@ class Float8Tensor(StatePickle, QuantizedTensor):
         return cls(state["data"], state["scale_inv"], state["amax"], state["fmt"],
                    dtype_from_name(state["orig_dtype"]), state["shape"], data_t=state["data_t"])
 
+    def __reduce__(self):
+        """Pickle (also ``copy.deepcopy``, ``torch.save``) with the FP8 bytes as uint8 views: torch
+        cannot unpickle float8 storages. A view into a larger buffer is copied, so only its bytes are
+        written. :func:`_rebuild_float8_tensor` (allowlisted for ``torch.load(weights_only=True)``)
+        restores the exact bytes."""
+        state = self.state_dict()
+        for key in ("data", "data_t"):
+            t = state[key]
+            if t is not None:
+                if t.untyped_storage().nbytes() != t.numel() or not t.is_contiguous():
+                    t = t.contiguous().clone()
+                state[key] = t.view(torch.uint8)
+        return (_rebuild_float8_tensor, (state,))
+
     def __repr__(self) -> str:
         copies = "+".join(n for n, t in (("row", self.data), ("col", self.data_t)) if t is not None)
         return (f"Float8Tensor(shape={tuple(self._shape)}, fmt={self.fmt}, copies={copies}, "
                 f"scale_inv={self.scale_inv.item():.6g}, amax={self.amax.item():.6g}, "
                 f"orig_dtype={dtype_name(self.orig_dtype)}, device={self.device})")
+
+
+def _rebuild_float8_tensor(state: Dict[str, Any]) -> Float8Tensor:
+    """The unpickler of :meth:`Float8Tensor.__reduce__`: views the uint8 bytes as the FP8 dtype again."""
+    if not isinstance(state, dict) or state.get("fmt") not in formats.FP8_DTYPE:
+        raise ValueError("a pickled Float8Tensor needs a state dict with fmt 'e4m3' or 'e5m2'")
+    state = dict(state)
+    for key in ("data", "data_t"):
+        t = state.get(key)
+        if isinstance(t, torch.Tensor) and t.dtype == torch.uint8:
+            state[key] = t.view(formats.FP8_DTYPE[state["fmt"]])
+    return Float8Tensor.from_state_dict(state)
 
 
 def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
@@ -346,7 +372,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
             raise ValueError(f"Float8CurrentScalingQuantizer has no state; got keys {sorted(state)}")
 
 
-allow_in_weights_only_load(Float8Tensor)
+allow_in_weights_only_load(Float8Tensor, _rebuild_float8_tensor)
 
 __all__ = ["Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8Tensor", "NonFiniteAmaxWarning",
            "NonfiniteWatch", "flatten_2d"]
