@@ -37,6 +37,7 @@ def cpu_patches() -> List[tuple]:
         # the MoE router and the sequence-parallel gather buffers place tensors on the current
         # CUDA device; on CPU that device is the CPU
         (torch.cuda, "current_device", lambda: "cpu"),
+        (torch.cuda, "synchronize", lambda *a, **k: None),  # dist-checkpoint save
         # megatron-core 0.16.1's MoE router tests a name bound only when TE imports (NameError)
         (moe_utils, "te_general_gemm", None),
     ]

@@ -126,7 +126,7 @@ class _FpGroupedLinear(MegatronQuantized, GroupedLinear):
             full, prefix, None, (*sharded_offsets, (ep_axis, get_pg_rank(ep), get_pg_size(ep))),
             tp_group=self.tp_group, dp_cp_group=dp_cp)
         out.update(rest)
-        return out
+        return self.own_qstate_keys(out, prefix, ((0, get_pg_rank(ep), get_pg_size(ep)),))
 
 
 class FpColumnParallelGroupedLinear(_FpGroupedLinear):

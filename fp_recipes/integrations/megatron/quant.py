@@ -95,6 +95,27 @@ class MegatronQuantized:
             self._amax_group_cache = amax_group(self._mcore_config)
         return self._amax_group_cache
 
+    # ------------------------------------------------------------------ dist checkpoint
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
+                           metadata: Optional[dict] = None) -> dict:
+        return self.own_qstate_keys(super().sharded_state_dict(prefix, sharded_offsets, metadata),
+                                    prefix)
+
+    def own_qstate_keys(self, sharded: dict, prefix: str, offsets: tuple = ()) -> dict:
+        """Delayed-scaling tensors under a key of their own per layer (``...layer{N}.qstate_*``).
+        Megatron stacks a layer's tensors across layers under one key; quantizer state may exist in
+        some layers only (first/last BF16, quant_recipe) or differ in shape (amax_history_len)."""
+        from megatron.core.dist_checkpointing import ShardedTensor
+
+        tag = f"layer{self.layer_number}." if self.layer_number is not None else ""
+        for key in [k for k in sharded if k[len(prefix):].startswith("qstate_")]:
+            old = sharded[key]
+            tensor = old.data if hasattr(old, "data") else old
+            sharded[key] = ShardedTensor.from_rank_offsets(
+                f"{prefix}{tag}{key[len(prefix):]}", tensor, *offsets,
+                replica_id=getattr(old, "replica_id", 0), prepend_axis_num=len(offsets))
+        return sharded
+
     # ------------------------------------------------------------------ state (Megatron's local
     # layers drop extra state; ours carries the recipe identity and NVFP4 stochastic-rounding state)
     def get_extra_state(self) -> Any:
