@@ -68,7 +68,7 @@ def test_env_markdown(capsys):
 def test_demo_missing_module_explains(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fp_recipes.demo", None)  # import of it now fails
     assert main(["demo"]) == 2
-    assert "fp_recipes/demo.py" in capsys.readouterr().err
+    assert "fp_recipes/demo/" in capsys.readouterr().err
 
 
 def test_demo_passes_arguments(monkeypatch):

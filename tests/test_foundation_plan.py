@@ -45,8 +45,8 @@ FP8_FORMAT_OF = {  # recipe format -> {tensor: element format}
 def fp8_oracle(recipe, role):
     tensor = role.tensor.value
     override = recipe.backward_override
-    if role.tensor in HP_TENSORS:
-        return high_precision_spec(role)
+    if role.tensor in HP_TENSORS:  # outputs stay in high precision and carry the override too
+        return _hp(role, override)
     if override is not None and tensor == "grad_output":
         return _hp(role, override)
     extra = {}
@@ -140,7 +140,7 @@ def nvfp4_oracle(o, role):
     tensor = role.tensor.value
     override = o["backward_override"]
     if role.tensor in HP_TENSORS:
-        return high_precision_spec(role)
+        return _hp(role, override)
     if override is not None and tensor == "grad_output":
         return _hp(role, override)
     backward_copies = override is None
@@ -249,7 +249,7 @@ def test_per_token_plan_every_combination(role):
     for r in PER_TOKEN_RECIPES:
         spec = r.plan(role)
         if role.tensor in HP_TENSORS:
-            assert spec == high_precision_spec(role)
+            assert spec == _hp(role, r.backward_override.value)
         elif role.tensor is TensorKind.GRAD_OUTPUT:
             assert spec == _hp(role, r.backward_override.value)
         else:
@@ -269,7 +269,7 @@ def test_plan_keeps_role_and_hp_outputs(recipe, role):
     spec = recipe.plan(role)
     assert spec.role == role
     if role.tensor in HP_TENSORS:
-        assert spec == high_precision_spec(role)
+        assert spec == _hp(role, recipe.backward_override)
     # the module kind, GEMM index and name never change how an operand is quantized
     base = recipe.plan(QuantizerRole("linear", role.tensor))
     assert spec.replace(role=base.role) == base

@@ -32,7 +32,14 @@ class _StrEnum(str, Enum):
             for member in cls:
                 if member.value == value.lower():
                     return member
-        return None
+        allowed = ", ".join(repr(m.value) for m in cls)
+        hint = ""
+        if isinstance(value, str):
+            import difflib
+
+            close = difflib.get_close_matches(value.lower(), [m.value for m in cls], n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}; allowed (any case): {allowed}{hint}")
 
     def __str__(self) -> str:
         return self.value

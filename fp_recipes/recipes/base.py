@@ -224,7 +224,8 @@ class Recipe(BaseModel):
         spec = self._plans.get(role)
         if spec is None:  # specs are frozen and recipes immutable: plan each role once
             if role.tensor in (TensorKind.OUTPUT, TensorKind.GRAD_INPUT):
-                spec = high_precision_spec(role)
+                spec = high_precision_spec(role).replace(
+                    backward_override=getattr(self, "backward_override", None))  # every spec carries it
             else:
                 spec = self._plan_operand(role)
             self._plans[role] = spec

@@ -7,8 +7,9 @@ env``) prints it, and ``docs/envvars.md`` is generated from it (:func:`render_ma
 * booleans accept 1/0, true/false, yes/no, on/off in any case; an empty value counts as unset;
 * a bad value raises :class:`EnvVarError` naming the variable, the value and what is allowed;
 * ``NVTE_NVFP4_PER_TOKEN_ACTIVATION`` is the deprecated name of ``NVTE_NVFP4_ROW_SCALED_ACTIVATION``;
-* a set variable with one of our prefixes that is not in the table draws a warning that names the
-  closest known variable (a typo in a launch script should never go unnoticed).
+* a set variable named like ours or TE's (``NVTE_*``, ``FP_RECIPE*``) that is neither in the table nor
+  a known TransformerEngine variable we do not use (:data:`TE_NOT_USED`, each with why) draws a warning
+  that names the closest known variable (a typo in a launch script should never go unnoticed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import difflib
 import json
 import math
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -205,6 +207,36 @@ TABLE: Tuple[EnvVar, ...] = (
            use="build", minimum=1),
 )
 
+# TransformerEngine variables that mean nothing here, each with why. They are known names (no
+# typo warning, `env --strict` passes), listed by `python -m fp_recipes env` as ignored.
+TE_NOT_USED: Dict[str, str] = {
+    "NVTE_FLASH_ATTN": "attention backend selection: fp_recipes has no attention module",
+    "NVTE_FUSED_ATTN": "attention backend selection: fp_recipes has no attention module",
+    "NVTE_UNFUSED_ATTN": "attention backend selection: fp_recipes has no attention module",
+    "NVTE_FUSED_ATTN_BACKEND": "attention backend selection: fp_recipes has no attention module",
+    "NVTE_FP8_DPA_BWD": "FP8 dot-product attention: fp_recipes has no attention module",
+    "NVTE_APPLY_QK_LAYER_SCALING": "attention scaling: fp_recipes has no attention module",
+    "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "fused-attention algorithm choice: no attention module here",
+    "NVTE_BIAS_GELU_NVFUSION": "TE's fused bias+GELU in its MLP module: fp_recipes has no MLP module",
+    "NVTE_BIAS_DROPOUT_FUSION": "TE's fused bias+dropout in its transformer layer: none here",
+    "NVTE_TORCH_COMPILE": "TE's torch.compile of small fusions: fp_recipes fuses nothing with compile",
+    "NVTE_USE_FAST_MATH": "TE's fast-math kernel flag: here fast math is per recipe field "
+                          "(NVTE_NVFP4_4OVER6_ERR_USE_FAST_MATH)",
+    "NVTE_DEBUG": "TE's debug logging: fp_recipes reports through warnings and `python -m fp_recipes doctor`",
+    "NVTE_DEBUG_LEVEL": "TE's debug logging: fp_recipes reports through warnings and `python -m fp_recipes doctor`",
+    "NVTE_FWD_LAYERNORM_SM_MARGIN": "SMs left free by TE's fused LayerNorm kernels: norms here are torch's",
+    "NVTE_BWD_LAYERNORM_SM_MARGIN": "SMs left free by TE's fused LayerNorm kernels: norms here are torch's",
+    "NVTE_NORM_FWD_USE_CUDNN": "cuDNN normalization in TE: norms here are torch's",
+    "NVTE_NORM_BWD_USE_CUDNN": "cuDNN normalization in TE: norms here are torch's",
+    "NVTE_UB_WITH_MPI": "TE's userbuffers comm-GEMM overlap: not implemented here",
+    "NVTE_FRAMEWORK": "TE's build: fp_recipes builds with FP_RECIPES_CUDA_ARCHS / FP_RECIPES_NO_CUDA",
+    "NVTE_CUDA_ARCHS": "TE's build: fp_recipes reads FP_RECIPES_CUDA_ARCHS",
+    "NVTE_BUILD_THREADS_PER_JOB": "TE's build: fp_recipes reads FP_RECIPES_NVCC_THREADS",
+    "NVTE_RELEASE_BUILD": "TE's build: not used by fp_recipes' setup.py",
+    "NVTE_CUDA_INCLUDE_PATH": "TE's runtime compilation (NVRTC): fp_recipes compiles nothing at run time",
+    "NVTE_DISABLE_NVRTC": "TE's runtime compilation (NVRTC): fp_recipes compiles nothing at run time",
+}
+
 BY_NAME: Dict[str, EnvVar] = {v.name: v for v in TABLE}
 _ALIASES: Dict[str, Tuple[EnvVar, ...]] = {
     v.name: tuple(a for a in TABLE if a.alias_of == v.name) for v in TABLE}
@@ -274,24 +306,52 @@ def resolve_env(recipe: str, given: Set[str] = frozenset(),
     return values, sources
 
 
+_OURS = re.compile(r"^(NVTE_|NVET_|NTVE_|FP_?RECIPES?_)")  # every name that looks like ours or TE's
+
+
+def looks_like_ours(name: str) -> bool:
+    """A name fp_recipes should know: any ``NVTE_*`` (and its common misspellings) or ``FP_RECIPE*``."""
+    return bool(_OURS.match(name))
+
+
+def is_known(name: str) -> bool:
+    return name in BY_NAME or name in TE_NOT_USED
+
+
 def unknown_env(environ: Optional[Mapping[str, str]] = None) -> List[Tuple[str, Optional[str]]]:
-    """Set variables with our prefixes that are not in the table, with the closest known name."""
+    """Set variables that look like ours or TE's but are in neither table, with the closest known name."""
     environ = os.environ if environ is None else environ
     out = []
-    for name in sorted(n for n in environ if n.startswith(PREFIXES) and n not in BY_NAME):
+    for name in sorted(n for n in environ if looks_like_ours(n) and not is_known(n)):
         out.append((name, closest_name(name)))
     return out
 
 
+def te_not_used_env(environ: Optional[Mapping[str, str]] = None) -> List[Tuple[str, str]]:
+    """Set TransformerEngine variables that fp_recipes ignores, with why."""
+    environ = os.environ if environ is None else environ
+    return [(n, TE_NOT_USED[n]) for n in sorted(environ) if n in TE_NOT_USED]
+
+
+# the prefix a name is read under; a misspelt prefix counts as the one it resembles
+_PREFIX_FORMS: Tuple[Tuple[str, "re.Pattern[str]"], ...] = (
+    ("NVTE_NVFP4_", re.compile(r"^NVTE_NVFP4_")),
+    ("NVTE_FP8_", re.compile(r"^NVTE_FP8_")),
+    ("FP_RECIPES_", re.compile(r"^FP_?RECIPES?_")),
+    ("NVTE_", re.compile(r"^(NVTE|NVET|NTVE)_")),
+)
+
+
 def _strip_prefix(name: str) -> Tuple[str, str]:
-    for prefix in PREFIXES:
-        if name.startswith(prefix):
-            return prefix, name[len(prefix):]
+    for prefix, pattern in _PREFIX_FORMS:
+        m = pattern.match(name)
+        if m:
+            return prefix, name[m.end():]
     return "", name
 
 
 def closest_name(name: str, cutoff: float = 0.7) -> Optional[str]:
-    """The known variable most like ``name``; a shared prefix alone does not count as likeness."""
+    """The variable fp_recipes reads that is most like ``name``; a shared prefix alone does not count."""
     prefix, rest = _strip_prefix(name)
     best, best_score = None, cutoff
     for known in BY_NAME:
@@ -299,7 +359,7 @@ def closest_name(name: str, cutoff: float = 0.7) -> Optional[str]:
         score = difflib.SequenceMatcher(None, rest, known_rest).ratio()
         if len(rest) >= 6 and known_rest.startswith(rest[:-2]):  # a truncated name
             score = max(score, 0.75)
-        if known_prefix != prefix:  # the right name under another prefix
+        if known_prefix != prefix:  # the right name under another (or a misspelt) prefix
             score = max(score, difflib.SequenceMatcher(None, name, known).ratio()) * 0.9
         if score >= best_score:
             best, best_score = known, score
@@ -371,7 +431,8 @@ def report(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
                      "default": default_of(var), "use": var.use, "status": status,
                      "doc": var.doc})
     unknown = [{"name": n, "value": environ[n], "suggestion": s} for n, s in unknown_env(environ)]
-    return {"variables": rows, "unknown": unknown}
+    ignored = [{"name": n, "value": environ[n], "why": why} for n, why in te_not_used_env(environ)]
+    return {"variables": rows, "unknown": unknown, "te_not_used": ignored}
 
 
 def render_text(environ: Optional[Mapping[str, str]] = None) -> str:
@@ -385,6 +446,8 @@ def render_text(environ: Optional[Mapping[str, str]] = None) -> str:
     for u in rep["unknown"]:
         hint = f"did you mean {u['suggestion']}?" if u["suggestion"] else "no close match"
         lines.append(f"UNKNOWN {u['name']}={u['value']}: ignored; {hint}")
+    for t in rep["te_not_used"]:
+        lines.append(f"TE ONLY {t['name']}={t['value']}: ignored by fp_recipes ({t['why']})")
     return "\n".join(lines)
 
 
@@ -409,9 +472,10 @@ def render_markdown() -> str:
         "case-insensitive. An empty value counts as unset.",
         "- A value that is not allowed raises an error naming the variable, the value and the "
         "allowed values.",
-        "- A set variable with a prefix " + ", ".join(f"`{p}*`" for p in PREFIXES) + " that is not "
-        "listed here draws a warning naming the closest known variable; "
-        "`python -m fp_recipes env --strict` exits 1 in that case (for launch scripts).",
+        "- Every set variable named `NVTE_*` or `FP_RECIPE*` (misspellings of the prefix included, "
+        "e.g. `FP_RECIPE_RECIPE`) that is in neither table below draws a warning naming the closest "
+        "known variable; `python -m fp_recipes env --strict` exits 1 in that case, and also when a "
+        "value is not allowed or a recipe the environment touches cannot be built (for launch scripts).",
         "- Variables marked TE have the same name and meaning as in TransformerEngine.",
         "",
         "| Variable | Sets | Allowed values | Default | TE | Description |",
@@ -436,7 +500,16 @@ def render_markdown() -> str:
         "Build variables are read by `setup.py` when `pip install` compiles the CUDA extension; "
         "they are listed so that the unknown-variable check knows them.",
         "",
+        "## TransformerEngine variables fp_recipes does not use",
+        "",
+        "Known names, so they draw no typo warning (a launch script shared with TransformerEngine "
+        "may set them); `python -m fp_recipes env` lists the ones that are set as ignored.",
+        "",
+        "| Variable | Why it means nothing here |",
+        "|---|---|",
     ]
+    out += [f"| `{name}` | {cell(why)} |" for name, why in TE_NOT_USED.items()]
+    out.append("")
     return "\n".join(out)
 
 
@@ -447,13 +520,17 @@ __all__ = [
     "EnvVarError",
     "PREFIXES",
     "TABLE",
+    "TE_NOT_USED",
     "UnknownEnvVarWarning",
     "closest_name",
+    "is_known",
+    "looks_like_ours",
     "render_json",
     "render_markdown",
     "render_text",
     "report",
     "resolve_env",
+    "te_not_used_env",
     "unknown_env",
     "warn_unknown_env",
 ]

@@ -8,7 +8,7 @@ ones (``'high_precision'``). Output gradients are never quantized.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from pydantic import Field, field_validator
 
@@ -43,18 +43,23 @@ class PerTokenScaling(Recipe):
     fmt: PerTokenFormat = Field(PerTokenFormat.E5M6, description="e5m6 | e4m3")
     round_sf: bool = Field(False, description="round each scale up to a power of two")
     scale_format: ScaleFormat = Field(ScaleFormat.FP32, description="fp32 | ue8m0 (needs round_sf)")
-    backward_override: BackwardOverride = Field(
+    # Optional only so that None reaches _check_combinations, which names where it came from
+    backward_override: Optional[BackwardOverride] = Field(
         BackwardOverride.DEQUANTIZED, description="dequantized | high_precision")
 
     @field_validator("backward_override", mode="before")
     @classmethod
-    def _needs_override(cls, value):
-        if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
-            raise ValueError("PerTokenScaling has no quantized backward: backward_override must be "
-                             "'dequantized' (default) or 'high_precision', not None")
+    def _none_string(cls, value):
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return None
         return value
 
     def _check_combinations(self) -> None:
+        if self.backward_override is None:
+            raise ValueError(
+                f"PerTokenScaling has no quantized backward, but {self._origin('backward_override')}. "
+                "Fix: backward_override='dequantized' (the default) or 'high_precision' "
+                "(NVTE_BACKWARD_OVERRIDE=dequantized|high_precision, or unset it)")
         if self.scale_format is ScaleFormat.UE8M0 and not self.round_sf:
             raise ValueError(
                 f"{self._origin('scale_format')} needs power-of-two scales but "

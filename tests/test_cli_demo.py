@@ -1,0 +1,134 @@
+"""``python -m fp_recipes demo`` run as a user runs it (subprocess): bad input is one line and exit 2,
+and a tiny run trains a GPT on real text, writes the table, the PNG and the JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NVTE_", "FP_RECIPE"))}
+    env.update(extra)
+    return env
+
+
+def _demo(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fp_recipes", "demo", *args], cwd=cwd, capture_output=True,
+                          text=True, env=_env(**env), timeout=300)
+
+
+def _one_line_error(out: subprocess.CompletedProcess, *needles: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, out.stderr  # one clear line, no traceback, no usage block
+    assert "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--device", "tpu"], ["--device tpu", "cpu, cuda"]),
+    (["--device", "cuda"], ["--device cuda", "no CUDA GPU"]),
+    (["--device", "banana"], ["banana", "cpu, cuda"]),
+    (["--batch", "0"], ["--batch must be a positive integer, got 0"]),
+    (["--batch", "-16"], ["--batch must be a positive integer, got -16"]),
+    (["--steps", "0"], ["--steps must be a positive integer"]),
+    (["--recipes", "bogus"], ["unknown recipe 'bogus'", "nvfp4_rs_4over6"]),
+    (["--model", "huge"], ["invalid choice: 'huge'"]),
+    (["--data", "/nonexistent/text"], ["--data /nonexistent/text: no such file or folder"]),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needles):
+    if args[:2] == ["--device", "cuda"]:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present: --device cuda is valid here")
+    _one_line_error(_demo(*args, "--out", str(ROOT / "runs" / "never")), *needles)
+
+
+def test_bad_files_and_paths(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    _one_line_error(_demo("--data", str(empty), "--out", str(tmp_path / "o")), "the file is empty")
+    short = tmp_path / "short.txt"
+    short.write_text("print('hi')\n")
+    _one_line_error(_demo("--data", str(short), "--out", str(tmp_path / "o")), "need at least")
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\0\1\2" * 5000)
+    _one_line_error(_demo("--data", str(binary), "--out", str(tmp_path / "o")), "not a text file")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where --out wants a folder: cannot be created
+    _one_line_error(_demo("--out", str(blocker / "sub")), "--out", "cannot create the folder")
+    _one_line_error(_demo("--out", str(tmp_path / "o"), "--json", str(blocker / "x.json")), "--json",
+                    "cannot write it")
+
+
+def test_bad_environment_is_one_line(tmp_path):
+    out = _demo("--recipes", "nvfp4", "--out", str(tmp_path), NVTE_NVFP4_4OVER6="sometimes")
+    _one_line_error(out, "recipe nvfp4", "NVTE_NVFP4_4OVER6='sometimes'")
+
+
+def test_help_shows_defaults_and_every_recipe():
+    out = _demo("--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    for word in ("baseline", "delayed", "current", "nvfp4", "nvfp4_rs_4over6", "(default: 0)",
+                 "--quick", "--model", "--data", "runs/<timestamp>/"):
+        assert word in text, word
+
+
+def test_tiny_run_trains_and_writes_table_png_json(tmp_path):
+    """A tiny real run: the loss falls below the unigram baseline; every output is written."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in sorted((ROOT / "fp_recipes").rglob("*.py"))[:40]:  # real Python text, a few hundred KB
+        (data / path.name).write_bytes(path.read_bytes())
+    out_dir = tmp_path / "out"
+    out = _demo("--model", "tiny", "--steps", "30", "--batch", "4", "--seq-len", "32", "--recipes",
+                "delayed,current", "--data", str(data), "--out", str(out_dir), "--json", str(tmp_path / "r.json"),
+                "--eval-every", "10", FP_RECIPES_FP8_FORMAT="E4M3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((out_dir / "results.json").read_text())
+    assert json.loads((tmp_path / "r.json").read_text()) == report
+    assert (out_dir / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    names = [r["recipe"] for r in report["results"]]
+    assert names == ["baseline", "delayed", "current"]
+    base = report["results"][0]
+    # 30 steps of a byte LM: the held-out loss falls from the uniform start (ln 256 = 5.55) at every
+    # evaluation (the quick default run, 100 steps, ends well below the unigram baseline)
+    vals = [v for _, v in base["val_curve"]]
+    assert vals[0] > vals[1] > vals[2] and vals[2] < 0.8 * 5.55 and report["unigram_val_loss"] < 5.55
+    assert all(len(r["train_curve"]) == 30 and [s for s, _ in r["val_curve"]] == [10, 20, 30]
+               for r in report["results"])
+    for r in report["results"][1:]:
+        assert r["gap_pct"] is not None and abs(r["gap_pct"]) < 10  # FP8 tracks FP32 on this task
+        assert r["env_fields"] == {"fp8_format": "env FP_RECIPES_FP8_FORMAT=E4M3"}
+        assert r["gemm_path"].startswith(("emulated", "native"))
+    # identical weights and batches: the baseline's first loss equals the FP8 runs' to FP8 noise only
+    assert abs(report["results"][1]["train_curve"][0] - base["train_curve"][0]) < 0.05
+    stdout = out.stdout
+    for needle in ("unigram baseline", "train loss*", "val loss", "tokens/s", "peak MiB", "GEMM path",
+                   "fp8_format <- env FP_RECIPES_FP8_FORMAT=E4M3", f"wrote {out_dir / 'loss_curves.png'}",
+                   f"wrote {out_dir / 'results.json'}"):
+        assert needle in stdout, needle
+    assert "delayed" in out.stderr  # the progress bars (tqdm writes to stderr)
+
+
+def test_fp_recipes_recipe_picks_the_run(tmp_path):
+    from fp_recipes.demo.runs import parse_recipes
+
+    assert parse_recipes(None) == ["baseline", "delayed", "current", "nvfp4", "nvfp4_rs_4over6"]
+    assert parse_recipes("nvfp4,delayed") == ["baseline", "delayed", "nvfp4"]
+    os.environ["FP_RECIPES_RECIPE"] = "NVFP4"
+    try:
+        assert parse_recipes(None) == ["baseline", "nvfp4"]
+    finally:
+        del os.environ["FP_RECIPES_RECIPE"]
