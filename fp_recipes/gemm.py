@@ -89,6 +89,7 @@ class _Nvfp4Operand:
     row_scaled: bool
     e4m3_max: int
     rht: bool  # a random Hadamard transform was applied along K
+    unit: Optional[torch.Tensor] = None  # cached BF16 unit operand (rows, K) = decode_nvfp4_unit(data, scale)
 
 
 def _fp8_operand(t, transpose: bool) -> _Fp8Operand:
@@ -107,13 +108,13 @@ def _nvfp4_operand(t, transpose: bool) -> _Nvfp4Operand:
         if t.data is None:
             raise ValueError("gemm: this NVFP4Tensor has no rowwise copy (quantized with rowwise=False)")
         return _Nvfp4Operand(t.data, t.scale, t.amax, bool(getattr(t, "row_scaled", False)), e4m3_max,
-                             False)
+                             False, getattr(t, "gemm_unit", None))
     if getattr(t, "data_t", None) is None:
         raise ValueError("gemm: this NVFP4Tensor has no columnwise copy; the dgrad/wgrad GEMMs need "
                          "one (quantize with columnwise=True)")
     # The columnwise copy is always per-tensor scaled, even when the rowwise copy is row-scaled.
     return _Nvfp4Operand(t.data_t, t.scale_t, t.amax_t, False, e4m3_max,
-                         bool(getattr(t, "rht_columnwise", False)))
+                         bool(getattr(t, "rht_columnwise", False)), getattr(t, "gemm_unit_t", None))
 
 
 def _dense_operand(t, transpose: bool) -> torch.Tensor:
@@ -350,10 +351,22 @@ def _fp32_amax_on(t: torch.Tensor, device: torch.device) -> bool:
     return t.dtype == torch.float32 and t.device == device and t.is_contiguous()
 
 
+def _cached_unit(op: _Nvfp4Operand, dev: torch.device) -> Optional[torch.Tensor]:
+    """The operand's cached BF16 unit copy when the GEMM can read it as is (the quantize kernel wrote it
+    from the same codes and scales: bit-equal to decoding them), else None."""
+    u = op.unit
+    rows, half = op.data.shape
+    if u is None or u.dtype != torch.bfloat16 or u.shape != (rows, half * 2) or u.device != dev or \
+            not u.is_contiguous() or u.data_ptr() % 16:
+        return None
+    return u
+
+
 def _gemm_nvfp4_cuda(a: _Nvfp4Operand, b: _Nvfp4Operand, out_dtype: torch.dtype,
                      bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The emulation in three launches at most: one kernel decodes both operands to BF16 unit values and
-    writes alpha on the device; one cuBLASLt BF16 GEMM (FP32 accumulation) applies that alpha (and a
+    """The emulation in three launches at most: one kernel decodes the operands that have no cached BF16
+    unit copy (the CUDA quantizer writes those next to the packed copies) and writes alpha on the device;
+    one cuBLASLt BF16 GEMM (FP32 accumulation) applies that alpha (and a
     bias of the output dtype) in its epilogue; a row-scaled product adds one epilogue kernel. The same
     values and roundings as :func:`_gemm_nvfp4_emulated`; only the FP32 accumulation order is
     cuBLAS's choice, as it already was. None when it cannot run here (no cuBLASLt, tracing under
@@ -372,12 +385,17 @@ def _gemm_nvfp4_cuda(a: _Nvfp4Operand, b: _Nvfp4Operand, out_dtype: torch.dtype,
     if bias is not None and (bias.device != dev or bias.dtype not in _OUT_DTYPES or not bias.is_contiguous()):
         return None
     row = a.row_scaled or b.row_scaled
+    units = [_cached_unit(a, dev), _cached_unit(b, dev)]
+    todo = [i for i, u in enumerate(units) if u is None]
     try:
-        (ua, ub), alpha_beta = cuda_nvfp4.nvfp4_unit_operands(
-            [(a.data, a.scale), (b.data, b.scale)], None if row else a.amax, None if row else b.amax,
-            a.e4m3_max, b.e4m3_max)
+        decoded, alpha_beta = cuda_nvfp4.nvfp4_unit_operands(
+            [(op.data, op.scale) for op in ((a, b)[i] for i in todo)],
+            None if row else a.amax, None if row else b.amax, a.e4m3_max, b.e4m3_max, device=dev)
     except ValueError:  # non-contiguous or unaligned copies: the torch emulation takes them
         return None
+    for i, u in zip(todo, decoded):
+        units[i] = u
+    ua, ub = units
     if not row:
         fuse_bias = bias is None or bias.dtype == out_dtype
         out = torch.empty((m, n), dtype=out_dtype if fuse_bias else torch.float32, device=dev)

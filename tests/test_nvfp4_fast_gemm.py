@@ -220,7 +220,7 @@ def fake_cuda_pieces(monkeypatch):
 
     rec = _Recorder()
 
-    def unit_operands(copies, amax_a=None, amax_b=None, e_a=448, e_b=448, *, with_alpha=True):
+    def unit_operands(copies, amax_a=None, amax_b=None, e_a=448, e_b=448, *, with_alpha=True, device=None):
         rec.calls.append(("decode", len(copies), amax_a is not None, amax_b is not None, e_a, e_b))
         outs = [G.decode_nvfp4_unit(d, s, torch.bfloat16) for d, s in copies]
         one = torch.ones((), dtype=torch.float32)
@@ -283,3 +283,23 @@ def test_cpu_wiring_declines(fake_cuda_pieces, monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None) is None  # traced: torch ops only
     assert fake_cuda_pieces.calls == []
+
+
+def test_cpu_wiring_cached_units(fake_cuda_pieces):
+    """Operands with a cached BF16 unit copy (written by the quantize kernel) are not decoded again: the
+    launch then decodes only the other operand, or writes only alpha; the result is the emulation's."""
+    g = torch.Generator().manual_seed(3)
+    a = _nvfp4_operand(torch.randn(32, 64, generator=g) * 3)
+    b = _nvfp4_operand(torch.randn(48, 64, generator=g))
+    want = G._gemm_nvfp4_emulated(a, b, torch.bfloat16, None)
+    a.unit = G.decode_nvfp4_unit(a.data, a.scale, torch.bfloat16)
+    assert torch.equal(G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None), want)
+    assert fake_cuda_pieces.calls[0] == ("decode", 1, True, True, 448, 448)
+    b.unit = G.decode_nvfp4_unit(b.data, b.scale, torch.bfloat16)
+    fake_cuda_pieces.calls.clear()
+    assert torch.equal(G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None), want)
+    assert fake_cuda_pieces.calls == [("decode", 0, True, True, 448, 448), ("gemm", torch.bfloat16, None)]
+    b.unit = b.unit.float()  # not a BF16 unit copy: ignored, decoded
+    fake_cuda_pieces.calls.clear()
+    assert torch.equal(G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None), want)
+    assert fake_cuda_pieces.calls[0] == ("decode", 1, True, True, 448, 448)

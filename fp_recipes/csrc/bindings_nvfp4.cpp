@@ -21,7 +21,8 @@ void nvfp4_quantize(std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::u
                     std::uintptr_t scale, std::uintptr_t amax, bool row_scaled, std::uintptr_t data_t,
                     std::uintptr_t scale_t, std::uintptr_t amax_t, bool rht, bool block_2d,
                     int four_over_six, bool mse, double e4m3_max, bool stochastic_rounding,
-                    uint64_t seed, uint64_t offset, std::uintptr_t stream, int device) {
+                    uint64_t seed, uint64_t offset, std::uintptr_t stream, int device, std::uintptr_t unit,
+                    std::uintptr_t unit_t) {
   use_device(device);
   require(four_over_six >= 0 && four_over_six <= 2, "nvfp4_quantize: four_over_six must be 0, 1 or 2");
   nvfp4::QuantizeArgs a;
@@ -44,6 +45,8 @@ void nvfp4_quantize(std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::u
   a.stochastic_rounding = stochastic_rounding;
   a.seed = seed;
   a.offset = offset;
+  a.unit = as_ptr<uint16_t>(unit);
+  a.unit_t = as_ptr<uint16_t>(unit_t);
   nvfp4::quantize(a, as_stream(stream));
 }
 
@@ -56,28 +59,29 @@ void register_nvfp4(py::module_& m) {
         py::arg("scale_t"), py::arg("amax_t"), py::arg("rht"), py::arg("block_2d"),
         py::arg("four_over_six"), py::arg("mse"), py::arg("e4m3_max"),
         py::arg("stochastic_rounding"), py::arg("seed"), py::arg("offset"), py::arg("stream"),
-        py::arg("device"));
+        py::arg("device"), py::arg("unit") = 0, py::arg("unit_t") = 0);
   m.def(
       "nvfp4_amax",
       [](std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::uintptr_t amax_out,
-         std::uintptr_t rht_amax_out, std::uintptr_t stream, int device) {
+         std::uintptr_t rht_amax_out, std::uintptr_t stream, int device, std::uintptr_t ws) {
         use_device(device);
         nvfp4::amax(as_ptr<const void>(x), static_cast<DType>(in_dtype), M, N, as_ptr<float>(amax_out),
-                    as_ptr<float>(rht_amax_out), as_stream(stream));
+                    as_ptr<float>(rht_amax_out), as_stream(stream), as_ptr<uint32_t>(ws));
       },
       "amax of x and/or of RHT(x) (raw pointers; 0 = not wanted)", py::arg("x"), py::arg("in_dtype"),
       py::arg("M"), py::arg("N"), py::arg("amax_out"), py::arg("rht_amax_out"), py::arg("stream"),
-      py::arg("device"));
+      py::arg("device"), py::arg("ws") = 0);
   m.def(
       "nvfp4_row_amax",
       [](std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::uintptr_t row_out,
-         std::uintptr_t amax_out, std::uintptr_t stream, int device) {
+         std::uintptr_t amax_out, std::uintptr_t stream, int device, std::uintptr_t ws) {
         use_device(device);
         nvfp4::row_amax(as_ptr<const void>(x), static_cast<DType>(in_dtype), M, N, as_ptr<float>(row_out),
-                        as_ptr<float>(amax_out), as_stream(stream));
+                        as_ptr<float>(amax_out), as_stream(stream), as_ptr<uint32_t>(ws));
       },
       "per-row amax (and optionally the global amax)", py::arg("x"), py::arg("in_dtype"), py::arg("M"),
-      py::arg("N"), py::arg("row_out"), py::arg("amax_out"), py::arg("stream"), py::arg("device"));
+      py::arg("N"), py::arg("row_out"), py::arg("amax_out"), py::arg("stream"), py::arg("device"),
+      py::arg("ws") = 0);
   m.def(
       "nvfp4_dequantize",
       [](std::uintptr_t data, std::uintptr_t scale, std::uintptr_t amax, bool row_scaled, int64_t M,

@@ -2,6 +2,11 @@
 // operand) and per-row amax (row-scaled activations). FP32 accumulation whatever the input dtype;
 // NaN propagates (written as the canonical NaN 0x7FC00000). Blocks combine through an atomic max
 // on the FP32 bit pattern of |x| (order-independent, hence race-free and deterministic).
+//
+// Memset-free mode (ws != nullptr): the blocks combine in a zero-initialised workspace {max0, max1,
+// counter} instead of the (then unzeroed) outputs; the last block to finish (counter ticket ==
+// gridDim - 1) copies the maxima to the outputs and resets the workspace to zero, so the next launch on
+// the same stream finds it zeroed again. One launch instead of memset + kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -32,9 +37,30 @@ __device__ __forceinline__ uint32_t block_max(uint32_t v) {
   return v;
 }
 
+// Thread 0 of each block: combine this block's maxima (v0 -> out0, v1 -> out1; a null output is
+// skipped) directly into the outputs, or through the workspace (memset-free mode, see above).
+__device__ __forceinline__ void publish_block_max(uint32_t* out0, uint32_t v0, uint32_t* out1, uint32_t v1,
+                                                  uint32_t* ws) {
+  if (ws == nullptr) {
+    if (out0 != nullptr) atomicMax(out0, v0);
+    if (out1 != nullptr) atomicMax(out1, v1);
+    return;
+  }
+  if (out0 != nullptr) atomicMax(ws, v0);
+  if (out1 != nullptr) atomicMax(ws + 1, v1);
+  __threadfence();
+  if (atomicAdd(ws + 2, 1u) == gridDim.x - 1) {  // every other block has published (fence above)
+    __threadfence();
+    const uint32_t a = atomicExch(ws, 0u), b = atomicExch(ws + 1, 0u);
+    if (out0 != nullptr) *out0 = a;
+    if (out1 != nullptr) *out1 = b;
+    atomicExch(ws + 2, 0u);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const T* x, int64_t n, bool vec_ok,
-                                                        uint32_t* out) {
+                                                        uint32_t* out, uint32_t* ws) {
   constexpr int kPerVec = 16 / sizeof(T);
   uint32_t m = 0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -52,14 +78,14 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* x, int64_t n, b
   }
   for (int64_t i = scalar_from + tid; i < n; i += stride) m = max(m, abs_bits(to_f32<T>(x[i])));
   m = block_max(m);
-  if (threadIdx.x == 0) atomicMax(out, canonical(m));
+  if (threadIdx.x == 0) publish_block_max(out, canonical(m), nullptr, 0u, ws);
 }
 
 // Post-RHT amax: each thread transforms kVec adjacent columns over one 16-row group.
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) rht_amax_kernel(const __nv_bfloat16* x, int64_t M,
                                                             int64_t N, uint32_t* rht_out,
-                                                            uint32_t* plain_out) {
+                                                            uint32_t* plain_out, uint32_t* ws) {
   const int64_t col_groups = (N + kVec - 1) / kVec;
   const int64_t total = (M / 16) * col_groups;
   uint32_t m_rht = 0, m_plain = 0;
@@ -90,19 +116,20 @@ __global__ void __launch_bounds__(kThreads) rht_amax_kernel(const __nv_bfloat16*
     }
   }
   m_rht = block_max(m_rht);
-  if (threadIdx.x == 0) atomicMax(rht_out, canonical(m_rht));
   if (plain_out != nullptr) {
-    __syncthreads();
+    __syncthreads();  // block_max's shared slots are reused
+    const uint32_t r = m_rht;
     m_plain = block_max(m_plain);
-    if (threadIdx.x == 0) atomicMax(plain_out, canonical(m_plain));
+    m_rht = r;
   }
+  if (threadIdx.x == 0) publish_block_max(plain_out, canonical(m_plain), rht_out, canonical(m_rht), ws);
 }
 
 // One warp per row.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) row_amax_kernel(const T* x, int64_t M, int64_t N,
                                                             bool vec_ok, float* row_out,
-                                                            uint32_t* global_out) {
+                                                            uint32_t* global_out, uint32_t* ws) {
   constexpr int kPerVec = 16 / sizeof(T);
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
@@ -125,7 +152,12 @@ __global__ void __launch_bounds__(kThreads) row_amax_kernel(const T* x, int64_t 
   m = canonical(__reduce_max_sync(0xFFFFFFFFu, m));
   if (row < M && lane == 0) {
     row_out[row] = __uint_as_float(m);
-    if (global_out != nullptr) atomicMax(global_out, m);
+    if (global_out != nullptr) atomicMax(ws != nullptr ? ws : global_out, m);
+  }
+  if (global_out != nullptr && ws != nullptr) {
+    __threadfence();  // this warp's atomicMax before the block's ticket
+    __syncthreads();
+    if (threadIdx.x == 0) publish_block_max(global_out, 0u, nullptr, 0u, ws);  // 0: adds nothing to the max
   }
 }
 
@@ -138,29 +170,32 @@ int grid_for(int64_t work_items) {
 }
 
 template <typename T>
-void launch_amax(const void* x, int64_t n, float* out, cudaStream_t stream) {
+void launch_amax(const void* x, int64_t n, float* out, uint32_t* ws, cudaStream_t stream) {
   constexpr int kPerVec = 16 / sizeof(T);
   const bool vec_ok = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   amax_kernel<T><<<grid_for(n / kPerVec + 1), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), n, vec_ok, reinterpret_cast<uint32_t*>(out));
+      static_cast<const T*>(x), n, vec_ok, reinterpret_cast<uint32_t*>(out), ws);
   check_launch("nvfp4 amax_kernel");
 }
 
 template <typename T>
-void launch_row_amax(const void* x, int64_t M, int64_t N, float* row_out, float* global_out,
+void launch_row_amax(const void* x, int64_t M, int64_t N, float* row_out, float* global_out, uint32_t* ws,
                      cudaStream_t stream) {
   const bool vec_ok = reinterpret_cast<uintptr_t>(x) % 16 == 0 && (N * sizeof(T)) % 16 == 0;
   const int64_t grid = (M + kThreads / 32 - 1) / (kThreads / 32);
   row_amax_kernel<T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-      static_cast<const T*>(x), M, N, vec_ok, row_out, reinterpret_cast<uint32_t*>(global_out));
+      static_cast<const T*>(x), M, N, vec_ok, row_out, reinterpret_cast<uint32_t*>(global_out), ws);
   check_launch("nvfp4 row_amax_kernel");
 }
 
 }  // namespace
 
 void amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* amax_out, float* rht_amax_out,
-          cudaStream_t stream) {
-  if (amax_out && rht_amax_out == amax_out + 1) {  // adjacent outputs: one memset (one launch fewer)
+          cudaStream_t stream, uint32_t* ws) {
+  if (M * N == 0) ws = nullptr;  // no kernel runs: the memsets write the zero amaxes
+  if (ws != nullptr) {
+    // memset-free: the kernel's last block writes the outputs
+  } else if (amax_out && rht_amax_out == amax_out + 1) {  // adjacent outputs: one memset (one launch fewer)
     check_cuda(cudaMemsetAsync(amax_out, 0, 2 * sizeof(float), stream), "nvfp4 amax memset");
   } else {
     if (amax_out) check_cuda(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), "nvfp4 amax memset");
@@ -175,30 +210,31 @@ void amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* amax_out, 
     uint32_t* ro = reinterpret_cast<uint32_t*>(rht_amax_out);
     uint32_t* po = reinterpret_cast<uint32_t*>(amax_out);
     if (N % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-      rht_amax_kernel<8><<<grid_for((M / 16) * (N / 8)), kThreads, 0, stream>>>(xb, M, N, ro, po);
+      rht_amax_kernel<8><<<grid_for((M / 16) * (N / 8)), kThreads, 0, stream>>>(xb, M, N, ro, po, ws);
     } else {
-      rht_amax_kernel<1><<<grid_for((M / 16) * N), kThreads, 0, stream>>>(xb, M, N, ro, po);
+      rht_amax_kernel<1><<<grid_for((M / 16) * N), kThreads, 0, stream>>>(xb, M, N, ro, po, ws);
     }
     check_launch("nvfp4 rht_amax_kernel");
     return;
   }
   if (amax_out == nullptr) return;
   switch (in_dtype) {
-    case DType::kFloat32: launch_amax<float>(x, M * N, amax_out, stream); break;
-    case DType::kBFloat16: launch_amax<__nv_bfloat16>(x, M * N, amax_out, stream); break;
-    case DType::kFloat16: launch_amax<__half>(x, M * N, amax_out, stream); break;
+    case DType::kFloat32: launch_amax<float>(x, M * N, amax_out, ws, stream); break;
+    case DType::kBFloat16: launch_amax<__nv_bfloat16>(x, M * N, amax_out, ws, stream); break;
+    case DType::kFloat16: launch_amax<__half>(x, M * N, amax_out, ws, stream); break;
     default: require(false, std::string("nvfp4 amax: unsupported input dtype ") + dtype_name(in_dtype));
   }
 }
 
 void row_amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* row_out, float* amax_out,
-              cudaStream_t stream) {
-  if (amax_out) check_cuda(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), "nvfp4 amax memset");
+              cudaStream_t stream, uint32_t* ws) {
+  if (M == 0 || amax_out == nullptr) ws = nullptr;
+  if (amax_out && ws == nullptr) check_cuda(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), "nvfp4 amax memset");
   if (M == 0) return;
   switch (in_dtype) {
-    case DType::kFloat32: launch_row_amax<float>(x, M, N, row_out, amax_out, stream); break;
-    case DType::kBFloat16: launch_row_amax<__nv_bfloat16>(x, M, N, row_out, amax_out, stream); break;
-    case DType::kFloat16: launch_row_amax<__half>(x, M, N, row_out, amax_out, stream); break;
+    case DType::kFloat32: launch_row_amax<float>(x, M, N, row_out, amax_out, ws, stream); break;
+    case DType::kBFloat16: launch_row_amax<__nv_bfloat16>(x, M, N, row_out, amax_out, ws, stream); break;
+    case DType::kFloat16: launch_row_amax<__half>(x, M, N, row_out, amax_out, ws, stream); break;
     default: require(false, std::string("nvfp4 row_amax: unsupported input dtype ") + dtype_name(in_dtype));
   }
 }

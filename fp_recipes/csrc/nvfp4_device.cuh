@@ -570,5 +570,33 @@ __device__ __forceinline__ void load16<__nv_bfloat16>(const __nv_bfloat16* p, fl
   }
 }
 
+// ---- the emulated GEMM's BF16 "unit" operand: E2M1 code x E4M3 block scale, no global factor ----
+// The product has at most 6 significant bits and lies in [2^-10, 2688], so the FP32 product is exact
+// and its top 16 bits are its BF16 value. A NaN scale code (0x7F/0xFF) gives torch's canonical BF16 NaN,
+// as gemm.decode_nvfp4_unit's BF16 multiply does. The decode kernel and the quantize kernels (which
+// write the operand next to the packed copy) share this code.
+constexpr uint32_t kUnitBf16NaN = 0x7FC0u;
+
+__device__ __forceinline__ uint32_t unit_bf16_bits(uint32_t nibble, float sf, bool sf_nan) {
+  const float v = __fmul_rn(e2m1_decode(nibble), sf);
+  return sf_nan ? kUnitBf16NaN : (__float_as_uint(v) >> 16);
+}
+
+// The 16 BF16 unit values of one packed block (q: 8 bytes, low nibble first) to out[0..15]
+// (32 bytes, 16-byte aligned).
+__device__ __forceinline__ void store_unit16(const uint2& q, uint32_t sf_code, uint16_t* out) {
+  const float sf = nvfp4_e4m3_decode(sf_code);
+  const bool sf_nan = (sf_code & 0x7Fu) == 0x7Fu;
+  uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu;  // elements 2i, 2i+1
+    w[i] = unit_bf16_bits(byte & 0xFu, sf, sf_nan) | (unit_bf16_bits(byte >> 4, sf, sf_nan) << 16);
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out);
+  dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
 }  // namespace nvfp4
 }  // namespace fp_recipes

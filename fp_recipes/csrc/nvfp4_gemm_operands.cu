@@ -20,7 +20,6 @@ namespace nvfp4 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint32_t kBf16CanonicalNaN = 0x7FC0u;  // what torch's float -> bfloat16 conversion writes
 
 struct DecodeParams {
   UnitDecodeJob jobs[kMaxUnitJobs];
@@ -28,12 +27,6 @@ struct DecodeParams {
   int num;
   GemmAlphaArgs alpha;
 };
-
-__device__ __forceinline__ uint32_t unit_bits(uint32_t nibble, float sf, bool sf_nan) {
-  // Exact: |code value| in {0..6} with <= 2 significant bits, sf with <= 4.
-  const float v = __fmul_rn(e2m1_decode(nibble), sf);
-  return sf_nan ? kBf16CanonicalNaN : (__float_as_uint(v) >> 16);
-}
 
 __global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_constant__ DecodeParams p) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.alpha.out != nullptr) {
@@ -62,18 +55,7 @@ __global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_cons
   const int64_t g = (cta - first) * kThreads + threadIdx.x;  // one 16-element block per thread
   if (g >= blocks) return;
   const uint2 q = __ldg(reinterpret_cast<const uint2*>(data) + g);
-  const uint32_t code = __ldg(scale + g);
-  const float sf = nvfp4_e4m3_decode(code);
-  const bool sf_nan = (code & 0x7Fu) == 0x7Fu;
-  uint32_t w[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu;  // elements 2i, 2i+1
-    w[i] = unit_bits(byte & 0xFu, sf, sf_nan) | (unit_bits(byte >> 4, sf, sf_nan) << 16);
-  }
-  uint4* dst = reinterpret_cast<uint4*>(out + g * 16);
-  dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  store_unit16(q, __ldg(scale + g), out + g * 16);
 }
 
 template <typename T>

@@ -36,6 +36,11 @@ struct QuantizeArgs {
   float e4m3_max = 448.0f;
   bool stochastic_rounding = false;
   uint64_t seed = 0, offset = 0;
+  // Optional BF16 "unit" GEMM operands (E2M1 x E4M3, no global factor; bit-equal to what
+  // decode_unit_bf16 writes from the packed copy): unit (M, N) of the rowwise copy, unit_t (N, M) of
+  // the columnwise copy, 16-byte aligned. The emulated GEMM reads them without a decode pass.
+  uint16_t* unit = nullptr;
+  uint16_t* unit_t = nullptr;
 };
 
 // Quantize per args (rowwise if data != nullptr, columnwise if data_t != nullptr).
@@ -44,12 +49,15 @@ void quantize(const QuantizeArgs& args, cudaStream_t stream);
 // amax = max |x| over numel elements (FP32, NaN propagates as the canonical NaN 0x7FC00000).
 // Also (when rht_amax != nullptr) the amax of RHT(x) over 16-row groups of the (M, N) bf16 tensor.
 // Either output may be nullptr. Outputs are fully written (no caller memset needed).
+// ws: optional amax workspace (kAmaxWorkspaceWords uint32, zero before the first use, owned by one
+// stream): with it the launch needs no memset (the last block writes the outputs and re-zeroes ws).
+constexpr int kAmaxWorkspaceWords = 4;
 void amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* amax_out, float* rht_amax_out,
-          cudaStream_t stream);
+          cudaStream_t stream, uint32_t* ws = nullptr);
 
 // row_amax[m] = max_n |x[m, n]|; optionally also the global max into amax_out.
 void row_amax(const void* x, DType in_dtype, int64_t M, int64_t N, float* row_amax_out,
-              float* amax_out, cudaStream_t stream);
+              float* amax_out, cudaStream_t stream, uint32_t* ws = nullptr);
 
 // x ~= q * RN(RN(fp32(sf) * amax) * RN(1/(6E))), cast to out_dtype (float32/bfloat16/float16).
 // data (M, N/2), scale (M, N/16), amax scalar or (M,) when row_scaled.

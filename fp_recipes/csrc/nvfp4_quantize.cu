@@ -29,6 +29,8 @@ struct KParams {
   float e4m3_max;
   int sr;
   uint64_t seed, offset;
+  uint16_t* unit;    // optional BF16 unit operand of the rowwise copy, (M, N)
+  uint16_t* unit_t;  // optional BF16 unit operand of the columnwise copy, (N, M)
 };
 
 // Per-mode shape of the rowwise kernel's loop (benchmarks/nvfp4_variants measured the options, all with
@@ -120,6 +122,7 @@ __device__ __forceinline__ void rowwise_block(const KParams& p, const float (&x)
   quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf, tab, vt);
   reinterpret_cast<uint2*>(p.data)[g] = q;
   p.scale[g] = static_cast<uint8_t>(sf);
+  if (p.unit != nullptr) store_unit16(q, sf, p.unit + g * 16);
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000)
@@ -282,6 +285,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     if (do_row && row_valid) {
       reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
       p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
+      if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
     }
   } else if (do_row && row_valid) {
     const float amax = p.row_scaled ? __ldg(p.amax + row) : __ldg(p.amax);
@@ -292,6 +296,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
                             p.seed, p.offset, q, sf, nullptr, nullptr);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
+    if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
   }
 
   if (!do_col) return;
@@ -326,6 +331,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
+  if (p.unit_t != nullptr) store_unit16(q, sf, p.unit_t + col * p.M + row16);
 }
 
 template <typename T, int kFos>
@@ -370,6 +376,10 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
   require(!do_row || (a.N % 16 == 0 && a.scale && a.amax), "nvfp4 quantize: bad rowwise arguments");
   require(!do_col || (a.M % 16 == 0 && a.scale_t && a.amax_t), "nvfp4 quantize: bad columnwise arguments");
   require(!a.rht || a.in_dtype == DType::kBFloat16, "nvfp4 quantize: rht needs bfloat16 input");
+  require((a.unit == nullptr || do_row) && (a.unit_t == nullptr || do_col),
+          "nvfp4 quantize: a unit operand needs its copy (rowwise for unit, columnwise for unit_t)");
+  require(reinterpret_cast<std::uintptr_t>(a.unit) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.unit_t) % 16 == 0,
+          "nvfp4 quantize: unit operands must be 16-byte aligned");
   require(!(a.row_scaled && (a.block_2d || a.stochastic_rounding)),
           "nvfp4 quantize: row_scaled excludes 2-D and stochastic rounding");
   require(!(a.four_over_six != FourOverSix::kOff && (a.rht || a.stochastic_rounding)),
@@ -377,7 +387,8 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
   KParams kp{a.x,      a.M,     a.N,        a.data,          a.scale,   a.amax,
              a.row_scaled ? 1 : 0,       a.data_t,        a.scale_t, a.amax_t,
              a.rht ? 1 : 0,              a.block_2d ? 1 : 0, a.mse ? 1 : 0, a.e4m3_max,
-             a.stochastic_rounding ? 1 : 0, a.seed,     a.offset};
+             a.stochastic_rounding ? 1 : 0, a.seed,     a.offset,
+             a.unit,   a.unit_t};
   // The rowwise-only 1-D case reads x directly (16-byte loads need N*sizeof % 16 == 0, true for
   // N % 16 == 0); everything else goes through the tile.
   const bool tiled = do_col || a.block_2d;

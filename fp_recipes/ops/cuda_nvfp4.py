@@ -21,7 +21,7 @@ from . import backend
 from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_options, _check_x,
                         check_nvfp4_dequantize_args)
 
-__all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize"]
+__all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize_with_units"]
 
 # fp_recipes::DType codes (csrc/common.h).
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -64,6 +64,24 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 _EMPTY_SHAPE = (0,)
 
+# Memset-free amax: one zeroed 16-byte workspace per (device, stream), which every amax launch on that
+# stream uses and leaves zeroed again (the kernel's last block resets it; csrc/nvfp4_amax.cu). Launches
+# on one stream are ordered, so they never share it concurrently.
+_AMAX_WS: dict = {}
+
+
+def _amax_ws(device: torch.device, stream: int) -> int:
+    """Pointer to this stream's amax workspace, or 0 (the launcher then zeroes the outputs with a memset)
+    while the stream is being captured into a CUDA graph (a workspace created inside a capture would be
+    zeroed only when the graph replays)."""
+    key = (device.index, stream)
+    ws = _AMAX_WS.get(key)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing():
+            return 0
+        ws = _AMAX_WS[key] = torch.zeros((4,), dtype=torch.int32, device=device)
+    return ws.data_ptr()
+
 
 def _empty_u8(device: torch.device) -> torch.Tensor:
     return torch.empty(_EMPTY_SHAPE, dtype=torch.uint8, device=device)
@@ -87,7 +105,8 @@ def _amax_op(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((), dtype=torch.float32, device=x.device)
     m, n = x.shape
     stream, dev = _launch_ctx(x)
-    _ext().nvfp4_amax(_ptr(x), _DTYPE_CODES[x.dtype], m, n, out.data_ptr(), 0, stream, dev)
+    _ext().nvfp4_amax(_ptr(x), _DTYPE_CODES[x.dtype], m, n, out.data_ptr(), 0, stream, dev,
+                      ws=_amax_ws(x.device, stream))
     return out
 
 
@@ -104,7 +123,8 @@ def _row_amax_op(x: torch.Tensor) -> torch.Tensor:
     m, n = x.shape
     out = torch.empty((m,), dtype=torch.float32, device=x.device)
     stream, dev = _launch_ctx(x)
-    _ext().nvfp4_row_amax(_ptr(x), _DTYPE_CODES[x.dtype], m, n, _ptr(out), 0, stream, dev)
+    _ext().nvfp4_row_amax(_ptr(x), _DTYPE_CODES[x.dtype], m, n, _ptr(out), 0, stream, dev,
+                          ws=_amax_ws(x.device, stream))
     return out
 
 
@@ -129,11 +149,13 @@ def _output_shapes(m: int, n: int, rowwise: bool, columnwise: bool, row_scaled: 
 def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
                    block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
                    err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
-                   offset_lo: int, offset_hi: int, share_amax: bool = False
+                   offset_lo: int, offset_hi: int, share_amax: bool = False,
+                   units: Optional[list] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The launches of one quantization. ``share_amax`` (eager calls only: a custom op may not return
     aliased outputs): when both copies use x's own per-tensor amax, return that one tensor for both
-    instead of a copy (one launch fewer)."""
+    instead of a copy (one launch fewer). ``units`` (eager only): ``[unit_rowwise, unit_columnwise]``
+    flags in, replaced by the BF16 unit operands the quantize kernel wrote (or None) on return."""
     what = "nvfp4_quantize"
     _require_cuda(x, what)
     _require_contiguous(x, what)
@@ -143,6 +165,7 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
     stream, dev = _launch_ctx(x)
     ext = _ext()
     code = _DTYPE_CODES[x.dtype]
+    ws = _amax_ws(dev_t, stream)
 
     # ---- amaxes: the rowwise (global or per-row) amax, and the columnwise one (post-RHT when rht)
     row_am: Optional[torch.Tensor] = None  # (M,) when row_scaled
@@ -157,25 +180,25 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
             row_am = torch.empty((m,), dtype=torch.float32, device=dev_t)
             if columnwise:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
-            ext.nvfp4_row_amax(_ptr(x), code, m, n, _ptr(row_am), _ptr(t_am), stream, dev)
+            ext.nvfp4_row_amax(_ptr(x), code, m, n, _ptr(row_am), _ptr(t_am), stream, dev, ws=ws)
     else:
         need_g = rowwise or block_2d or (columnwise and not rht)
         if amax is not None:
             g_am = amax.reshape(()).to(torch.float32).clone()
             if rht:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
-                ext.nvfp4_amax(_ptr(x), code, m, n, 0, t_am.data_ptr(), stream, dev)
+                ext.nvfp4_amax(_ptr(x), code, m, n, 0, t_am.data_ptr(), stream, dev, ws=ws)
         elif need_g and rht and share_amax:
-            # Eager: both amaxes in one 8-byte buffer, which the launcher zeroes with one memset (views of
-            # one buffer: not allowed as a custom op's outputs).
+            # Eager: both amaxes in one 8-byte buffer, which the launcher zeroes with one memset when it has no
+            # workspace (views of one buffer: not allowed as a custom op's outputs).
             both = torch.empty((2,), dtype=torch.float32, device=dev_t)
             g_am, t_am = both[0], both[1]
-            ext.nvfp4_amax(_ptr(x), code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev)
+            ext.nvfp4_amax(_ptr(x), code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev, ws=ws)
         else:
             g_am = torch.empty((), dtype=torch.float32, device=dev_t) if need_g else None
             t_am = torch.empty((), dtype=torch.float32, device=dev_t) if rht else None
             ext.nvfp4_amax(_ptr(x), code, m, n, 0 if g_am is None else g_am.data_ptr(),
-                           0 if t_am is None else t_am.data_ptr(), stream, dev)
+                           0 if t_am is None else t_am.data_ptr(), stream, dev, ws=ws)
         if columnwise and not rht:
             t_am = g_am.clone() if rowwise and not share_amax else g_am
 
@@ -186,6 +209,13 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
     scale_t = torch.empty(shapes[4], dtype=torch.float8_e4m3fn, device=dev_t)
     rowwise_amax = row_am if row_scaled else g_am
     fos = _FOS_OFF if not four_over_six else (_FOS_FAST if err_fast_math else _FOS_STRICT)
+    unit = unit_t = None
+    if units is not None:
+        if units[0] and rowwise:
+            unit = torch.empty((m, n), dtype=torch.bfloat16, device=dev_t)
+        if units[1] and columnwise:
+            unit_t = torch.empty((n, m), dtype=torch.bfloat16, device=dev_t)
+        units[:] = [unit, unit_t]
     if m * n:
         ext.nvfp4_quantize(
             _ptr(x), code, m, n,
@@ -194,7 +224,8 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
             _ptr(data_t) if columnwise else 0, _ptr(scale_t) if columnwise else 0,
             _ptr(t_am) if columnwise else 0,
             rht, block_2d, fos, mse, float(e4m3_max), stochastic_rounding,
-            (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev)
+            (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev,
+            unit=_ptr(unit), unit_t=_ptr(unit_t))
     out_amax = rowwise_amax if rowwise else _empty_f32(dev_t)
     out_amax_t = t_am if columnwise else _empty_f32(dev_t)
     if rowwise and columnwise and out_amax_t is out_amax and not share_amax:
@@ -292,6 +323,35 @@ def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, roww
     return NVFP4Quantized(data, scale, out_amax, data_t, scale_t, amax_t)
 
 
+def nvfp4_quantize_with_units(x: torch.Tensor, *, unit_rowwise: bool, unit_columnwise: bool,
+                              amax: Optional[torch.Tensor] = None, rowwise: bool = True, columnwise: bool = False,
+                              block_2d: bool = False, row_scaled: bool = False, four_over_six: bool = False,
+                              e4m3_max: int = 448, err_mode: str = "MAE", err_fast_math: bool = False,
+                              rht: bool = False, stochastic_rounding: bool = False, seed: int = 0, offset: int = 0
+                              ) -> tuple[NVFP4Quantized, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """:func:`nvfp4_quantize` (same checks, same bytes) whose kernel also writes the emulated GEMM's BF16
+    unit operands of the copies asked for: ``unit`` (M, N) = ``gemm.decode_nvfp4_unit(data, scale,
+    bfloat16)`` and ``unit_t`` (N, M) the same of the columnwise copy, bit for bit, read from registers
+    instead of a decode pass over the packed copy. Eager CUDA calls only (not traced by torch.compile).
+    Returns ``(quantized, unit or None, unit_t or None)``."""
+    _check_options(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, err_mode,
+                   rht, stochastic_rounding, seed, offset)
+    _require_cuda(x, "nvfp4_quantize")
+    if amax is not None:
+        amax = amax.contiguous()
+    units = [bool(unit_rowwise), bool(unit_columnwise)]
+    res = _quantize_impl(x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d), bool(row_scaled),
+                         bool(four_over_six), int(e4m3_max), err_mode == "MSE", bool(err_fast_math), bool(rht),
+                         bool(stochastic_rounding), seed & _MASK32, seed >> 32, offset & _MASK32, offset >> 32,
+                         share_amax=True, units=units)
+    data, scale, out_amax, data_t, scale_t, amax_t = res
+    if not rowwise:
+        data = scale = out_amax = None
+    if not columnwise:
+        data_t = scale_t = amax_t = None
+    return NVFP4Quantized(data, scale, out_amax, data_t, scale_t, amax_t), units[0], units[1]
+
+
 @backend.register_cuda_impl("nvfp4_dequantize")
 def nvfp4_dequantize(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, *, e4m3_max: int = 448,
                      row_scaled: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -313,18 +373,22 @@ def unit_operands_available() -> bool:
 
 
 def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: Optional[torch.Tensor] = None,
-                        e4m3_max_a: int = 448, e4m3_max_b: int = 448, *, with_alpha: bool = True):
+                        e4m3_max_a: int = 448, e4m3_max_b: int = 448, *, with_alpha: bool = True,
+                        device: Optional[torch.device] = None):
     """BF16 unit values (E2M1 x E4M3, no global factor; exact) of up to four NVFP4 copies, each
     ``(data (rows, K/2) uint8, scale (rows, K/16) e4m3)`` contiguous on one CUDA device, in one launch.
+    No copies (``device`` given) with ``with_alpha``: the launch writes only alpha (both GEMM operands
+    came cached from the quantize kernels).
 
     With ``with_alpha`` the same launch writes ``alpha_beta`` = FP32 {alpha, 0}, alpha =
     RN(RN(amax_a * amax_b) * RN(1/(36 E_a E_b))) (bit-equal to ``ref_nvfp4.nvfp4_gemm_alpha``; an absent
     amax counts as 1, the unit alpha of a row-scaled GEMM) for a cuBLASLt call that reads it on the
     device. Returns ``(list of (rows, K) bfloat16 tensors, alpha_beta or None)``. No validation beyond
     what the kernel needs: callers (gemm.py) pass an NVFP4Tensor's own copies."""
-    if not 0 < len(copies) <= 4:
-        raise ValueError(f"nvfp4_unit_operands: 1 to 4 copies per call, got {len(copies)}")
-    dev = copies[0][0].device
+    if not (0 < len(copies) or (with_alpha and device is not None)) or len(copies) > 4:
+        raise ValueError(f"nvfp4_unit_operands: 1 to 4 copies per call (0 with alpha and a device), got "
+                         f"{len(copies)}")
+    dev = copies[0][0].device if copies else device
     outs, data_p, scale_p, out_p, blocks = [], [], [], [], []
     for data, scale in copies:
         rows, half = data.shape
@@ -341,7 +405,7 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
         out_p.append(_ptr(out))
         blocks.append(rows * half // 8)
     alpha_beta = torch.empty((4,), dtype=torch.float32, device=dev) if with_alpha else None
-    stream, index = _launch_ctx(copies[0][0])
+    stream, index = backend.current_stream(dev), dev.index
     _ext().nvfp4_decode_unit_bf16(data_p, scale_p, out_p, blocks, _ptr(amax_a), _ptr(amax_b), float(e4m3_max_a),
                                   float(e4m3_max_b), _ptr(alpha_beta), stream, index)
     return outs, alpha_beta

@@ -18,7 +18,7 @@ from .. import ops
 from ..ops.ref_nvfp4 import BLOCK, E4M3_BOUNDS
 from ._tensor_io import StatePickle, resolve_out_dtype
 from .base import QuantizedTensor, Quantizer, check_input
-from .roles import QFormat, QuantizerSpec, ScalingKind
+from .roles import QFormat, QuantizerSpec, ScalingKind, TensorKind
 
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 
@@ -41,7 +41,15 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
 
     Pickles (``pickle``, ``copy.deepcopy``, ``torch.save``/``torch.load``) through :meth:`state_dict`, the
     E4M3 scales as uint8 views of the same bytes, so a copy is bit-identical.
+
+    ``gemm_unit`` / ``gemm_unit_t`` (None unless the CUDA quantizer wrote them): a cache of the emulated
+    GEMM's BF16 unit operand of the rowwise / columnwise copy, exactly ``gemm.decode_nvfp4_unit(data,
+    scale, torch.bfloat16)`` of that copy, which the GEMM then reads instead of decoding. A cache only:
+    not part of the state, dropped by :meth:`to` and :meth:`drop_gemm_units`, never changes a number.
     """
+
+    gemm_unit: Optional[torch.Tensor] = None
+    gemm_unit_t: Optional[torch.Tensor] = None
 
     kind = "nvfp4"
 
@@ -142,6 +150,10 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
         return ops.nvfp4_dequantize(self.data_t, self.scale_t, self.amax_t, e4m3_max=self.e4m3_max,
                                     row_scaled=False, out_dtype=dtype)
 
+    def drop_gemm_units(self) -> None:
+        """Free the cached BF16 GEMM operands (the GEMM then decodes the packed copies itself)."""
+        self.gemm_unit = self.gemm_unit_t = None
+
     # ---- movement and serialization ------------------------------------------------------------------
     def _tensors(self) -> Dict[str, Optional[torch.Tensor]]:
         return {"data": self.data, "scale": self.scale, "amax": self.amax,
@@ -224,6 +236,13 @@ class NVFP4Quantizer(Quantizer):
             if bad:
                 raise ValueError(f"NVFP4Quantizer({spec.role}): spec.{a}=True is incompatible with spec.{b}=True")
         super().__init__(spec)
+        # Which BF16 unit GEMM operands the CUDA kernel writes next to the packed copies (cached on the
+        # tensor, read by the emulated GEMM instead of a decode pass; the bytes of the copies are unchanged):
+        # "auto" = the rowwise copy's (consumed by the GEMM right after quantization) and the columnwise
+        # copy's only for gradients (their dgrad/wgrad GEMMs follow at once; activation and weight
+        # columnwise copies wait for the backward, where a BF16 cache would hold 4x the packed bytes);
+        # "all"; "none".
+        self.gemm_units = "auto"
         self.seed = zlib.crc32(str(spec.role).encode()) if seed is None else int(seed)
         self.offset = 0
         if not 0 <= self.seed < 2**64:
@@ -236,20 +255,48 @@ class NVFP4Quantizer(Quantizer):
         check_input(x, f"NVFP4Quantizer({spec.role})")
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         rht = spec.rht_columnwise and spec.columnwise
+        kwargs = dict(amax=amax, rowwise=spec.rowwise, columnwise=spec.columnwise, block_2d=spec.block_2d,
+                      row_scaled=spec.row_scaled, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max,
+                      err_mode=spec.err_mode, err_fast_math=spec.err_fast_math, rht=rht,
+                      stochastic_rounding=spec.stochastic_rounding, seed=self.seed, offset=self.offset)
+        units = self._units_wanted(x2)
+        unit = unit_t = None
         try:
-            q = ops.nvfp4_quantize(
-                x2, amax=amax, rowwise=spec.rowwise, columnwise=spec.columnwise, block_2d=spec.block_2d,
-                row_scaled=spec.row_scaled, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max,
-                err_mode=spec.err_mode, err_fast_math=spec.err_fast_math, rht=rht,
-                stochastic_rounding=spec.stochastic_rounding, seed=self.seed, offset=self.offset)
+            if units is not None:
+                from ..ops import cuda_nvfp4
+
+                q, unit, unit_t = cuda_nvfp4.nvfp4_quantize_with_units(
+                    x2, unit_rowwise=units[0], unit_columnwise=units[1], **kwargs)
+            else:
+                q = ops.nvfp4_quantize(x2, **kwargs)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"NVFP4Quantizer({spec.role}) on input of shape {tuple(x.shape)} "
                             f"(flattened to {tuple(x2.shape)}): {exc}") from exc
         if spec.stochastic_rounding:
             self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
-        return NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=spec.row_scaled,
-                           e4m3_max=spec.e4m3_max, four_over_six=spec.four_over_six, rht_columnwise=rht,
-                           orig_dtype=x.dtype, shape=x.shape)
+        out = NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=spec.row_scaled,
+                          e4m3_max=spec.e4m3_max, four_over_six=spec.four_over_six, rht_columnwise=rht,
+                          orig_dtype=x.dtype, shape=x.shape)
+        out.gemm_unit, out.gemm_unit_t = unit, unit_t
+        return out
+
+    def _units_wanted(self, x2: torch.Tensor) -> Optional[tuple]:
+        """(rowwise, columnwise) unit operands to write, or None: not on CUDA with the unit kernels, under
+        torch.compile, or nothing wanted."""
+        mode = self.gemm_units
+        if mode not in ("auto", "all", "none"):
+            raise ValueError(f"NVFP4Quantizer.gemm_units must be 'auto', 'all' or 'none', got {mode!r}")
+        if mode == "none" or not x2.is_cuda or torch.compiler.is_compiling():
+            return None
+        from ..ops import backend
+
+        ext = backend.extension()
+        if ext is None or not hasattr(ext, "nvfp4_decode_unit_bf16"):
+            return None
+        spec = self.spec
+        col = spec.columnwise and (mode == "all" or spec.role.tensor is TensorKind.GRAD_OUTPUT)
+        row = spec.rowwise
+        return (row, col) if (row or col) else None
 
     def __call__(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
         return self.quantize(x, amax=amax)

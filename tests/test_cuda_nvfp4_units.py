@@ -1,0 +1,238 @@
+"""The quantize kernels' BF16 unit GEMM operands and the memset-free amax (issue 13).
+
+``cuda_nvfp4.nvfp4_quantize_with_units`` writes, next to the packed copies, the emulated GEMM's BF16
+operands: they must be bit-equal to ``gemm.decode_nvfp4_unit(data, scale, bfloat16)`` of the copies the
+same call returned, and those copies byte-equal to the reference twin's (every mode, dtype, odd shapes,
+tails, zeros, huge values, NaN/Inf, one row). The amax kernels combine through a per-stream workspace that
+the last block re-zeroes: repeated calls, NaN, zero-size inputs and CUDA-graph capture must all give the
+reference's amax. In a Linear, cached units must give the same bits as decoding (same GEMM inputs).
+The CPU part checks the quantizer's unit policy and that gemm.py reads a cache only when it fits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp_recipes import gemm as G
+from fp_recipes.ops import ref_nvfp4 as R
+from test_cuda_nvfp4_kernels import FIELDS, MODES, _mode_id, _mode_kwargs, assert_same_bytes, make_input
+
+cuda = pytest.mark.cuda
+
+
+def _check_units(x: torch.Tensor, unit_rowwise: bool = True, unit_columnwise: bool = True, **kw) -> None:
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    want = R.nvfp4_quantize(x, **kw)
+    got, unit, unit_t = C.nvfp4_quantize_with_units(x, unit_rowwise=unit_rowwise,
+                                                    unit_columnwise=unit_columnwise, **kw)
+    what = f"({kw}, {x.dtype}, {tuple(x.shape)})"
+    for f in FIELDS:
+        assert_same_bytes(getattr(got, f), getattr(want, f), f"{f} {what}")
+    for u, data, scale, asked, name in ((unit, got.data, got.scale, unit_rowwise, "unit"),
+                                        (unit_t, got.data_t, got.scale_t, unit_columnwise, "unit_t")):
+        if data is None or not asked:
+            assert u is None, f"{name} {what}: written although its copy or the flag is off"
+            continue
+        expect = G.decode_nvfp4_unit(data, scale, torch.bfloat16)
+        assert u.dtype == torch.bfloat16 and u.shape == expect.shape and u.is_contiguous(), name
+        nan = torch.isnan(expect)
+        assert torch.equal(torch.isnan(u), nan), f"{name} {what}: NaN positions differ"
+        ub, eb = u.view(torch.int16), expect.view(torch.int16)
+        assert torch.equal(ub[~nan], eb[~nan]), f"{name} {what}: {(ub != eb)[~nan].sum().item()} values differ"
+        assert (ub[nan] == 0x7FC0).all(), f"{name} {what}: NaN is not torch's canonical BF16 NaN"
+
+
+@cuda
+@pytest.mark.parametrize("mode", MODES, ids=[_mode_id(m) for m in MODES])
+@pytest.mark.parametrize("shape", [(16, 16), (48, 32), (80, 1040), (208, 160)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("kind", ["randn", "huge", "special", "zeros"])
+def test_units_every_mode(mode, shape, kind):
+    x = make_input(shape, torch.bfloat16, kind, seed=shape[0] + shape[1])
+    kw = _mode_kwargs(*mode)
+    _check_units(x, rowwise=True, columnwise=True, **kw)
+    if not kw["block_2d"]:
+        _check_units(x, rowwise=True, columnwise=False, **kw)  # the rowwise kernel (no tile)
+    _check_units(x, rowwise=False, columnwise=True, **kw)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("kind", ["randn", "mixed", "inf", "tiny", "special"])
+@pytest.mark.parametrize("shape", [(1, 16), (1, 4112), (3, 48), (16, 2064), (272, 48), (1040, 80)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_units_dtypes_tails_one_row(dtype, kind, shape):
+    x = make_input(shape, dtype, kind, seed=7)
+    _check_units(x, rowwise=True, columnwise=False)
+    if shape[0] % 16 == 0:
+        _check_units(x, rowwise=True, columnwise=True)
+        _check_units(x, rowwise=True, columnwise=True, unit_rowwise=False)
+        _check_units(x, rowwise=True, columnwise=True, unit_columnwise=False)
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(16, 16), (64, 64), (112, 1040), (1024, 512)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("kind", ["randn", "huge", "mixed", "special"])
+@pytest.mark.parametrize("sr", [False, True], ids=["rn", "sr"])
+def test_units_rht_and_sr(shape, kind, sr):
+    x = make_input(shape, torch.bfloat16, kind, seed=11)
+    kw = dict(stochastic_rounding=sr, seed=2**63 + 5, offset=2**40 + 3)
+    _check_units(x, rowwise=True, columnwise=True, rht=True, **kw)
+    _check_units(x, rowwise=False, columnwise=True, rht=True, **kw)
+    _check_units(x, rowwise=True, columnwise=True, block_2d=True, **kw)
+
+
+@cuda
+def test_units_with_given_amax_and_large():
+    x = make_input((2048, 6144), torch.bfloat16, "randn", seed=3)
+    _check_units(x, rowwise=True, columnwise=True, amax=torch.tensor(7.5, device="cuda"))
+    _check_units(x, rowwise=True, columnwise=True, rht=True, stochastic_rounding=True, seed=9)
+    _check_units(x, rowwise=True, columnwise=False, row_scaled=True)
+
+
+# ---- memset-free amax ------------------------------------------------------------------------------
+
+def _ws_words():
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    return C._AMAX_WS[key].cpu()
+
+
+@cuda
+def test_amax_memset_free_repeated_calls():
+    """Many back-to-back amaxes on one stream share one workspace: every result must be the reference's
+    (a leftover maximum would leak into the next call) and the workspace ends zeroed."""
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    cases = [make_input(s, dt, k, seed=i) for i, (s, dt, k) in enumerate([
+        ((4096, 4096), torch.bfloat16, "huge"), ((1, 16), torch.bfloat16, "randn"), ((3, 5), torch.float32, "tiny"),
+        ((512, 512), torch.float16, "special"), ((64, 1040), torch.float32, "zeros"),
+        ((2048, 48), torch.bfloat16, "inf"), ((1, 1), torch.float32, "randn"), ((4096, 4096), torch.bfloat16, "tiny")])]
+    cases.append(torch.zeros((0, 16), device="cuda", dtype=torch.bfloat16))
+    for rep in range(2):
+        for x in cases:
+            assert_same_bytes(C.nvfp4_amax(x), R.nvfp4_amax(x), f"amax {tuple(x.shape)} {x.dtype} rep {rep}")
+            assert_same_bytes(C.nvfp4_row_amax(x), R.nvfp4_row_amax(x), f"row_amax {tuple(x.shape)} rep {rep}")
+            if x.shape[0] % 16 == 0 and x.dtype == torch.bfloat16 and x.numel():
+                kw = dict(rowwise=True, columnwise=True, rht=True)
+                q, r = C.nvfp4_quantize(x, **kw), R.nvfp4_quantize(x, **kw)
+                assert_same_bytes(q.amax, r.amax, "amax (fused with RHT amax)")
+                assert_same_bytes(q.amax_t, r.amax_t, "RHT amax")
+            if x.shape[0] % 16 == 0 and x.numel():
+                kw = dict(rowwise=True, columnwise=True, row_scaled=True)
+                q, r = C.nvfp4_quantize(x, **kw), R.nvfp4_quantize(x, **kw)
+                assert_same_bytes(q.amax, r.amax, "row amax")
+                assert_same_bytes(q.amax_t, r.amax_t, "global amax of the row amax kernel")
+    torch.cuda.synchronize()
+    assert torch.equal(_ws_words(), torch.zeros(4, dtype=torch.int32)), "workspace not re-zeroed"
+
+
+@cuda
+def test_amax_inside_cuda_graph():
+    """Captured amaxes (with and without a workspace made before the capture) replay correctly."""
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    x = make_input((256, 512), torch.bfloat16, "randn", seed=1)
+    C.nvfp4_amax(x)  # the current stream's workspace exists; the capture stream gets none (memset path)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a = C.nvfp4_amax(x)
+        q = C.nvfp4_quantize(x, rowwise=True, columnwise=True, rht=True)
+    for scale in (1.0, 1e-3, 300.0):
+        x.copy_(make_input((256, 512), torch.bfloat16, "randn", seed=int(scale * 10)) * scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        r = R.nvfp4_quantize(x, rowwise=True, columnwise=True, rht=True)
+        assert_same_bytes(a, R.nvfp4_amax(x), f"graph amax x{scale}")
+        for f in FIELDS:
+            assert_same_bytes(getattr(q, f), getattr(r, f), f"graph {f} x{scale}")
+
+
+# ---- in a Linear -----------------------------------------------------------------------------------
+
+@cuda
+@pytest.mark.parametrize("recipe_kw", [{}, dict(row_scaled_activation=True, disable_rht=True,
+                                                disable_2d_quantization=True, disable_stochastic_rounding=True,
+                                                nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)],
+                         ids=["default", "rowscaled-4over6"])
+def test_linear_units_same_bits_as_decode(recipe_kw):
+    """fwd+bwd of one Linear with the cached unit operands ("auto", "all") and without ("none"): the GEMMs
+    read bit-identical BF16 inputs, so y, dx and dw are identical (same cuBLASLt call, same inputs)."""
+    import fp_recipes
+    from fp_recipes import Linear, NVFP4BlockScaling
+
+    torch.manual_seed(0)
+    ref = Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device="cuda")
+    x0 = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(128, 384, device="cuda", dtype=torch.bfloat16)
+    recipe = NVFP4BlockScaling(**recipe_kw)
+    results = {}
+    for mode in ("none", "auto", "all"):
+        mod = Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device="cuda")
+        mod.load_state_dict(ref.state_dict())
+        with fp_recipes.autocast(recipe=recipe):
+            mod(x0)  # builds the quantizers
+        for qs in mod.quantizer_sets:
+            for q in qs.quantizers.values():
+                if q is not None:
+                    q.gemm_units = mode
+                    q.offset = 0
+        x = x0.clone().requires_grad_(True)
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x)
+        y.backward(dy)
+        results[mode] = (y.detach(), x.grad, mod.weight.grad, mod.bias.grad)
+    for mode in ("auto", "all"):
+        for name, a, b in zip(("y", "dx", "dw", "db"), results[mode], results["none"]):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{mode}: {name} differs from decoding"
+
+
+@cuda
+def test_quantizer_writes_units_by_role():
+    from fp_recipes.quantizers.factory import make_quantizer
+    from fp_recipes.quantizers.roles import ModuleKind, QuantizerRole, TensorKind
+    from fp_recipes import NVFP4BlockScaling
+
+    recipe = NVFP4BlockScaling()
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    for tensor in (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT):
+        q = make_quantizer(recipe.plan(QuantizerRole(ModuleKind.LINEAR, tensor)))
+        t = q(x)
+        assert t.gemm_unit is not None and t.gemm_unit.shape == (64, 128)
+        assert (t.gemm_unit_t is not None) == (tensor is TensorKind.GRAD_OUTPUT and t.has_columnwise)
+        if t.gemm_unit_t is not None:
+            assert torch.equal(t.gemm_unit_t.view(torch.int16),
+                               G.decode_nvfp4_unit(t.data_t, t.scale_t, torch.bfloat16).view(torch.int16))
+        assert t.to("cuda").gemm_unit is None  # a cache: not carried by to()
+        t.drop_gemm_units()
+        assert t.gemm_unit is None and t.gemm_unit_t is None
+
+
+# ---- CPU ---------------------------------------------------------------------------------------------
+
+def test_cpu_quantizer_writes_no_units_and_checks_mode():
+    from fp_recipes.quantizers.factory import make_quantizer
+    from fp_recipes.quantizers.roles import ModuleKind, QuantizerRole, TensorKind
+    from fp_recipes import NVFP4BlockScaling
+
+    q = make_quantizer(NVFP4BlockScaling().plan(QuantizerRole(ModuleKind.LINEAR, TensorKind.GRAD_OUTPUT)))
+    t = q(torch.randn(32, 64, dtype=torch.bfloat16))
+    assert t.gemm_unit is None and t.gemm_unit_t is None  # CPU: the reference path, no cache
+    q.gemm_units = "sometimes"
+    with pytest.raises(ValueError, match="gemm_units must be 'auto', 'all' or 'none'"):
+        q(torch.randn(32, 64, dtype=torch.bfloat16))
+
+
+def test_cpu_cached_unit_only_when_it_fits():
+    g = torch.Generator().manual_seed(0)
+    q = R.nvfp4_quantize(torch.randn(32, 64, generator=g))
+    unit = G.decode_nvfp4_unit(q.data, q.scale, torch.bfloat16)
+    op = G._Nvfp4Operand(q.data, q.scale, q.amax, False, 448, False, unit)
+    assert G._cached_unit(op, torch.device("cpu")) is unit
+    for bad in (unit.float(), unit[:, :32].contiguous(), unit.t().contiguous().t(), unit[:16]):
+        op.unit = bad
+        assert G._cached_unit(op, torch.device("cpu")) is None
+    op.unit = None
+    assert G._cached_unit(op, torch.device("cpu")) is None
