@@ -43,6 +43,11 @@ KERNEL_VARIANTS = [
     ("rowwise + RHT columnwise", True, True, dict(rht=True)),
     ("SR rowwise", True, False, dict(sr=True)),
     ("SR rowwise + RHT SR columnwise", True, True, dict(rht=True, sr=True)),
+    # + the BF16 unit GEMM operands written by the same kernel (issue 13: the emulated GEMM reads them)
+    ("plain rowwise + unit", True, False, dict(unit=(True, False))),
+    ("2D row+col + row unit", True, True, dict(block_2d=True, unit=(True, False))),
+    ("rowwise + RHT col + row unit", True, True, dict(rht=True, unit=(True, False))),
+    ("SR row + RHT SR col + both units", True, True, dict(rht=True, sr=True, unit=(True, True))),
 ]
 
 OP_VARIANTS = [
@@ -57,8 +62,9 @@ OP_VARIANTS = [
 
 def _kernel_call(ext, x, bufs, amaxes, row, col, opts):
     m, n = x.shape
-    data, scale, data_t, scale_t = bufs
+    data, scale, data_t, scale_t, unit, unit_t = bufs
     amax, row_amax, rht_amax = amaxes
+    want_u, want_ut = opts.get("unit", (False, False))
     rs, rht = opts.get("row_scaled", False), opts.get("rht", False)
 
     def call():
@@ -67,7 +73,8 @@ def _kernel_call(ext, x, bufs, amaxes, row, col, opts):
             (row_amax if rs else amax).data_ptr(), rs, data_t.data_ptr() if col else 0,
             scale_t.data_ptr() if col else 0, (rht_amax if rht else amax).data_ptr(), rht,
             opts.get("block_2d", False), opts.get("fos", 0), opts.get("mse", False), 448.0,
-            opts.get("sr", False), 1234, 5, torch.cuda.current_stream().cuda_stream, x.device.index)
+            opts.get("sr", False), 1234, 5, torch.cuda.current_stream().cuda_stream, x.device.index,
+            unit=unit.data_ptr() if want_u else 0, unit_t=unit_t.data_ptr() if want_ut else 0)
 
     return call
 
@@ -86,7 +93,9 @@ def bench_shape(table: Table, m: int, n: int, quick: bool) -> list[dict]:
     bufs = (torch.empty(m, n // 2, dtype=torch.uint8, device="cuda"),
             torch.empty(m, n // 16, dtype=torch.uint8, device="cuda"),
             torch.empty(n, m // 2, dtype=torch.uint8, device="cuda"),
-            torch.empty(n, m // 16, dtype=torch.uint8, device="cuda"))
+            torch.empty(n, m // 16, dtype=torch.uint8, device="cuda"),
+            torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
+            torch.empty(n, m, dtype=torch.bfloat16, device="cuda"))
     in_bytes, out_bytes = m * n * 2, m * n // 2 + m * n // 16
     results = []
     plain_ms = None
@@ -94,7 +103,7 @@ def bench_shape(table: Table, m: int, n: int, quick: bool) -> list[dict]:
         t = measure(lambda c=_kernel_call(ext, x, bufs, (amax, row_amax, rht_amax), row, col, opts): c(), [()],
                     iters=iters)
         plain_ms = t.ms if plain_ms is None else plain_ms
-        nbytes = in_bytes + out_bytes * (int(row) + int(col))
+        nbytes = in_bytes + out_bytes * (int(row) + int(col)) + in_bytes * sum(opts.get("unit", (False, False)))
         r = table.add(f"nvfp4 {case}", "fp_recipes kernel", shape, nbytes, t, note=f"x plain {t.ms / plain_ms:.2f}")
         results.append(dict(case=case, kind="kernel", us=t.ms * 1e3, eager_us=t.eager_ms * 1e3, gbps=r.gbps,
                             pct_copy=r.pct_copy, x_plain=t.ms / plain_ms))
@@ -117,20 +126,22 @@ def bench_shape(table: Table, m: int, n: int, quick: bool) -> list[dict]:
     return results
 
 
-def run(table: Table, quick: bool = False) -> dict:
+def run(table: Table, quick: bool = False, shapes=None) -> dict:
     """Add the NVFP4 rows to a shared table (benchmarks/bench_quantize.py calls this)."""
-    return {f"{m}x{n}": bench_shape(table, m, n, quick) for m, n in SHAPES}
+    return {f"{m}x{n}": bench_shape(table, m, n, quick) for m, n in (shapes or SHAPES)}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=DEFAULT_JSON)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", default="", help="e.g. 16384x6144 (default: both shapes)")
     args = ap.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     dev = torch.cuda.get_device_name()
     table = Table(copy_bandwidth())
     print(f"device: {dev}; D2D copy bandwidth (read+write): {table.copy_gbps:.0f} GB/s", flush=True)
-    per_shape = run(table, args.quick)
+    per_shape = run(table, args.quick, shapes)
     table.print()
     print(f"\n{'shape':<12} {'variant':<44} {'us':>8} {'GB/s':>7} {'%copy':>6} {'x plain':>8}")
     for shape, rows in per_shape.items():

@@ -18,11 +18,11 @@ MODEL_SIZES=${MODEL_SIZES:-h2048_t8192,h4096_t4096}
   python3 -c "import fp_recipes.ops.backend as b, fp_recipes.gemm_lt as g; print(b.backend_info()['summary']); print(g.status())"
   echo "== pytest -m cuda"
   timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
-      ${TEST_FILES:-tests/test_nvfp4_fast_gemm.py tests/test_modules_gemm.py tests/test_gemm_lt.py \
-      tests/test_modules_linear.py tests/test_cuda_nvfp4_kernels.py} 2>&1 | tail -n 30
+      ${TEST_FILES:-tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py tests/test_modules_gemm.py \
+      tests/test_gemm_lt.py tests/test_modules_linear.py tests/test_cuda_nvfp4_kernels.py} 2>&1 | tail -n 30
   echo "pytest rc=$?"
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  # racecheck: the new kernels use no shared memory; memcheck only (device time)
+  # racecheck (SAN_TOOLS="memcheck racecheck"): the quantize tile kernel uses shared memory
   for tool in ${SAN_TOOLS:-memcheck}; do
     echo "== compute-sanitizer --tool $tool"
     timeout "$LIM_SAN" "$SAN" --tool "$tool" python3 tests/sanitize_nvfp4_fast.py 2>&1 \
@@ -32,6 +32,12 @@ MODEL_SIZES=${MODEL_SIZES:-h2048_t8192,h4096_t4096}
   echo "== bench_model --linear"
   timeout "$LIM_LIN" python3 benchmarks/bench_model.py --linear --json "$OUT/linear.json" 2>&1 | grep -v Warning
   echo "linear rc=$?"
+  if [ -n "${QUANT_SHAPES:-}" ]; then
+    echo "== bench_quantize_nvfp4 $QUANT_SHAPES"
+    timeout "${LIM_QUANT:-90}" python3 benchmarks/bench_quantize_nvfp4.py --quick --shapes "$QUANT_SHAPES" \
+        --json "$OUT/quantize.json" 2>&1 | grep -v Warning | tail -n 40
+    echo "quantize rc=$?"
+  fi
   echo "== bench_model $MODEL_SIZES"
   timeout "$LIM_MODEL" python3 benchmarks/bench_model.py --sizes "$MODEL_SIZES" ${MODEL_FLAGS:-} \
       --json "$OUT/model.json" 2>&1 | grep -v Warning

@@ -1,6 +1,8 @@
 """Small driver for compute-sanitizer (memcheck, racecheck) over the fast NVFP4 GEMM's kernels: the
 unit decode (1-4 copies per launch, odd row counts, one row, tails of a CTA), the alpha it writes, the
-row-scaled epilogue (odd shapes, bias dtypes) and the cuBLASLt BF16 GEMM with a device alpha. Not a
+row-scaled epilogue (odd shapes, bias dtypes), the cuBLASLt BF16 GEMM with a device alpha, the quantize
+kernels writing the BF16 unit operands (rowwise and tile kernels, every mode family, odd shapes, one row)
+and the memset-free amax kernels (plain, RHT, row; repeated on one workspace). Not a
 pytest file; scripts/gpu_nvfp4_fast.sh runs it. Exits non-zero if any result differs from its twin."""
 
 from __future__ import annotations
@@ -47,6 +49,36 @@ def main() -> int:
         slow = G._gemm_nvfp4_emulated(oa, ob, torch.float32, None)
         runs += 1
         bad += fast is None or not torch.allclose(fast, slow, rtol=1e-5, atol=1e-5)
+    x_all = torch.randn(272, 1040, device="cuda").bfloat16()
+    x_all.view(-1)[::97] = float("nan")
+    cases = [((1, 48), dict()), ((3, 1040), dict(row_scaled=True)), ((272, 1040), dict(columnwise=True)),
+             ((32, 48), dict(columnwise=True, rht=True, stochastic_rounding=True, seed=3)),
+             ((48, 80), dict(columnwise=True, block_2d=True)), ((16, 160), dict(four_over_six=True)),
+             ((64, 64), dict(columnwise=True, block_2d=True, four_over_six=True, err_fast_math=True)),
+             ((272, 1040), dict(columnwise=True, row_scaled=True))]
+    for (m, n), kw in cases:
+        x = x_all[:m, :n].contiguous()
+        got, u, ut = C.nvfp4_quantize_with_units(x, unit_rowwise=True, unit_columnwise=True, **kw)
+        want = R.nvfp4_quantize(x, **kw)
+        runs += 1
+        for f in ("data", "scale", "data_t", "scale_t"):
+            a, b = getattr(got, f), getattr(want, f)
+            bad += (a is None) != (b is None) or (a is not None and not torch.equal(a.view(torch.uint8),
+                                                                                    b.view(torch.uint8)))
+        for f in ("amax", "amax_t"):
+            a, b = getattr(got, f), getattr(want, f)
+            bad += (a is None) != (b is None) or (a is not None and not torch.equal(a.nan_to_num(-1.0),
+                                                                                    b.nan_to_num(-1.0)))
+        for unit, d, sc in ((u, got.data, got.scale), (ut, got.data_t, got.scale_t)):
+            if d is not None:
+                e = G.decode_nvfp4_unit(d, sc, torch.bfloat16)
+                bad += unit is None or not torch.equal(unit.nan_to_num(7.0).view(torch.int16),
+                                                       e.nan_to_num(7.0).view(torch.int16))
+    for x in (x_all, x_all[:1, :16].contiguous(), torch.randn(4096, 1024, device="cuda").bfloat16()):
+        for _ in range(2):
+            runs += 1
+            bad += not torch.equal(C.nvfp4_amax(x).nan_to_num(-1.0), R.nvfp4_amax(x).nan_to_num(-1.0))
+            bad += not torch.equal(C.nvfp4_row_amax(x).nan_to_num(-1.0), R.nvfp4_row_amax(x).nan_to_num(-1.0))
     torch.cuda.synchronize()
     print(f"sanitize_nvfp4_fast: {runs} kernel runs, {bad} mismatches")
     return 1 if bad else 0
