@@ -107,21 +107,3 @@ def test_tiny_mlp_trains_with_each_recipe(baseline, name, recipe_fn):
         assert last <= 2.5 * base_last and last <= 0.03 * first, f"{name}: {last:.5f} vs FP32 {base_last:.5f}"
     else:
         assert last <= 1.15 * base_last, f"{name}: {last:.5f} vs FP32 {base_last:.5f}"
-
-
-def test_demo_runs_and_writes_json(tmp_path, capsys):
-    import json
-
-    from fp_recipes import demo
-
-    path = tmp_path / "demo.json"
-    assert demo.main(["--steps", "3", "--batch", "32", "--recipes", "delayed,nvfp4", "--json", str(path)]) == 0
-    report = json.loads(path.read_text())
-    names = [r["recipe"] for r in report["results"]]
-    assert names == ["baseline", "delayed", "nvfp4"]
-    assert all(len(r["losses"]) == 3 and r["final_loss"] > 0 for r in report["results"])
-    assert report["results"][0]["gap_pct"] is None and report["results"][1]["gap_pct"] is not None
-    out = capsys.readouterr().out
-    assert "final loss" in out and "backend:" in out
-    with pytest.raises(SystemExit):
-        demo.main(["--recipes", "bogus"])
