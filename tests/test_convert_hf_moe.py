@@ -98,6 +98,8 @@ def test_experts_convert_and_logits_stay_bit_identical(name):
     # the same parameter objects under the same names: optimizers and checkpoints keep working
     assert {n: p for n, p in model.named_parameters()} == params_before
 
+    again = {n: m for n, m in convert_model(model).named_modules()}  # converting twice changes nothing
+    assert all(again[n] is m for n, m in experts.items())
     out = model(ids, labels=ids)
     assert torch.equal(out.logits, ref.logits)
     assert torch.equal(out.loss, ref.loss)
@@ -192,6 +194,8 @@ def test_bad_routing_is_a_clear_error():
         experts(x, torch.tensor([[0, 4]] * 5), torch.full((5, 2), 0.5))
     with pytest.raises(ValueError, match=r"hidden_states \(T, H\)"):
         experts(x, torch.zeros(4, 2, dtype=torch.long), torch.full((4, 2), 0.5))
+    empty = experts(x[:0], torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2))  # no tokens: fine
+    assert empty.shape == (0, 64)
 
 
 # Loss bounds vs the same converted model trained without quantization (same init, same batches,

@@ -155,7 +155,7 @@ class GroupedExperts(torch.nn.Module):
         gate, up = self.gate_up(hidden_states[token], m_splits).chunk(2, dim=-1)
         out = self.down(self.act_fn(gate) * up, m_splits)
         out = (out * top_k_weights[token, slot, None]).to(hidden_states.dtype)
-        parts = out[by_token].view(tokens, k, -1)
+        parts = out[by_token].view(tokens, k, hidden_states.shape[1])
         total = torch.zeros_like(hidden_states)
         for j in range(k):
             total = total + parts[:, j]
