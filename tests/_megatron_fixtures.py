@@ -12,10 +12,13 @@ import torch
 
 
 def cpu_patches() -> List[tuple]:
-    """(object, attribute, replacement) for the CUDA-only spots a CPU run of megatron-core hits:
-    core attention's global buffer (allocated on CUDA), the CUDA RNG tracker (fork/states) and the
-    reentrant checkpoint's CUDA RNG state."""
+    """(object, attribute, replacement) for the CUDA-only spots megatron-core hits when the model
+    lives on the CPU: core attention's global buffer (allocated on CUDA), the CUDA RNG tracker
+    (fork/states) and the reentrant checkpoint's CUDA RNG state. The tests keep the model on the CPU
+    on every machine (gloo, CI's contract), so these apply with or without CUDA; every replacement
+    does on the CPU what the original does on the GPU."""
     from megatron.core import utils as mutils
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.moe import moe_utils
 
@@ -40,7 +43,36 @@ def cpu_patches() -> List[tuple]:
         (torch.cuda, "synchronize", lambda *a, **k: None),  # dist-checkpoint save
         # megatron-core 0.16.1's MoE router tests a name bound only when TE imports (NameError)
         (moe_utils, "te_general_gemm", None),
-    ]
+    ] + psutil_stand_in(filesystem_async)
+
+
+def psutil_stand_in(filesystem_async: Any) -> List[tuple]:
+    """Without psutil, the torch_dist writer's worker raises in ``_process_memory`` (a debug-log
+    figure) before it signals completion, and ``dist_checkpointing.save`` waits forever on its
+    count queue (found with py-spy: the main process in ``JoinableQueue.join``, the forked writers
+    dead with "psutil is not installed"). Report 0 bytes instead when psutil is absent."""
+    if getattr(filesystem_async, "HAVE_PSUTIL", True):
+        return []
+    return [(filesystem_async, "_process_memory", lambda: 0)]
+
+
+@contextlib.contextmanager
+def megatron_on_cpu(tp: int = 1):
+    """The patches (undone on exit) and Megatron's parallel state for in-process tests."""
+    import pytest
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    with pytest.MonkeyPatch.context() as mp:
+        apply_cpu_patches(lambda obj, name, value: mp.setattr(obj, name, value, raising=False))
+        owned = not dist.is_initialized()
+        init_parallel(tp)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            if owned:
+                dist.destroy_process_group()
 
 
 def apply_cpu_patches(setattr_fn: Callable[[Any, str, Any], None] = setattr) -> None:
@@ -86,6 +118,27 @@ def moe_overrides(**kw: Any) -> Dict[str, Any]:
 
 
 VOCAB, SEQ, BATCH = 128, 32, 2
+
+NVFP4_ROW_4OVER6 = dict(row_scaled_activation=True, nvfp4_4over6="all", disable_rht=True,
+                        disable_2d_quantization=True, disable_stochastic_rounding=True)
+
+
+def quant_recipe_config(fc: Optional[Dict[str, Any]] = None):
+    """Megatron ``quant_recipe`` matchers mixing recipes per module: layer 0's linear_proj BF16, the
+    dense MLP's fc1/fc2 NVFP4 (``fc``: the payload, default row-scaled + 4over6), the rest delayed
+    FP8 (history 4)."""
+    from megatron.core.quantization.quant_config import RecipeConfig
+
+    return RecipeConfig.from_config_dict({
+        "configs": {"nv": fc or {"recipe": "nvfp4", **NVFP4_ROW_4OVER6},
+                    "fp8": {"recipe": "delayed", "amax_history_len": 4},
+                    "off": {"recipe": "none"}},
+        "matchers": {
+            "proj0": {"type": "glob", "pattern": "*layers.0.self_attention.linear_proj", "config": "off",
+                      "enabled": True},
+            "fc": {"type": "glob", "pattern": "*mlp.linear_fc*", "config": "nv", "enabled": True},
+            "rest": {"type": "glob", "pattern": "*", "config": "fp8", "enabled": True},
+        }})
 
 
 def build_gpt(config, spec, seed: int = 1234):
@@ -145,3 +198,25 @@ def train(model, steps: int, lr: float = 1e-2, start: int = 0, opt: Optional[tor
         if step_fn is not None:
             step_fn(s)
     return losses
+
+
+def save_checkpoint(model, directory: str) -> None:
+    """Megatron's distributed checkpoint of ``model`` (default torch_dist strategy, synchronous)."""
+    from megatron.core import dist_checkpointing
+
+    os.makedirs(directory, exist_ok=True)
+    dist_checkpointing.save(model.sharded_state_dict(), directory)
+
+
+def load_checkpoint(model, directory: str) -> None:
+    """Load a distributed checkpoint into ``model`` as Megatron's training loop does (strict)."""
+    from megatron.core import dist_checkpointing
+
+    state = dist_checkpointing.load(model.sharded_state_dict(), directory)
+    result = model.load_state_dict(state, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys, result
+
+
+def quantizer_state(model) -> Dict[str, torch.Tensor]:
+    """Every delayed-scaling tensor (scales, amax histories) by name, cloned."""
+    return {k: b.detach().clone() for k, b in model.named_buffers() if ".qstate_" in k}

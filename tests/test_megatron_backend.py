@@ -11,29 +11,19 @@ import torch
 pytest.importorskip("megatron.core")
 warnings.filterwarnings("ignore")
 
-from _megatron_fixtures import (apply_cpu_patches, build_gpt, init_parallel, local_spec,  # noqa: E402
-                                loss_of, moe_overrides, tiny_config, train)
+from _megatron_fixtures import (NVFP4_ROW_4OVER6, build_gpt, local_spec, loss_of,  # noqa: E402
+                                megatron_on_cpu, moe_overrides, quant_recipe_config, tiny_config,
+                                train)
 
 import fp_recipes  # noqa: E402
 from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling  # noqa: E402
 
-NVFP4_ROW_4OVER6 = dict(row_scaled_activation=True, nvfp4_4over6="all", disable_rht=True,
-                        disable_2d_quantization=True, disable_stochastic_rounding=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def megatron_cpu():
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    with pytest.MonkeyPatch.context() as mp:
-        apply_cpu_patches(lambda obj, name, value: mp.setattr(obj, name, value, raising=False))
-        owned = not dist.is_initialized()
-        init_parallel(1)
+    with megatron_on_cpu(1):
         yield
-        parallel_state.destroy_model_parallel()
-        if owned:
-            dist.destroy_process_group()
 
 
 def ours(config, recipe=None):
@@ -168,20 +158,6 @@ def test_config_recipe_and_first_last_layers_bf16():
             assert recipe is None, path
     losses = train(model, 1)
     assert all(torch.isfinite(torch.tensor(losses)))
-
-
-def quant_recipe_config():
-    from megatron.core.quantization.quant_config import RecipeConfig
-    return RecipeConfig.from_config_dict({
-        "configs": {"nv": {"recipe": "nvfp4", **NVFP4_ROW_4OVER6},
-                    "fp8": {"recipe": "delayed", "amax_history_len": 4},
-                    "off": {"recipe": "none"}},
-        "matchers": {
-            "proj0": {"type": "glob", "pattern": "*layers.0.self_attention.linear_proj", "config": "off",
-                      "enabled": True},
-            "fc": {"type": "glob", "pattern": "*mlp.linear_fc*", "config": "nv", "enabled": True},
-            "rest": {"type": "glob", "pattern": "*", "config": "fp8", "enabled": True},
-        }})
 
 
 def test_quant_recipe_matchers_each_module():
