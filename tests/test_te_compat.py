@@ -112,3 +112,15 @@ def test_every_spec_carries_the_backward_override(make):
         for module in ("linear", "layernorm_linear", "grouped_linear"):
             spec = r.plan(fp_recipes.QuantizerRole(module, tensor))
             assert spec.backward_override == r.backward_override, (tensor, module)
+
+
+def test_recipes_doc_case_insensitivity_claim_holds():
+    """docs/recipes.md: enum strings of recipe fields, QuantizerRole and env variables are case-insensitive."""
+    assert fp_recipes.DelayedScaling(fp8_format="hybrid").fp8_format is fp_recipes.Format.HYBRID
+    r = fp_recipes.NVFP4BlockScaling(nvfp4_4over6="Weights", nvfp4_4over6_err_mode="mse",
+                                     backward_override="High_Precision")
+    assert (r.nvfp4_4over6.value, r.nvfp4_4over6_err_mode.value, r.backward_override.value) == (
+        "weights", "MSE", "high_precision")
+    assert fp_recipes.PerTokenScaling(fmt="E5M6").fmt.value == "e5m6"
+    text = (ROOT / "docs" / "recipes.md").read_text()
+    assert "are case-insensitive" in text and "[transformer_engine.md](transformer_engine.md)" in text
