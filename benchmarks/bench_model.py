@@ -225,10 +225,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                    + ", ".join(SIZES))
     p.add_argument("--no-compiled", action="store_true", help="skip the torch.compile rows (compile time)")
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
+    p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
+                   help="which BF16 unit GEMM operands the NVFP4 quantize kernels write (NVFP4Quantizer.gemm_units)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.nvfp4_gemm_units is not None:
+        from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+        NVFP4Quantizer.default_gemm_units = args.nvfp4_gemm_units
     if not torch.cuda.is_available():
         print("bench_model: needs a CUDA GPU")
         return 1

@@ -158,8 +158,9 @@ def test_amax_inside_cuda_graph():
                                                 nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)],
                          ids=["default", "rowscaled-4over6"])
 def test_linear_units_same_bits_as_decode(recipe_kw):
-    """fwd+bwd of one Linear with the cached unit operands ("auto", "all") and without ("none"): the GEMMs
-    read bit-identical BF16 inputs, so y, dx and dw are identical (same cuBLASLt call, same inputs)."""
+    """fwd+bwd of one Linear with the cached unit operands ("rowwise", "auto", "all") and without ("none"):
+    the GEMMs read bit-identical BF16 inputs, so y, dx and dw are identical (same cuBLASLt call, same
+    inputs). Each module draws its own SR seeds, so the seeds are pinned too."""
     import fp_recipes
     from fp_recipes import Linear, NVFP4BlockScaling
 
@@ -169,22 +170,22 @@ def test_linear_units_same_bits_as_decode(recipe_kw):
     dy = torch.randn(128, 384, device="cuda", dtype=torch.bfloat16)
     recipe = NVFP4BlockScaling(**recipe_kw)
     results = {}
-    for mode in ("none", "auto", "all"):
+    for mode in ("none", "rowwise", "auto", "all"):
         mod = Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device="cuda")
         mod.load_state_dict(ref.state_dict())
         with fp_recipes.autocast(recipe=recipe):
             mod(x0)  # builds the quantizers
-        for qs in mod.quantizer_sets:
-            for q in qs.quantizers.values():
+        for g, qs in enumerate(mod.quantizer_sets):
+            for i, q in enumerate(qs.quantizers.values()):
                 if q is not None:
                     q.gemm_units = mode
-                    q.offset = 0
+                    q.seed, q.offset = 1000 + 10 * g + i, 0
         x = x0.clone().requires_grad_(True)
         with fp_recipes.autocast(recipe=recipe):
             y = mod(x)
         y.backward(dy)
         results[mode] = (y.detach(), x.grad, mod.weight.grad, mod.bias.grad)
-    for mode in ("auto", "all"):
+    for mode in ("rowwise", "auto", "all"):
         for name, a, b in zip(("y", "dx", "dw", "db"), results[mode], results["none"]):
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{mode}: {name} differs from decoding"
 
@@ -199,6 +200,8 @@ def test_quantizer_writes_units_by_role():
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     for tensor in (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT):
         q = make_quantizer(recipe.plan(QuantizerRole(ModuleKind.LINEAR, tensor)))
+        assert q(x).gemm_unit is None  # default "none"
+        q.gemm_units = "auto"
         t = q(x)
         assert t.gemm_unit is not None and t.gemm_unit.shape == (64, 128)
         assert (t.gemm_unit_t is not None) == (tensor is TensorKind.GRAD_OUTPUT and t.has_columnwise)
@@ -220,8 +223,12 @@ def test_cpu_quantizer_writes_no_units_and_checks_mode():
     q = make_quantizer(NVFP4BlockScaling().plan(QuantizerRole(ModuleKind.LINEAR, TensorKind.GRAD_OUTPUT)))
     t = q(torch.randn(32, 64, dtype=torch.bfloat16))
     assert t.gemm_unit is None and t.gemm_unit_t is None  # CPU: the reference path, no cache
+    assert q.gemm_units == "none"  # the default (see NVFP4Quantizer: measured, not worth its memory)
+    q.gemm_units = "auto"
+    t = q(torch.randn(32, 64, dtype=torch.bfloat16))
+    assert t.gemm_unit is None and t.gemm_unit_t is None
     q.gemm_units = "sometimes"
-    with pytest.raises(ValueError, match="gemm_units must be 'auto', 'all' or 'none'"):
+    with pytest.raises(ValueError, match="gemm_units must be 'none', 'rowwise', 'auto' or 'all'"):
         q(torch.randn(32, 64, dtype=torch.bfloat16))
 
 

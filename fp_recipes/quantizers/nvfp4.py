@@ -218,6 +218,9 @@ class NVFP4Quantizer(Quantizer):
     repeated calls draw fresh numbers and a run restored from ``state_dict`` continues bit-identically.
     """
 
+    #: gemm_units of new quantizers (benchmarks/bench_model.py --nvfp4-gemm-units sets it)
+    default_gemm_units = "none"
+
     def __init__(self, spec: QuantizerSpec, *, seed: Optional[int] = None) -> None:
         if spec.scaling is not ScalingKind.NVFP4 or spec.fmt is not QFormat.NVFP4:
             raise ValueError(f"NVFP4Quantizer needs scaling=nvfp4 and fmt=nvfp4, got scaling={spec.scaling.value} "
@@ -238,11 +241,13 @@ class NVFP4Quantizer(Quantizer):
         super().__init__(spec)
         # Which BF16 unit GEMM operands the CUDA kernel writes next to the packed copies (cached on the
         # tensor, read by the emulated GEMM instead of a decode pass; the bytes of the copies are unchanged):
-        # "auto" = the rowwise copy's (consumed by the GEMM right after quantization) and the columnwise
-        # copy's only for gradients (their dgrad/wgrad GEMMs follow at once; activation and weight
-        # columnwise copies wait for the backward, where a BF16 cache would hold 4x the packed bytes);
-        # "all"; "none".
-        self.gemm_units = "auto"
+        # "none" (default), "rowwise", "auto" = the rowwise copy's and, for gradients only, the columnwise
+        # copy's (activation and weight columnwise copies wait for the backward, where a BF16 cache would
+        # hold 4x the packed bytes), "all". Default "none": measured on H200 (benchmarks/NOTES_nvfp4.md,
+        # 2026-11-25) "auto" saved 4 us of 775 per Linear 4096^3 step (the tile kernel's extra stores
+        # cost about what the decode pass did) and raised the model's peak memory by 22 % (a gradient's
+        # two BF16 caches live through its backward).
+        self.gemm_units = type(self).default_gemm_units
         self.seed = zlib.crc32(str(spec.role).encode()) if seed is None else int(seed)
         self.offset = 0
         if not 0 <= self.seed < 2**64:
@@ -284,8 +289,8 @@ class NVFP4Quantizer(Quantizer):
         """(rowwise, columnwise) unit operands to write, or None: not on CUDA with the unit kernels, under
         torch.compile, or nothing wanted."""
         mode = self.gemm_units
-        if mode not in ("auto", "all", "none"):
-            raise ValueError(f"NVFP4Quantizer.gemm_units must be 'auto', 'all' or 'none', got {mode!r}")
+        if mode not in ("none", "rowwise", "auto", "all"):
+            raise ValueError(f"NVFP4Quantizer.gemm_units must be 'none', 'rowwise', 'auto' or 'all', got {mode!r}")
         if mode == "none" or not x2.is_cuda or torch.compiler.is_compiling():
             return None
         from ..ops import backend
@@ -294,7 +299,7 @@ class NVFP4Quantizer(Quantizer):
         if ext is None or not hasattr(ext, "nvfp4_decode_unit_bf16"):
             return None
         spec = self.spec
-        col = spec.columnwise and (mode == "all" or spec.role.tensor is TensorKind.GRAD_OUTPUT)
+        col = spec.columnwise and (mode == "all" or (mode == "auto" and spec.role.tensor is TensorKind.GRAD_OUTPUT))
         row = spec.rowwise
         return (row, col) if (row or col) else None
 
