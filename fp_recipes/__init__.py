@@ -57,10 +57,16 @@ _EXPORTS: dict[str, str] = {
     "backend_info": "fp_recipes.ops.backend",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# submodules that are part of the public surface: ``fp_recipes.recipe`` is TransformerEngine's
+# ``transformer_engine.common.recipe`` (``from fp_recipes import recipe`` works either way)
+_SUBMODULES = ("recipe",)
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"fp_recipes.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'fp_recipes' has no attribute {name!r}")

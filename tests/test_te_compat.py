@@ -124,3 +124,11 @@ def test_recipes_doc_case_insensitivity_claim_holds():
     assert fp_recipes.PerTokenScaling(fmt="E5M6").fmt.value == "e5m6"
     text = (ROOT / "docs" / "recipes.md").read_text()
     assert "are case-insensitive" in text and "[transformer_engine.md](transformer_engine.md)" in text
+
+
+def test_recipe_module_is_public_surface():
+    import importlib
+
+    fresh = importlib.import_module("fp_recipes")
+    assert fresh.recipe is recipe and "recipe" in dir(fresh)
+    assert fresh.recipe.Format.HYBRID is fp_recipes.Format.HYBRID
