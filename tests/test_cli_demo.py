@@ -126,6 +126,8 @@ def test_fp_recipes_recipe_picks_the_run(tmp_path):
     from fp_recipes.demo.runs import parse_recipes
 
     assert parse_recipes(None) == ["baseline", "delayed", "current", "nvfp4", "nvfp4_rs_4over6"]
+    assert parse_recipes(None, quick_cpu=True) == ["baseline", "delayed", "current", "nvfp4"]
+    assert parse_recipes("all", quick_cpu=True)[-2:] == ["nvfp4_rs_4over6", "per_token"]
     assert parse_recipes("nvfp4,delayed") == ["baseline", "delayed", "nvfp4"]
     os.environ["FP_RECIPES_RECIPE"] = "NVFP4"
     try:

@@ -34,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     from .model import SIZES
-    from .runs import DEFAULT_RECIPES, RECIPE_NAMES
+    from .runs import DEFAULT_RECIPES, QUICK_CPU_RECIPES, RECIPE_NAMES
 
     p = _Parser(prog=PROG, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                 description="Train a small GPT-style byte-level language model (fp_recipes modules: "
@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                 "batches, and compare train/validation loss, speed and memory.")
     p.add_argument("--recipes", default=None,
                    help=f"comma-separated subset of {', '.join(RECIPE_NAMES)}, or all; the baseline always "
-                   f"runs. Default: {','.join(DEFAULT_RECIPES)}, or baseline + FP_RECIPES_RECIPE when set")
+                   f"runs. Default: {','.join(DEFAULT_RECIPES)} ({','.join(QUICK_CPU_RECIPES)} with --quick on "
+                   "CPU), or baseline + FP_RECIPES_RECIPE when set")
     p.add_argument("--data", default=None, metavar="PATH",
                    help="a text file or a folder of text files (default: this Python's standard-library source)")
     p.add_argument("--model", choices=sorted(SIZES), default=None,
@@ -74,7 +75,7 @@ def _device(text: Optional[str]) -> torch.device:
     try:
         dev = torch.device(text)
     except (RuntimeError, ValueError):
-        raise DemoInputError(f"--device {text!r} is not a device; allowed: cpu, cuda, cuda:N") from None
+        raise DemoInputError(f"--device {text}: not a device the demo runs on; allowed: cpu, cuda, cuda:N") from None
     if dev.type not in ("cpu", "cuda"):
         raise DemoInputError(f"--device {text}: the demo runs on cpu or cuda only; allowed: cpu, cuda, cuda:N")
     if dev.type == "cuda":
@@ -137,7 +138,7 @@ def run_demo(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     from ..ops.backend import backend_info
     from .data import load_corpus
     from .report import format_table, write_json, write_plot
-    from .runs import build_recipe, describe, gemm_path, parse_recipes
+    from .runs import DEFAULT_RECIPES, build_recipe, describe, env_recipe_name, gemm_path, parse_recipes
     from .train import train_one
 
     args = _parser().parse_args(argv)
@@ -145,7 +146,7 @@ def run_demo(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     s = _settings(args, device)
     cfg = s["cfg"]
     try:
-        names = parse_recipes(args.recipes)
+        names = parse_recipes(args.recipes, quick_cpu=s["quick"] and device.type == "cpu")
     except ValueError as exc:
         raise DemoInputError(str(exc)) from None
     recipes = {}
@@ -176,6 +177,10 @@ def run_demo(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     print(f"data: {corpus.source}: {corpus.train.numel():,} train / {corpus.val.numel():,} validation bytes")
     print(f"backend: {info.get('summary')}")
     print(f"unigram baseline (validation loss of byte frequencies alone): {unigram:.4f} nats/byte")
+    left_out = [n for n in DEFAULT_RECIPES if n not in names] if args.recipes is None and env_recipe_name() is None else []
+    if left_out:
+        print(f"--quick on CPU leaves out {', '.join(left_out)} (its exact CPU reference is ~3x slower than "
+              "nvfp4's); --recipes all runs every recipe")
     sys.stdout.flush()
     results = []
     for name in names:

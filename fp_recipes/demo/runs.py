@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-__all__ = ["RECIPE_NAMES", "DEFAULT_RECIPES", "build_recipe", "gemm_path", "parse_recipes", "env_recipe_name"]
+__all__ = ["RECIPE_NAMES", "DEFAULT_RECIPES", "QUICK_CPU_RECIPES", "build_recipe", "gemm_path", "parse_recipes", "env_recipe_name"]
 
 
 def _nvfp4_rs_4over6():
@@ -38,6 +38,9 @@ def _builders() -> Dict[str, Callable[[], Any]]:
 
 RECIPE_NAMES = ("baseline", "delayed", "current", "nvfp4", "nvfp4_rs_4over6", "per_token")
 DEFAULT_RECIPES = ("baseline", "delayed", "current", "nvfp4", "nvfp4_rs_4over6")
+# --quick on a CPU leaves out the variant whose exact CPU reference is slowest (4over6 tries two
+# candidates per block with its error metric: ~3x NVFP4's cost per step); --recipes all brings it back
+QUICK_CPU_RECIPES = ("baseline", "delayed", "current", "nvfp4")
 _DESCRIPTIONS = {
     "baseline": "no quantization (BF16 on GPU, FP32 on CPU)",
     "delayed": "DelayedScaling(): FP8, scale from the amax history",
@@ -62,14 +65,15 @@ def env_recipe_name(environ: Optional[Dict[str, str]] = None) -> Optional[str]:
     return "baseline" if raw == "none" else raw
 
 
-def parse_recipes(text: Optional[str]) -> List[str]:
+def parse_recipes(text: Optional[str], quick_cpu: bool = False) -> List[str]:
     """``--recipes`` (comma-separated; ``all``) -> names, baseline first; ValueError on a bad name.
 
-    Without ``--recipes``: ``FP_RECIPES_RECIPE`` set -> baseline and that recipe, else the default five."""
+    Without ``--recipes``: ``FP_RECIPES_RECIPE`` set -> baseline and that recipe, else the default five
+    (four for ``--quick`` on a CPU: :data:`QUICK_CPU_RECIPES`)."""
     if text is None:
         chosen = env_recipe_name()
         if chosen is None:
-            return list(DEFAULT_RECIPES)
+            return list(QUICK_CPU_RECIPES if quick_cpu else DEFAULT_RECIPES)
         if chosen not in RECIPE_NAMES:
             raise ValueError(f"FP_RECIPES_RECIPE={chosen!r} names no recipe; allowed: "
                              "none, delayed, current, nvfp4, per_token")
