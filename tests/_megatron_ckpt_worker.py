@@ -51,7 +51,7 @@ def same(a: dict, b: dict) -> list:
 
 def main() -> None:
     apply_cpu_patches()
-    dist.init_process_group("gloo")
+    init_parallel(1)  # gloo on the CPU, NCCL with FP_RECIPES_TEST_DEVICE=cuda
     base = sys.argv[2]
     res = {}
 

@@ -10,6 +10,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+# Where the torchrun workers put the model: "cpu" (gloo; CI) or "cuda" (NCCL, one GPU per rank: the
+# two-GPU runs of scripts/gpu_two.sh). The in-process tests always use the CPU.
+DEVICE = os.environ.get("FP_RECIPES_TEST_DEVICE", "cpu")
+
 
 def cpu_patches() -> List[tuple]:
     """(object, attribute, replacement) for the CUDA-only spots megatron-core hits when the model
@@ -76,6 +80,8 @@ def megatron_on_cpu(tp: int = 1):
 
 
 def apply_cpu_patches(setattr_fn: Callable[[Any, str, Any], None] = setattr) -> None:
+    if DEVICE == "cuda":  # a worker on the GPUs needs none of them
+        return
     for obj, name, value in cpu_patches():
         setattr_fn(obj, name, value)
 
@@ -88,7 +94,9 @@ def init_parallel(tp: int = 1, ep: int = 1) -> None:
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
-        dist.init_process_group("gloo", rank=int(os.environ.get("RANK", 0)),
+        if DEVICE == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", rank=int(os.environ.get("RANK", 0)),
                                 world_size=int(os.environ.get("WORLD_SIZE", 1)))
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
@@ -144,11 +152,14 @@ def quant_recipe_config(fc: Optional[Dict[str, Any]] = None):
 def build_gpt(config, spec, seed: int = 1234):
     """A GPTModel built after the same seeding, so equal specs give equal weights."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     torch.manual_seed(seed)
-    return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
-                    max_sequence_length=SEQ, position_embedding_type="learned_absolute")
+    if DEVICE == "cuda":
+        model_parallel_cuda_manual_seed(seed)
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
+                     max_sequence_length=SEQ, position_embedding_type="learned_absolute")
+    return model.to(DEVICE)  # built on the CPU (use_cpu_initialization), then moved
 
 
 def local_spec(config):
@@ -164,7 +175,8 @@ def make_batch(step: int = 0, batch: int = BATCH, seq: int = SEQ):
     tokens = torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
     position_ids = torch.arange(seq).unsqueeze(0).expand(batch, -1)
     mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool).tril().logical_not()
-    return tokens[:, :-1].contiguous(), position_ids, mask, tokens[:, 1:].contiguous()
+    return tuple(t.to(DEVICE) for t in (tokens[:, :-1].contiguous(), position_ids, mask,
+                                        tokens[:, 1:].contiguous()))
 
 
 def loss_of(model, step: int = 0) -> torch.Tensor:

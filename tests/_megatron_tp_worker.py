@@ -29,7 +29,7 @@ def run(tp: int, sp: bool):
 
 def main() -> None:
     apply_cpu_patches()
-    dist.init_process_group("gloo")
+    init_parallel(1)  # gloo on the CPU, NCCL with FP_RECIPES_TEST_DEVICE=cuda
     out = {}
     for name, tp, sp in (("tp1", 1, False), ("tp2", 2, False), ("tp2_sp", 2, True)):
         losses, same = run(tp, sp)

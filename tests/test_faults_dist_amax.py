@@ -48,7 +48,7 @@ def _state(model) -> torch.Tensor:
     return torch.cat(parts).view(torch.int32)
 
 
-def _check_mode(rank: int, world: int, mode: str) -> None:
+def _check_mode(rank: int, world: int, mode: str, device: str = "cpu") -> None:
     if mode == "subgroups":  # every rank creates every group, in the same order
         halves = [list(range(0, world // 2)), list(range(world // 2, world))]
         groups = [dist.new_group(h) for h in halves]
@@ -59,18 +59,19 @@ def _check_mode(rank: int, world: int, mode: str) -> None:
     else:  # "default", "opt_out": no group given
         members, group = list(range(world)), None
     torch.manual_seed(0)
-    model = _Net()
+    model = _Net().to(device)
     reference = copy.deepcopy(model)
     recipe = DelayedScaling(amax_history_len=4, reduce_amax=mode != "opt_out")
     ref_recipe = DelayedScaling(amax_history_len=4, reduce_amax=False)  # one process: nothing to reduce
     before = amax_reduction.all_reduce_count()
     for step in range(STEPS):
-        x, t = _data(step, rank)
+        x, t = (v.to(device) for v in _data(step, rank))
         with fp_recipes.autocast(recipe=recipe, amax_reduction_group=group):
             y = model(x)
         (y * t).sum().backward()
         # the single-process reference of this rank's group: every member's batch in the same step
-        batches = [_data(step, r) for r in members] if mode != "opt_out" else [(x, t)]
+        batches = [tuple(v.to(device) for v in _data(step, r)) for r in members] if mode != "opt_out" \
+            else [(x, t)]
         with fp_recipes.autocast(recipe=ref_recipe):
             ys = [reference(bx) for bx, _ in batches]
         sum((by * bt).sum() for by, (_, bt) in zip(ys, batches)).backward()
@@ -87,13 +88,17 @@ def _check_mode(rank: int, world: int, mode: str) -> None:
     assert count == (0 if mode == "opt_out" else 2 * STEPS), f"{mode}: {count} all-reduces in {STEPS} steps"
 
 
-def _worker(rank: int, world: int, port: int, modes: list) -> None:
+def _worker(rank: int, world: int, port: int, modes: list, backend: str = "gloo") -> None:
     os.environ.pop("FP_RECIPES_RECIPE", None)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device = "cpu"
+    if backend == "nccl":  # one GPU per rank; the amaxes and the all-reduce stay on the GPU
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         for mode in modes:
-            _check_mode(rank, world, mode)
+            _check_mode(rank, world, mode, device)
     finally:
         dist.destroy_process_group()
 
@@ -112,6 +117,15 @@ def test_ranks_equal_one_process_that_saw_all_data(world, modes):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     mp.spawn(_worker, args=(world, _free_port(), modes), nprocs=world, join=True)
+
+
+@pytest.mark.cuda
+def test_ranks_equal_one_process_that_saw_all_data_nccl():
+    """Issue 17 item 2: the same check over NCCL, one GPU per rank (the CUDA cast and delayed-update
+    kernels, amaxes reduced on the GPU): bitwise equal to one process on the same GPU kind."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available():
+        pytest.skip("needs 2 CUDA GPUs and NCCL")
+    mp.spawn(_worker, args=(2, _free_port(), ["default", "explicit", "opt_out"], "nccl"), nprocs=2, join=True)
 
 
 def test_default_group_rules(monkeypatch):
