@@ -114,11 +114,18 @@ def quantize_operand(quantizer: Optional[Any], x: torch.Tensor, group: Any = Non
     if quantizer is None:
         return x
     spec = quantizer.spec
-    if spec.rht_columnwise and spec.columnwise and x.dtype != torch.bfloat16:
-        # The Hadamard transform's contract is defined on BF16 input (NUMERICS.md, RHT).
-        check_input_dtype(f"quantize ({spec.role})", x)
-        x = x.to(torch.bfloat16)
-    q = quantizer.quantize(x)
+    prequantized = getattr(x, "fp_recipes_prequantized", None) if spec.role.tensor is TensorKind.WEIGHT else None
+    if prequantized is not None:
+        # A weight FSDP2 all-gathered already quantized (integrations/fsdp.py): its shard was
+        # quantized by this quantizer before the all-gather with the whole weight's amax (recorded
+        # in the history for delayed scaling), so the gathered tensor is this quantizer's output.
+        q = prequantized(quantizer)
+    else:
+        if spec.rht_columnwise and spec.columnwise and x.dtype != torch.bfloat16:
+            # The Hadamard transform's contract is defined on BF16 input (NUMERICS.md, RHT).
+            check_input_dtype(f"quantize ({spec.role})", x)
+            x = x.to(torch.bfloat16)
+        q = quantizer.quantize(x)
     if record and spec.scaling is ScalingKind.DELAYED:
         if backward:
             reducer.record_backward(quantizer, group)
@@ -469,6 +476,20 @@ class QuantizedModule(torch.nn.Module):
                 self.register_buffer(name, getattr(q, attr), persistent=True)
                 self._state_buffer_names.append(name)
         self._state_recipe = entry
+
+    def init_quantizer_state(self, recipe: Any) -> "QuantizedModule":
+        """Build ``recipe``'s quantizer state now, as the first forward under it would (nothing is
+        quantized or recorded), so ``state_dict()`` already has that state's keys.
+
+        ``torch.distributed.checkpoint.load`` fills only the keys the destination state dict has: a
+        fresh model would otherwise silently skip the checkpoint's delayed-scaling buffers and fail
+        on the structure of its extra state. Call it on every module before ``dcp.load``."""
+        from ..autocast import _resolve_recipe
+
+        recipe = _resolve_recipe(recipe)
+        if recipe is not None:
+            self._sets_for(recipe, False)
+        return self
 
     def reset_quantizer_state(self) -> None:
         """Forget every recipe's quantizer state and any loaded state not applied yet (fresh start)."""

@@ -1,0 +1,174 @@
+"""One rank of the FSDP2 tests (launched by tests/test_fsdp.py with torch.distributed.run, gloo).
+
+For each recipe it trains three copies of the same small model on rank-dependent data:
+``plain`` (no FSDP, one rank's data), ``fsdp`` (fully_shard, ordinary all-gather) and ``qag``
+(fully_shard with the quantized all-gather), and writes what the test checks to a JSON file per rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+import fp_recipes
+from fp_recipes.integrations.fsdp import all_gather_bytes, enable_quantized_all_gather
+
+RECIPES = {
+    "delayed": lambda: fp_recipes.DelayedScaling(amax_history_len=4),
+    # no amax all-reduce: the weight's history must still hold the whole weight's amax (not the shard's)
+    "delayed_no_reduce": lambda: fp_recipes.DelayedScaling(amax_history_len=4, reduce_amax=False),
+    "current": lambda: fp_recipes.Float8CurrentScaling(),
+    "nvfp4": lambda: fp_recipes.NVFP4BlockScaling(disable_stochastic_rounding=True),
+    "nvfp4_1d_4over6": lambda: fp_recipes.NVFP4BlockScaling(disable_2d_quantization=True, disable_stochastic_rounding=True,
+                                                            nvfp4_4over6="weights"),
+}
+STEPS = 3
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _descendants(pid: int) -> list:
+    """Every live descendant of ``pid`` (from /proc): torchrun starts its workers in new sessions,
+    so killing torchrun's process group would leave them running."""
+    children: dict = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def torchrun(script: Path, args, env_extra: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --standalone --nproc-per-node 2 script *args`` with a clean
+    NVTE_*/FP_RECIPES_* environment. ``--standalone`` gives the rendezvous a free port (with the static
+    rendezvous, ``--master-port 0`` hands the workers port 0 and they wait for the store forever).
+    A run past ``timeout`` seconds is stopped, its workers included, and the test fails with the output
+    so far: a hang costs ``timeout``, never a stuck CI job."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NVTE_", "FP_RECIPES_"))}
+    env.update(env_extra, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(script), *map(str, args)]
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        workers = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        for pid in [proc.pid] + workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate()
+        raise AssertionError(f"{script.name} {' '.join(map(str, args))}: no result after {timeout:.0f} s "
+                             f"(hung?); stopped.\n{out[-2000:]}\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_fc1 = fp_recipes.LayerNormLinear(64, 128)
+        self.fc2 = fp_recipes.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.ln_fc1(x)))
+
+
+def build() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Block(), Block(), fp_recipes.Linear(64, 32))
+
+
+def shard(model: torch.nn.Module) -> None:
+    for m in model:
+        fully_shard(m)
+    fully_shard(model)
+
+
+def state_of(model: torch.nn.Module) -> dict:
+    """Delayed-scaling buffers (amax history, scale) of every module, as lists."""
+    out = {}
+    for name, buf in model.named_buffers():
+        if "qstate_" in name:
+            out[name] = buf.flatten().tolist()
+    return out
+
+
+def full_params(model: torch.nn.Module) -> dict:
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        inner = getattr(t, "_inner", t)
+        out[name.replace("_fsdp_wrapped_module.", "")] = inner.detach().flatten().tolist()
+    return out
+
+
+def main() -> None:
+    out_prefix = sys.argv[1]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a hung collective fails
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result: dict = {}
+    for name, make in RECIPES.items():
+        recipe = make()
+        models = {"plain": build(), "fsdp": build(), "qag": build()}
+        converted = enable_quantized_all_gather(models["qag"], recipe)
+        shard(models["fsdp"])
+        shard(models["qag"])
+        opts = {k: torch.optim.SGD(m.parameters(), lr=0.05) for k, m in models.items()}
+        rec: dict = {"converted": converted, "losses": {k: [] for k in models}, "outputs_equal_plain_step0": None}
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x = torch.randn(32, 64, generator=g) * (1 + rank)  # ranks see different data
+            outs = {}
+            for k, m in models.items():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with fp_recipes.autocast(recipe=recipe):
+                        y = m(x)
+                outs[k] = y
+                loss = y.float().square().mean()
+                loss.backward()
+                rec["losses"][k].append(loss.item())
+                opts[k].step()
+                opts[k].zero_grad()
+            if step == 0:
+                rec["outputs_equal_plain_step0"] = torch.equal(outs["qag"], outs["plain"])
+            rec.setdefault("outputs_equal_fsdp", []).append(torch.equal(outs["qag"], outs["fsdp"]))
+        rec["params_fsdp"] = full_params(models["fsdp"])
+        rec["params_qag"] = full_params(models["qag"])
+        rec["state_fsdp"] = state_of(models["fsdp"])
+        rec["state_qag"] = state_of(models["qag"])
+        rec["bytes"] = {k: list(v) for k, v in all_gather_bytes(models["qag"]).items()}
+        result[name] = rec
+    with open(f"{out_prefix}.{rank}.json", "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""FSDP2 (real ``fully_shard``, 2 gloo processes): the quantized all-gather sends FP8 / NVFP4 bytes and
+trains bit-identically to the ordinary all-gather, and to the unsharded module at the first step.
+
+The work runs in tests/_fsdp_worker.py, launched once with torch.distributed.run for every recipe.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from _fsdp_worker import torchrun
+from fp_recipes.integrations.fsdp import enable_quantized_all_gather
+
+HERE = Path(__file__).resolve().parent
+RECIPES = ("delayed", "delayed_no_reduce", "current", "nvfp4", "nvfp4_1d_4over6")
+TIMEOUT_S = 150  # the run takes ~10 s on 2 CPU cores; a hang fails the tests after this
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "rank"
+    proc = torchrun(HERE / "_fsdp_worker.py", [out], {}, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_quantized_all_gather_trains_like_the_ordinary_one(runs, recipe):
+    for rank, result in enumerate(runs):
+        rec = result[recipe]
+        assert rec["converted"] == ["0.ln_fc1.weight", "0.fc2.weight", "1.ln_fc1.weight", "1.fc2.weight",
+                                    "2.weight"]
+        # first step: the gathered quantized weights equal quantizing the whole weight
+        assert rec["outputs_equal_plain_step0"], (rank, recipe)
+        # every step: outputs, and after training parameters and delayed-scaling state, are those of
+        # FSDP2 with the high-precision all-gather (same gradient reduction, so bitwise)
+        assert all(rec["outputs_equal_fsdp"]), (rank, recipe, rec["outputs_equal_fsdp"])
+        assert rec["params_qag"] == rec["params_fsdp"], (rank, recipe)
+        assert rec["state_qag"] == rec["state_fsdp"], (rank, recipe)
+        assert rec["losses"]["qag"] == rec["losses"]["fsdp"]
+    # the two ranks hold the same delayed-scaling state (without the amax reduction, the same weight
+    # state: the activation and gradient amaxes are each rank's own)
+    keep = (lambda name: "qstate_weight" in name) if recipe == "delayed_no_reduce" else (lambda name: True)
+    states = [{k: v for k, v in r[recipe]["state_qag"].items() if keep(k)} for r in runs]
+    assert states[0] == states[1]
+    if recipe == "delayed_no_reduce":
+        assert states[0] and runs[0][recipe]["state_qag"] != runs[1][recipe]["state_qag"]
+
+
+@pytest.mark.parametrize("recipe,ratio", [("delayed", 1 / 4), ("delayed_no_reduce", 1 / 4), ("current", 1 / 4),
+                                          # NVFP4: 4 bits + one E4M3 scale per 16, rowwise and
+                                          # columnwise copies: 2 * (0.5 + 1/16) bytes per FP32 element
+                                          ("nvfp4", 2 * (0.5 + 1 / 16) / 4),
+                                          ("nvfp4_1d_4over6", 2 * (0.5 + 1 / 16) / 4)])
+def test_all_gather_bytes(runs, recipe, ratio):
+    for result in runs:
+        for name, (sent, high_precision) in result[recipe]["bytes"].items():
+            assert high_precision > 0
+            assert sent / high_precision == ratio, (name, sent, high_precision)
+
+
+def test_enable_checks_its_input():
+    import fp_recipes
+
+    model = torch.nn.Sequential(fp_recipes.Linear(32, 32))
+    with pytest.raises(TypeError, match="fp_recipes recipe"):
+        enable_quantized_all_gather(model, recipe="delayed")
+    with pytest.raises(ValueError, match="high_precision"):
+        enable_quantized_all_gather(model, fp_recipes.Float8CurrentScaling(backward_override="high_precision"))
+    with pytest.raises(ValueError, match="supported"):
+        enable_quantized_all_gather(model, fp_recipes.PerTokenScaling())
+    assert enable_quantized_all_gather(model, fp_recipes.Float8CurrentScaling(),
+                                       module_filter_fn=lambda m, fqn: fqn != "0") == []
+    assert enable_quantized_all_gather(model, fp_recipes.Float8CurrentScaling()) == ["0.weight"]
+
+
+def test_converted_module_without_fsdp_is_unchanged():
+    """The subclass is transparent before sharding: same outputs and gradients as before."""
+    import fp_recipes
+
+    torch.manual_seed(0)
+    a = fp_recipes.Linear(32, 16)
+    b = fp_recipes.Linear(32, 16)
+    b.load_state_dict(a.state_dict())
+    enable_quantized_all_gather(b, fp_recipes.Float8CurrentScaling())
+    x = torch.randn(8, 32)
+    for m in (a, b):
+        with fp_recipes.autocast(recipe=fp_recipes.Float8CurrentScaling()):
+            m(x).sum().backward()
+    assert torch.equal(a.weight.grad, b.weight.grad)
+    opt = torch.optim.AdamW(b.parameters(), lr=1e-2)
+    opt.step()
+    assert not torch.equal(a.weight.detach(), b.weight.detach()._inner)
