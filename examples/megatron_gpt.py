@@ -187,7 +187,14 @@ def build_model(config, seq_len: int, device: torch.device, seed: int):
     model = GPTModel(config=config, transformer_layer_spec=get_gpt_decoder_block_spec(config),
                      vocab_size=VOCAB, max_sequence_length=seq_len,
                      position_embedding_type="learned_absolute")
-    return model.to(device)  # Megatron builds on the CPU (use_cpu_initialization) then moves it
+    model = model.to(device)  # Megatron builds on the CPU (use_cpu_initialization) then moves it
+    if config.bf16:
+        # as Megatron's training loop does: the whole model in BF16 (the position embedding is created
+        # in FP32), inputs cast on the way in, the loss returned in FP32
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)
+    return model
 
 
 # --------------------------------------------------------------------------- training
