@@ -22,6 +22,7 @@ its backward and any activation-checkpointing recompute of it use that (``replay
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -36,7 +37,8 @@ from . import state as qstate
 from .amax_reduction import reducer
 
 __all__ = ["backward_operands", "check_input_dtype", "GemmQuantizers", "pad_tokens", "token_multiple",
-           "QuantizedLinearFunction", "QuantizedModule", "quantized_linear", "quantize_operand"]
+           "QuantizedLinearFunction", "QuantizedModule", "quantized_linear", "quantize_operand",
+           "torch_autocast_dtype", "torch_autocast_forward", "torch_autocast_backward", "amp_cast"]
 
 _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -157,13 +159,74 @@ def _check_nvfp4_shapes(qs: GemmQuantizers, m: int, k: int, n: int) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+# ----------------------------------------------------------------------------------------------
+# torch.autocast: its dtype is the activation/output dtype
+# ----------------------------------------------------------------------------------------------
+#
+# Hugging Face's Trainer (bf16=True), accelerate and most RL trainers keep FP32 master weights and run
+# the model under torch.autocast(dtype=bfloat16), where torch.nn.Linear returns BF16. The quantized
+# Functions do what TransformerEngine does there: the input is cast to the autocast dtype, the
+# high-precision operands (bias, a weight the recipe keeps unquantized, a high-precision backward's
+# weight) are used in that dtype, quantized weights are quantized from the master weight, and the
+# output is in that dtype. The gradient w.r.t. the input comes back in the input's dtype, weight and
+# bias gradients in the parameters' dtype. Inside, autocast is off: the quantized GEMMs and their exact
+# emulations pick their own precision (autocast would run the FP32 emulation matmuls in BF16).
+
+
+def torch_autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype torch.autocast runs this thread's ops in on ``device_type`` (None: autocast off)."""
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+    except RuntimeError:  # a device type autocast does not know (meta): never enabled
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def torch_autocast_forward(forward):
+    """Decorates the ``forward(ctx, x, ...)`` of a quantized autograd Function: checks torch.autocast
+    once per call, records its dtype as ``ctx.amp_dtype`` (None outside autocast; the backward may
+    run on another thread, where autocast is not visible) and runs the body with autocast off."""
+
+    @functools.wraps(forward)
+    def wrapped(ctx, x, *args):
+        device_type = x.device.type
+        ctx.amp_dtype = torch_autocast_dtype(device_type)
+        if ctx.amp_dtype is None:
+            return forward(ctx, x, *args)
+        with torch.autocast(device_type, enabled=False):
+            return forward(ctx, x, *args)
+    return wrapped
+
+
+def torch_autocast_backward(backward):
+    """Decorates the ``backward(ctx, dy)`` of a quantized autograd Function: a backward called inside
+    an autocast region inherits it (on every thread), but its dtypes were fixed by the forward (ctx):
+    run with autocast off."""
+
+    @functools.wraps(backward)
+    def wrapped(ctx, dy, *args):
+        device_type = dy.device.type
+        if torch_autocast_dtype(device_type) is None:
+            return backward(ctx, dy, *args)
+        with torch.autocast(device_type, enabled=False):
+            return backward(ctx, dy, *args)
+    return wrapped
+
+
+def amp_cast(t: Optional[torch.Tensor], dtype: Optional[torch.dtype]) -> Optional[torch.Tensor]:
+    """``t`` in the autocast dtype (``t`` itself when there is none, or it is None)."""
+    return t if t is None or dtype is None else t.to(dtype)
+
+
 def backward_operands(qs: GemmQuantizers, x: torch.Tensor, weight: torch.Tensor, qx: Any,
-                      qw: Any) -> Tuple[Any, Any]:
+                      qw: Any, amp_dtype: Optional[torch.dtype] = None) -> Tuple[Any, Any]:
     """What the dgrad/wgrad GEMMs read for x and W, by ``backward_override``: the quantized tensors
-    (default), the original high-precision tensors, or the dequantized forward operands."""
+    (default), the original high-precision tensors (the weight in the torch.autocast dtype when there
+    is one, as x already is), or the dequantized forward operands."""
     override = qs.backward_override
     if override is BackwardOverride.HIGH_PRECISION:
-        return x, weight
+        return x, amp_cast(weight, amp_dtype)
     if override is BackwardOverride.DEQUANTIZED:
         xd = qx if isinstance(qx, torch.Tensor) else qx.dequantize(torch.float32).reshape(x.shape)
         wd = qw if isinstance(qw, torch.Tensor) else qw.dequantize(torch.float32).reshape(weight.shape)
@@ -188,6 +251,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
     """y = x @ W^T + b with quantized operands; x is 2-D (tokens, in_features)."""
 
     @staticmethod
+    @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 qs: GemmQuantizers) -> torch.Tensor:
         m, k = x.shape
@@ -195,20 +259,24 @@ class QuantizedLinearFunction(torch.autograd.Function):
         group = qs.amax_reduction_group
         _check_nvfp4_shapes(qs, m, k, n)
         record = not qs.replay
+        amp = ctx.amp_dtype
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)  # of the gradients
+        x, b = amp_cast(x, amp), amp_cast(bias, amp)
         if m == 0:
             qx = x
         else:
             qx = quantize_operand(qs.activation, x, group, record=record)
-        qw = quantize_operand(qs.weight, weight, group, record=record)
+        qw = quantize_operand(qs.weight, weight if qs.weight is not None else amp_cast(weight, amp), group,
+                              record=record)
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         else:
-            y = gemm(qx, qw, out_dtype=x.dtype, bias=bias, use_fast_accum=True)
+            y = gemm(qx, qw, out_dtype=x.dtype, bias=b, use_fast_accum=True)
         ctx.qs = qs
         ctx.shapes = (m, k, n)
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.compute_dtype = x.dtype
         ctx.has_bias = bias is not None
-        x_op, w_op = backward_operands(qs, x, weight, qx, qw)
+        x_op, w_op = backward_operands(qs, x, weight, qx, qw, amp)
         # Every tensor the backward reads goes through save_for_backward (the quantized operands as
         # their component tensors): freed after a backward that does not retain the graph, kept for
         # retain_graph=True, dropped and recomputed by activation checkpointing.
@@ -217,10 +285,12 @@ class QuantizedLinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch_autocast_backward
     def backward(ctx, dy: torch.Tensor):
         qs: GemmQuantizers = ctx.qs
         m, k, n = ctx.shapes
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        in_dtype, w_dtype, b_dtype = ctx.dtypes
+        x_dtype = ctx.compute_dtype
         x_op, w_op = replay.unpack(ctx.shells, ctx.saved_tensors)
         start_backward(qs)
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], \
@@ -228,7 +298,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         dx = dw = db = None
         if m == 0:
-            dx = torch.zeros(0, k, dtype=x_dtype, device=dy.device) if need_dx else None
+            dx = torch.zeros(0, k, dtype=in_dtype, device=dy.device) if need_dx else None
             dw = torch.zeros(n, k, dtype=w_dtype, device=dy.device) if need_dw else None
             db = torch.zeros(n, dtype=b_dtype, device=dy.device) if need_db else None
             return dx, dw, db, None
@@ -236,6 +306,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
             if (need_dx or need_dw) else dy
         if need_dx:
             dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype)
+            if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
+                dx = dx.to(in_dtype)
         if need_dw:
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db:

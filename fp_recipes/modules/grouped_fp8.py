@@ -37,7 +37,7 @@ from .. import gemm_lt
 from . import replay
 from ..quantizers.roles import ScalingKind, TensorKind
 from .amax_reduction import reducer
-from .base import GemmQuantizers, start_backward
+from .base import GemmQuantizers, amp_cast, start_backward, torch_autocast_backward, torch_autocast_forward
 
 __all__ = ["fast_path_eligible", "GroupedFP8Function"]
 
@@ -315,6 +315,7 @@ def _row_slices(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
 
 class GroupedFP8Function(torch.autograd.Function):
     @staticmethod
+    @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, splits: tuple, sets: List[GemmQuantizers], *params):
         num = len(splits)
         weights, biases = list(params[:num]), list(params[num:])
@@ -322,7 +323,10 @@ class GroupedFP8Function(torch.autograd.Function):
         k = x.shape[1]
         group = sets[0].amax_reduction_group
         record = not sets[0].replay
-        x = x.contiguous()
+        # torch.autocast (see base.py): x and the biases in its dtype; weights quantized from the masters
+        in_dtype, b_dtypes = x.dtype, [None if b is None else b.dtype for b in biases]
+        x = amp_cast(x, ctx.amp_dtype).contiguous()
+        biases = [amp_cast(b, ctx.amp_dtype) for b in biases]
         xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), group, False, splits, record)
         wc = _cast_all([qs.weight for qs in sets], weights, group, False, None, record)
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
@@ -340,15 +344,16 @@ class GroupedFP8Function(torch.autograd.Function):
         # step's memory), kept for retain_graph=True, recomputed under activation checkpointing
         tensors, ctx.shells = replay.pack((xc, wc))
         ctx.save_for_backward(*tensors)
-        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
+        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], b_dtypes, in_dtype)
         return y
 
     @staticmethod
+    @torch_autocast_backward
     def backward(ctx, dy: torch.Tensor):
         sets, splits = ctx.sets, ctx.splits
         xc, wc = replay.unpack(ctx.shells, ctx.saved_tensors)
         start_backward(sets[0])
-        k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
+        k, n, x_dtype, w_dtypes, b_dtypes, in_dtype = ctx.meta
         num = len(splits)
         need = ctx.needs_input_grad
         need_dw = [need[3 + g] for g in range(num)]
@@ -367,6 +372,8 @@ class GroupedFP8Function(torch.autograd.Function):
                        lambda: [dx.data_ptr() + starts[g] * k * esize for g in live],
                        _Side(dyc, False), _Side(wc, True), [splits[g] for g in live], [k] * len(live),
                        [n] * len(live), x_dtype, dy.device)
+                if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
+                    dx = dx.to(in_dtype)
             # one tensor per expert: autograd hands a fresh gradient to .grad as it is, but copies a
             # view of a shared buffer
             for g in range(num):

@@ -16,8 +16,9 @@ from ..gemm import gemm, grouped_gemm
 from ..quantizers.grouped import split_sizes
 from ..quantizers.roles import ModuleKind
 from . import replay
-from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, backward_operands, pad_tokens,
-                   quantize_operand, start_backward, token_multiple)
+from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, amp_cast, backward_operands,
+                   pad_tokens, quantize_operand, start_backward, token_multiple, torch_autocast_backward,
+                   torch_autocast_forward)
 from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
 from .linear import _factory, check_features, new_linear_parameters
 
@@ -31,11 +32,16 @@ FP8_FAST_PATH = True
 
 class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
+    @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, m_splits: tuple, sets: List[GemmQuantizers], *params):
         num = len(m_splits)
         weights, biases = params[:num], params[num:]
         k = x.shape[1]
         n = weights[0].shape[0]
+        amp = ctx.amp_dtype  # torch.autocast: see base.py
+        in_dtype = x.dtype
+        x = amp_cast(x, amp)
+        biases_c = [amp_cast(b, amp) for b in biases]
         xs = torch.split(x, list(m_splits), dim=0)
         qxs, qws, x_ops, w_ops = [], [], [], []
         for g in range(num):
@@ -44,16 +50,17 @@ class _GroupedLinearFunction(torch.autograd.Function):
             record = not qs.replay
             qx = quantize_operand(qs.activation, xs[g], qs.amax_reduction_group, record=record) \
                 if m_splits[g] else xs[g]
-            qw = quantize_operand(qs.weight, weights[g], qs.amax_reduction_group, record=record)
+            w = weights[g] if qs.weight is not None else amp_cast(weights[g], amp)
+            qw = quantize_operand(qs.weight, w, qs.amax_reduction_group, record=record)
             qxs.append(qx)
             qws.append(qw)
-            x_op, w_op = backward_operands(qs, xs[g], weights[g], qx, qw)
+            x_op, w_op = backward_operands(qs, xs[g], weights[g], qx, qw, amp)
             x_ops.append(x_op)
             w_ops.append(w_op)
         live = [g for g in range(num) if m_splits[g] > 0]
         if live:
             y = grouped_gemm([qxs[g] for g in live], [qws[g] for g in live], out_dtype=x.dtype,
-                             biases=[biases[g] for g in live], use_fast_accum=True)
+                             biases=[biases_c[g] for g in live], use_fast_accum=True)
         else:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         ctx.sets = sets
@@ -62,17 +69,19 @@ class _GroupedLinearFunction(torch.autograd.Function):
         # under activation checkpointing
         tensors, ctx.shells = replay.pack(x_ops + w_ops)
         ctx.save_for_backward(*tensors)
-        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases])
+        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases],
+                    in_dtype)
         return y
 
     @staticmethod
+    @torch_autocast_backward
     def backward(ctx, dy: torch.Tensor):
         sets, m_splits = ctx.sets, ctx.m_splits
         num = len(m_splits)
         ops_ = replay.unpack(ctx.shells, ctx.saved_tensors)
         x_ops, w_ops = ops_[:num], ops_[num:]
         start_backward(sets[0])
-        k, n, x_dtype, w_dtypes, b_dtypes = ctx.meta
+        k, n, x_dtype, w_dtypes, b_dtypes, in_dtype = ctx.meta
         need = ctx.needs_input_grad
         need_dx = need[0]
         dy = dy.contiguous()
@@ -87,6 +96,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
                                   out_dtype=x_dtype)
             else:
                 dx = torch.zeros(0, k, dtype=x_dtype, device=dy.device)
+            if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
+                dx = dx.to(in_dtype)
         dws: List[Optional[torch.Tensor]] = []
         dbs: List[Optional[torch.Tensor]] = []
         for g in range(num):
