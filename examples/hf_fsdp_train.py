@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -153,6 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
-        sys.exit(main())
+    sys.exit(main())

@@ -143,12 +143,18 @@ def main() -> None:
         for step in range(STEPS):
             g = torch.Generator().manual_seed(1000 * step + rank)
             x = torch.randn(32, 64, generator=g) * (1 + rank)  # ranks see different data
+            if step % 2:
+                x = x.reshape(4, 8, 64)  # 3-D (batch, sequence, features), as transformers models call
             outs = {}
             for k, m in models.items():
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
                     with fp_recipes.autocast(recipe=recipe):
                         y = m(x)
+                # FSDP2 warns when a sharded module returns a view (an in-place op on it would drop
+                # the pre-backward hook): fp_recipes modules must not
+                views = [str(w.message)[:120] for w in caught if "view tensor" in str(w.message)]
+                rec.setdefault("view_warnings", []).extend(views)
                 outs[k] = y
                 loss = y.float().square().mean()
                 loss.backward()

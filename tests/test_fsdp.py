@@ -42,6 +42,8 @@ def test_quantized_all_gather_trains_like_the_ordinary_one(runs, recipe):
         assert rec["params_qag"] == rec["params_fsdp"], (rank, recipe)
         assert rec["state_qag"] == rec["state_fsdp"], (rank, recipe)
         assert rec["losses"]["qag"] == rec["losses"]["fsdp"]
+        # no module of the sharded models returned a view (2-D and 3-D inputs)
+        assert rec["view_warnings"] == [], (rank, recipe)
     # the two ranks hold the same delayed-scaling state (without the amax reduction, the same weight
     # state: the activation and gradient amaxes are each rank's own)
     keep = (lambda name: "qstate_weight" in name) if recipe == "delayed_no_reduce" else (lambda name: True)
@@ -95,3 +97,58 @@ def test_converted_module_without_fsdp_is_unchanged():
     opt = torch.optim.AdamW(b.parameters(), lr=1e-2)
     opt.step()
     assert not torch.equal(a.weight.detach(), b.weight.detach()._inner)
+
+
+@pytest.mark.parametrize("recipe", [None, "delayed", "current", "nvfp4", "per_token"])
+@pytest.mark.parametrize("shape", [(32, 64), (4, 8, 64), (7, 64)], ids=["2d", "3d", "2d_odd_tokens"])
+@pytest.mark.parametrize("kind", ["Linear", "LayerNormLinear", "GroupedLinear"])
+def test_outputs_are_not_views(kind, shape, recipe):
+    """A quantized module's output is a fresh tensor (``._base is None``), as ``torch.nn.Linear``'s is for
+    2-D input: FSDP2 hooks the output, and an in-place op on a view would drop that hook. (NVFP4 pads 7
+    tokens to 16 and slices the padding off.) Quantization off is torch's own ``F.linear``, views where
+    torch's are."""
+    import fp_recipes
+
+    make = {"delayed": fp_recipes.DelayedScaling, "current": fp_recipes.Float8CurrentScaling,
+            "nvfp4": fp_recipes.NVFP4BlockScaling, "per_token": fp_recipes.PerTokenScaling}
+    if kind == "GroupedLinear" and len(shape) != 2:
+        pytest.skip("GroupedLinear takes 2-D input")
+    torch.manual_seed(0)
+    m = {"Linear": lambda: fp_recipes.Linear(64, 32), "LayerNormLinear": lambda: fp_recipes.LayerNormLinear(64, 32),
+         "GroupedLinear": lambda: fp_recipes.GroupedLinear(2, 64, 32)}[kind]()
+    x = torch.randn(*shape, requires_grad=True)
+    args = (x, [3, shape[0] - 3]) if kind == "GroupedLinear" else (x,)
+    with fp_recipes.autocast(enabled=recipe is not None, recipe=make[recipe]() if recipe else None):
+        y = m(*args)
+    if recipe is None and kind != "GroupedLinear":
+        ref = torch.nn.functional.linear(x.detach(), torch.randn(32, 64), torch.randn(32))
+        assert (y._base is None) == (ref._base is None)
+    else:
+        assert y._base is None and not y._is_view()
+    if len(shape) == 2:
+        assert y._base is None
+
+
+@pytest.mark.parametrize("shape", [(32, 64), (4, 8, 64)], ids=["2d", "3d"])
+def test_in_place_op_on_the_output_keeps_gradients(shape):
+    """``out += residual`` on a quantized module's output gives the gradients of ``out = out + residual``."""
+    import copy
+
+    import fp_recipes
+
+    torch.manual_seed(0)
+    a = fp_recipes.Linear(64, 64)
+    b = copy.deepcopy(a)
+    x = torch.randn(*shape)
+    grads = []
+    for m, in_place in ((a, False), (b, True)):
+        xi = x.clone().requires_grad_()
+        with fp_recipes.autocast(recipe=fp_recipes.Float8CurrentScaling()):
+            out = m(xi)
+        if in_place:
+            out += xi
+        else:
+            out = out + xi
+        out.square().mean().backward()
+        grads.append((xi.grad, m.weight.grad, m.bias.grad))
+    assert all(torch.equal(p, q) for p, q in zip(*grads))

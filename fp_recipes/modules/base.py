@@ -358,13 +358,21 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight expects {weight.shape[1]} "
                          f"(weight shape {tuple(weight.shape)})")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     tokens = x2.shape[0]
     y = QuantizedLinearFunction.apply(pad_tokens(x2, token_multiple(qs)), weight, bias, qs)
-    if y.shape[0] != tokens:
-        y = y[:tokens]
-    return y.reshape(*lead, weight.shape[0])
+    if x.dim() == 2 and y.shape[0] == tokens:
+        return y
+    return _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
+
+
+def _fresh_view(y: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+    """``y`` (contiguous) in ``shape``, sharing its storage but not a view to autograd, as
+    ``F.linear``'s output is not: FSDP2 hooks a module output's ``grad_fn``, and an in-place op on a
+    view (``out += residual``) would replace it and skip the backward all-gather (FSDP2 warns "returned
+    a view tensor"). ``aten._unsafe_view`` is how ``torch.matmul`` folds its N-D results; nothing saves
+    ``y`` for the backward, so an in-place op on the result is safe."""
+    return torch.ops.aten._unsafe_view(y, shape)
 
 
 # ----------------------------------------------------------------------------------------------
