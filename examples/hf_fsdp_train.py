@@ -120,8 +120,13 @@ def main(argv=None) -> int:
     _, _, _, _, seq, mb = SIZES[args.size]
     name = "none" if recipe is None else type(recipe).__name__
     losses = []
-    t0 = time.perf_counter()
+    warmup = start + min(2, max(0, args.steps - start - 1))  # steps left out of the step time
+    t0 = t_warm = time.perf_counter()
     for step in range(start, args.steps):
+        if step == warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            t_warm = time.perf_counter()
         ids = batch(tokens, step, rank, mb, seq).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16), \
                 fp_recipes.autocast(enabled=recipe is not None, recipe=recipe):
@@ -139,14 +144,25 @@ def main(argv=None) -> int:
             model_sd, opt_sd = get_state_dict(model, opt)
             dcp.save({"model": model_sd, "optim": opt_sd, "step": torch.tensor(step + 1)},
                      checkpoint_id=str(args.save))
+    if cuda:
+        torch.cuda.synchronize()
+    timed = args.steps - warmup
+    step_ms = 1e3 * (time.perf_counter() - t_warm) / timed if timed > 0 else float("nan")
     if rank == 0:
         sent = all_gather_bytes(model)
+        s = hp = None
         if sent:
             s, hp = map(sum, zip(*sent.values()))
             print(f"quantized all-gather: {s:,} bytes sent by this rank, {hp:,} with the ordinary one "
                   f"({s / hp:.3f}x)")
+        print(f"step time {step_ms:.2f} ms over {timed} steps, {mb * seq * world / step_ms * 1e3:,.0f} tokens/s",
+              flush=True)
         if args.json is not None:
-            args.json.write_text(json.dumps({"recipe": name, "start": start, "losses": losses}))
+            args.json.write_text(json.dumps({
+                "recipe": name, "start": start, "losses": losses, "quantized_all_gather": bool(sent),
+                "step_ms": step_ms, "tokens_per_s": mb * seq * world / step_ms * 1e3, "world": world,
+                "size": args.size, "bytes_sent_per_rank": s, "bytes_high_precision": hp,
+                "device": torch.cuda.get_device_name(device) if cuda else "cpu"}))
     dist.destroy_process_group()
     return 0
 
