@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import fp_recipes  # noqa: E402
-from fp_recipes import gemm_lt  # noqa: E402
+from fp_recipes.gemm import cublaslt  # noqa: E402
 from fp_recipes import (DelayedScaling, Float8CurrentScaling, GroupedLinear, Linear,  # noqa: E402
                         NVFP4BlockScaling)
 
@@ -144,7 +144,7 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
             def step(mod=mod, recipe=recipe, path=path):
                 GL.FP8_FAST_PATH = path != "generic"
                 GF.USE_CUBLASLT = "_scaled_mm" not in path
-                gemm_lt.WORKSPACE_BYTES = 0 if "no cuBLASLt workspace" in path else 32 * 2**20
+                cublaslt.WORKSPACE_BYTES = 0 if "no cuBLASLt workspace" in path else 32 * 2**20
                 x.grad = None
                 for p in mod.parameters():
                     p.grad = None
@@ -176,7 +176,7 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
             from fp_recipes.modules import grouped_linear as GL
             GL.FP8_FAST_PATH = True
             GF.USE_CUBLASLT = True
-            gemm_lt.WORKSPACE_BYTES = 32 * 2**20
+            cublaslt.WORKSPACE_BYTES = 32 * 2**20
         if label == baseline_label:
             base_ms = t["median_ms"]
         row = {"case": label, **t, "tflops": flops / (t["median_ms"] * 1e-3) / 1e12}

@@ -305,9 +305,9 @@ def main(argv=None) -> Table:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile / torchao comparators")
     ap.add_argument("--only", default="fp8,per_token,grouped,multi,nvfp4", help="comma-separated sections")
     a = ap.parse_args(argv)
-    from fp_recipes.ops import backend
+    import fp_recipes
 
-    info = backend.backend_info()
+    info = fp_recipes.backend_info()
     print(f"device: {torch.cuda.get_device_name()}  backend: {info['summary']}  torch {torch.__version__}", flush=True)
     copy = copy_bandwidth()
     print(f"D2D copy bandwidth (read+write): {copy:.0f} GB/s", flush=True)

@@ -181,7 +181,7 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
                with_profiler: bool = False) -> None:
     """Host microseconds per GroupedLinear step and per piece of it at tiny shapes (GPU work negligible,
     so wall time per call is the host's cost to enqueue): where a host-bound step's time goes."""
-    from fp_recipes import gemm_lt
+    from fp_recipes.gemm import cublaslt
     from fp_recipes.modules import grouped_fp8 as GF
     from fp_recipes.ops import cuda_fp8
 
@@ -234,8 +234,8 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
     y = torch.empty(m * experts, n, device=dev, dtype=torch.bfloat16)
     gs = list(range(experts))
     ptrs = [y.data_ptr() + g * m * n * 2 for g in gs]
-    print(f"    {experts} GEMMs, one gemm_lt call      "
-          f"{per_call_us(lambda: gemm_lt.fp8_gemms_ptr(casts.data_ptrs(gs), casts.scale_ptrs(gs), wc.data_ptrs(gs), wc.scale_ptrs(gs), ptrs, splits, [n] * experts, [k] * experts, casts.dtype, wc.dtype, torch.bfloat16, dev)):7.1f}")
+    print(f"    {experts} GEMMs, one cublaslt call     "
+          f"{per_call_us(lambda: cublaslt.fp8_gemms_ptr(casts.data_ptrs(gs), casts.scale_ptrs(gs), wc.data_ptrs(gs), wc.scale_ptrs(gs), ptrs, splits, [n] * experts, [k] * experts, casts.dtype, wc.dtype, torch.bfloat16, dev)):7.1f}")
     a0, b0, s0 = casts.data(0), wc.data(0), casts.scale_inv(0)
     print(f"    1 torch._scaled_mm              "
           f"{per_call_us(lambda: torch._scaled_mm(a0, b0.t(), scale_a=s0, scale_b=s0, out_dtype=torch.bfloat16)):7.1f}")

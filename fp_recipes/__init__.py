@@ -54,7 +54,7 @@ _EXPORTS: dict[str, str] = {
     "GroupedLinear": "fp_recipes.modules",
     "convert_model": "fp_recipes.modules",
     # backend
-    "backend_info": "fp_recipes.ops.backend",
+    "backend_info": "fp_recipes._info",
 }
 
 # submodules that are part of the public surface: ``fp_recipes.recipe`` is TransformerEngine's

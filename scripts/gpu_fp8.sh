@@ -11,7 +11,7 @@ has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 export PYTHONUNBUFFERED=1
 
 echo "== nvidia-smi -L"; nvidia-smi -L
-python3 -c "import fp_recipes.ops.backend as b; print(b.backend_info()['summary'])"
+python3 -c "import fp_recipes; print(fp_recipes.backend_info()['summary'])"
 
 if has tests; then
   echo "== pytest -m cuda (FP8 family)"

@@ -25,7 +25,7 @@ for off in (0, 1):
     except RuntimeError as exc:
         print(f"scale at byte offset {4 * off}: {str(exc)[:90]}")
 PY
-  echo "== pytest -m cuda (gemm_lt, multi-cast, FP8 kernels, modules)"
+  echo "== pytest -m cuda (gemm cublaslt, multi-cast, FP8 kernels, modules)"
   timeout "${LIM_TEST:-150}" python3 -m pytest -q -m cuda -p no:cacheprovider --tb=short -x \
       tests/test_gemm_lt.py tests/test_cuda_fp8_multi.py tests/test_cuda_fp8_kernels.py \
       tests/test_modules_linear.py tests/test_modules_gemm.py tests/test_modules_delayed.py 2>&1 | tail -n 40

@@ -17,7 +17,7 @@ BENCH_ARGS=${BENCH_ARGS:-"--iters 20 --warmup 5"}
 PROF_ARGS=${PROF_ARGS:-""}
 {
   echo "== nvidia-smi -L"; nvidia-smi -L
-  python3 -c "import fp_recipes.ops.backend as b; i=b.backend_info(); print(i['summary'], i['cuda_ops'])"
+  python3 -c "import fp_recipes; i=fp_recipes.backend_info(); print(i['summary'], i['cuda_ops'])"
   echo "== pytest -m cuda (modules + gemm on CUDA)"
   timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 --tb=short \
       tests/test_modules_gemm.py tests/test_modules_linear.py 2>&1 | tail -n 100

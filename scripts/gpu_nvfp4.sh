@@ -13,7 +13,7 @@ LIM_BENCH=${LIM_BENCH:-90}
 LIM_SAN=${LIM_SAN:-70}
 {
   echo "== nvidia-smi -L"; nvidia-smi -L
-  python3 -c "import fp_recipes.ops.backend as b; print(b.backend_info()['summary'])"
+  python3 -c "import fp_recipes; print(fp_recipes.backend_info()['summary'])"
   echo "== pytest -m cuda (kernels + reference twin on CUDA)"
   timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=8 \
       tests/test_cuda_nvfp4_kernels.py tests/test_nvfp4_reference_cuda.py 2>&1 | tail -n 60

@@ -15,7 +15,7 @@ MODEL_SIZES=${MODEL_SIZES:-h2048_t8192,h4096_t4096}
 {
   echo "== nvidia-smi -L"; nvidia-smi -L
   git log --oneline -1 2>/dev/null || true
-  python3 -c "import fp_recipes.ops.backend as b, fp_recipes.gemm_lt as g; print(b.backend_info()['summary']); print(g.status())"
+  python3 -c "import fp_recipes; i = fp_recipes.backend_info(); print(i['summary']); print(i['grouped_gemm'])"
   echo "== pytest -m cuda"
   timeout "$LIM_TEST" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 \
       ${TEST_FILES:-tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py tests/test_modules_gemm.py \

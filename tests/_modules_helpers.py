@@ -1,7 +1,7 @@
 """Independent reference of the module math for tests/test_modules_*.py.
 
 Operands are quantized and dequantized by their spec with the *reference* ops (ops/ref_*.py, called
-directly, never through the quantizer classes or gemm.py), then multiplied in FP64. The tolerance of a
+directly, never through the quantizer classes or fp_recipes.gemm), then multiplied in FP64. The tolerance of a
 GEMM result is the textbook bound of an FP32 dot product of length K: |fl(sum) - sum| <= gamma_K *
 sum|a_i b_i| with gamma_K ~ K * 2^-24, doubled (the module's FP32 accumulation and the reference's
 rounding of each dequantized operand to FP32), plus a few roundings of the scale factors / alpha, plus

@@ -11,7 +11,9 @@ import sys
 
 import torch
 
-from fp_recipes import gemm as G
+from fp_recipes.gemm import nvfp4_emulated as E
+from fp_recipes.gemm._common import finish
+from fp_recipes.gemm.operands import Nvfp4Operand
 from fp_recipes.ops import cuda_nvfp4 as C
 from fp_recipes.ops import ref_nvfp4 as R
 
@@ -29,7 +31,7 @@ def main() -> int:
                                          torch.tensor(0.5, device="cuda"), 448, 256)
         runs += 1
         for (d, s), o in zip(copies, outs):
-            bad += not torch.equal(o.view(torch.int16), G.decode_nvfp4_unit(d, s, torch.bfloat16).view(torch.int16))
+            bad += not torch.equal(o.view(torch.int16), E.decode_nvfp4_unit(d, s, torch.bfloat16).view(torch.int16))
         bad += not torch.equal(ab[:1].cpu(), R.nvfp4_gemm_alpha(torch.tensor(3.0), torch.tensor(0.5), 448, 256)
                                .reshape(1))
     for m, n, bias_dtype in ((1, 1, None), (3, 37, torch.bfloat16), (129, 67, torch.float32)):
@@ -39,14 +41,14 @@ def main() -> int:
         bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
         out = C.nvfp4_row_scale_epilogue(d, amax_a, True, amax_b, False, bias, torch.bfloat16)
         runs += 1
-        bad += not torch.equal(out, G._finish(d * (amax_a * amax_b).unsqueeze(1), bias, torch.bfloat16))
+        bad += not torch.equal(out, finish(d * (amax_a * amax_b).unsqueeze(1), bias, torch.bfloat16))
     for m, k, n, row in ((16, 32, 16, False), (48, 96, 40, True)):
         a = R.nvfp4_quantize(torch.randn(m, k, device="cuda"), row_scaled=row)
         b = R.nvfp4_quantize(torch.randn(n, k, device="cuda"))
-        oa = G._Nvfp4Operand(a.data, a.scale, a.amax, row, 448, False)
-        ob = G._Nvfp4Operand(b.data, b.scale, b.amax, False, 448, False)
-        fast = G._gemm_nvfp4_cuda(oa, ob, torch.float32, None)
-        slow = G._gemm_nvfp4_emulated(oa, ob, torch.float32, None)
+        oa = Nvfp4Operand(a.data, a.scale, a.amax, row, 448, False)
+        ob = Nvfp4Operand(b.data, b.scale, b.amax, False, 448, False)
+        fast = E.gemm_nvfp4_emulated_cuda(oa, ob, torch.float32, None)
+        slow = E.gemm_nvfp4_emulated(oa, ob, torch.float32, None)
         runs += 1
         bad += fast is None or not torch.allclose(fast, slow, rtol=1e-5, atol=1e-5)
     x_all = torch.randn(272, 1040, device="cuda").bfloat16()
@@ -71,7 +73,7 @@ def main() -> int:
                                                                                     b.nan_to_num(-1.0)))
         for unit, d, sc in ((u, got.data, got.scale), (ut, got.data_t, got.scale_t)):
             if d is not None:
-                e = G.decode_nvfp4_unit(d, sc, torch.bfloat16)
+                e = E.decode_nvfp4_unit(d, sc, torch.bfloat16)
                 bad += unit is None or not torch.equal(unit.nan_to_num(7.0).view(torch.int16),
                                                        e.nan_to_num(7.0).view(torch.int16))
     for x in (x_all, x_all[:1, :16].contiguous(), torch.randn(4096, 1024, device="cuda").bfloat16()):

@@ -376,7 +376,7 @@ def test_dispatch_runs_the_kernel(cu):
     from fp_recipes import ops
     from fp_recipes.ops import backend
 
-    info = fp_recipes.backend_info() if hasattr(fp_recipes, "backend_info") else backend.backend_info()
+    info = fp_recipes.backend_info()
     assert info["backend"] == "cuda"
     for name in ("fp8_quantize", "fp8_current_scaling_quantize", "fp8_dequantize", "fp8_grouped_quantize",
                  "fp8_grouped_amax", "fp8_grouped_dequantize", "per_token_cast", "cast_back", "fp8_amax"):

@@ -1,19 +1,20 @@
 """The quantize kernels' BF16 unit GEMM operands and the memset-free amax (issue 13).
 
 ``cuda_nvfp4.nvfp4_quantize_with_units`` writes, next to the packed copies, the emulated GEMM's BF16
-operands: they must be bit-equal to ``gemm.decode_nvfp4_unit(data, scale, bfloat16)`` of the copies the
+operands: they must be bit-equal to ``gemm.nvfp4_emulated.decode_nvfp4_unit(data, scale, bfloat16)`` of the copies the
 same call returned, and those copies byte-equal to the reference twin's (every mode, dtype, odd shapes,
 tails, zeros, huge values, NaN/Inf, one row). The amax kernels combine through a per-stream workspace that
 the last block re-zeroes: repeated calls, NaN, zero-size inputs and CUDA-graph capture must all give the
 reference's amax. In a Linear, cached units must give the same bits as decoding (same GEMM inputs).
-The CPU part checks the quantizer's unit policy and that gemm.py reads a cache only when it fits."""
+The CPU part checks the quantizer's unit policy and that the GEMM (gemm/nvfp4_emulated.py) reads a cache only when it fits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fp_recipes import gemm as G
+from fp_recipes.gemm import nvfp4_emulated as E
+from fp_recipes.gemm.operands import Nvfp4Operand
 from fp_recipes.ops import ref_nvfp4 as R
 from test_cuda_nvfp4_kernels import FIELDS, MODES, _mode_id, _mode_kwargs, assert_same_bytes, make_input
 
@@ -34,7 +35,7 @@ def _check_units(x: torch.Tensor, unit_rowwise: bool = True, unit_columnwise: bo
         if data is None or not asked:
             assert u is None, f"{name} {what}: written although its copy or the flag is off"
             continue
-        expect = G.decode_nvfp4_unit(data, scale, torch.bfloat16)
+        expect = E.decode_nvfp4_unit(data, scale, torch.bfloat16)
         assert u.dtype == torch.bfloat16 and u.shape == expect.shape and u.is_contiguous(), name
         nan = torch.isnan(expect)
         assert torch.equal(torch.isnan(u), nan), f"{name} {what}: NaN positions differ"
@@ -207,7 +208,7 @@ def test_quantizer_writes_units_by_role():
         assert (t.gemm_unit_t is not None) == (tensor is TensorKind.GRAD_OUTPUT and t.has_columnwise)
         if t.gemm_unit_t is not None:
             assert torch.equal(t.gemm_unit_t.view(torch.int16),
-                               G.decode_nvfp4_unit(t.data_t, t.scale_t, torch.bfloat16).view(torch.int16))
+                               E.decode_nvfp4_unit(t.data_t, t.scale_t, torch.bfloat16).view(torch.int16))
         assert t.to("cuda").gemm_unit is None  # a cache: not carried by to()
         t.drop_gemm_units()
         assert t.gemm_unit is None and t.gemm_unit_t is None
@@ -235,11 +236,11 @@ def test_cpu_quantizer_writes_no_units_and_checks_mode():
 def test_cpu_cached_unit_only_when_it_fits():
     g = torch.Generator().manual_seed(0)
     q = R.nvfp4_quantize(torch.randn(32, 64, generator=g))
-    unit = G.decode_nvfp4_unit(q.data, q.scale, torch.bfloat16)
-    op = G._Nvfp4Operand(q.data, q.scale, q.amax, False, 448, False, unit)
-    assert G._cached_unit(op, torch.device("cpu")) is unit
+    unit = E.decode_nvfp4_unit(q.data, q.scale, torch.bfloat16)
+    op = Nvfp4Operand(q.data, q.scale, q.amax, False, 448, False, unit)
+    assert E.cached_unit(op, torch.device("cpu")) is unit
     for bad in (unit.float(), unit[:, :32].contiguous(), unit.t().contiguous().t(), unit[:16]):
         op.unit = bad
-        assert G._cached_unit(op, torch.device("cpu")) is None
+        assert E.cached_unit(op, torch.device("cpu")) is None
     op.unit = None
-    assert G._cached_unit(op, torch.device("cpu")) is None
+    assert E.cached_unit(op, torch.device("cpu")) is None

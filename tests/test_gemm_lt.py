@@ -1,4 +1,4 @@
-"""fp_recipes.gemm_lt: many FP8 GEMMs in one host call through cuBLASLt.
+"""fp_recipes.gemm.cublaslt: many FP8 GEMMs in one host call through cuBLASLt.
 
 On CUDA its results are compared with ``torch._scaled_mm`` (the same library and math: FP32
 accumulation, per-tensor FP32 scales) and with an FP32 emulation; without a GPU only the availability
@@ -9,21 +9,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp_recipes import gemm_lt
+from fp_recipes import _extension
+from fp_recipes.gemm import cublaslt
 
 cuda = pytest.mark.cuda
 
 
 def test_status_is_a_sentence_everywhere():
-    text = gemm_lt.status()
+    text = cublaslt.status()
     assert isinstance(text, str) and text
     if not torch.cuda.is_available():
-        assert not gemm_lt.available()
+        assert not cublaslt.available()
         assert text.startswith("unavailable: ")
 
 
 def test_loaded_library_path_names_cublaslt():
-    assert "libcublasLt.so" in gemm_lt._loaded_cublaslt_path()
+    assert "libcublasLt.so" in cublaslt._loaded_cublaslt_path()
 
 
 def _fp8(shape, dtype, seed, device="cuda"):
@@ -47,14 +48,14 @@ def _emulated(a, sa, b, sb, bias, out_dtype):
 @pytest.mark.parametrize("fast_accum", [False, True])
 @pytest.mark.parametrize("b_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_matches_scaled_mm(out_dtype, fast_accum, b_dtype):
-    assert gemm_lt.available(), gemm_lt.status()
+    assert cublaslt.available(), cublaslt.status()
     shapes = [(64, 128, 256), (1, 16, 16), (333, 48, 96), (2048, 2048, 7168), (7, 4096, 32)]
     a = [_fp8((m, k), torch.float8_e4m3fn, i) for i, (m, n, k) in enumerate(shapes)]
     b = [_fp8((n, k), b_dtype, 100 + i) for i, (m, n, k) in enumerate(shapes)]
     sa = [_scale(0.5 + i) for i in range(len(shapes))]
     sb = [_scale(0.25 * (i + 1)) for i in range(len(shapes))]
     out = [torch.empty(m, n, dtype=out_dtype, device="cuda") for m, n, k in shapes]
-    skipped = gemm_lt.fp8_gemms(a, sa, b, sb, out, fast_accum=fast_accum)
+    skipped = cublaslt.fp8_gemms(a, sa, b, sb, out, fast_accum=fast_accum)
     assert skipped == []
     for i in range(len(shapes)):
         ref = torch._scaled_mm(a[i], b[i].t(), scale_a=sa[i], scale_b=sb[i], out_dtype=out_dtype,
@@ -84,7 +85,7 @@ def test_bias_epilogue_and_views_into_one_output():
     y = torch.full((sum(m_splits), n), float("nan"), dtype=torch.bfloat16, device="cuda")
     xs, ys = list(x.split(m_splits)), list(y.split(m_splits))
     live = [g for g, m in enumerate(m_splits) if m]
-    skipped = gemm_lt.fp8_gemms([xs[g] for g in live], [s[g] for g in live], [w[g] for g in live],
+    skipped = cublaslt.fp8_gemms([xs[g] for g in live], [s[g] for g in live], [w[g] for g in live],
                                 [s[g] for g in live], [ys[g] for g in live], bias=[bias[g] for g in live])
     assert skipped == []
     for g in live:
@@ -101,7 +102,7 @@ def test_shapes_cublaslt_cannot_take_are_returned_not_run():
          _fp8((32, 0), torch.float8_e4m3fn, 7), _fp8((32, 64), torch.float8_e4m3fn, 8)]
     s = [_scale(1.0) for _ in a]
     out = [torch.full((32, bi.shape[0]), 7.0, dtype=torch.bfloat16, device="cuda") for bi in b]
-    skipped = gemm_lt.fp8_gemms(a, s, b, s, out)
+    skipped = cublaslt.fp8_gemms(a, s, b, s, out)
     assert skipped == [0, 1, 2]
     for i in skipped:
         assert torch.all(out[i] == 7.0)
@@ -117,7 +118,7 @@ def test_scales_are_read_on_the_device_at_run_time():
     outs = []
     for v in (1.0, 2.0, 0.5):
         out = torch.empty(64, 64, dtype=torch.float32, device="cuda")
-        assert gemm_lt.fp8_gemms([a], [_scale(v)], [b], [_scale(1.0)], [out]) == []
+        assert cublaslt.fp8_gemms([a], [_scale(v)], [b], [_scale(1.0)], [out]) == []
         outs.append(out)
     assert torch.equal(outs[1], outs[0] * 2) and torch.equal(outs[2], outs[0] * 0.5)
 
@@ -128,9 +129,9 @@ def test_scales_inside_a_packed_vector_are_returned_not_run():
     b = [_fp8((32, 64), torch.float8_e4m3fn, 3), _fp8((32, 64), torch.float8_e4m3fn, 4)]
     packed = torch.tensor([0.5, 2.0], device="cuda")
     out = [torch.empty(64, 32, dtype=torch.bfloat16, device="cuda") for _ in a]
-    assert gemm_lt.fp8_gemms(a, list(packed.unbind(0)), b, list(packed.unbind(0)), out) == [1]
+    assert cublaslt.fp8_gemms(a, list(packed.unbind(0)), b, list(packed.unbind(0)), out) == [1]
     own = [v.clone() for v in packed.unbind(0)]  # separate allocations: aligned
-    assert gemm_lt.fp8_gemms(a, own, b, own, out) == []
+    assert cublaslt.fp8_gemms(a, own, b, own, out) == []
     for i in range(2):
         ref = torch._scaled_mm(a[i], b[i].t(), scale_a=own[i], scale_b=own[i], out_dtype=torch.bfloat16)
         assert torch.equal(out[i], ref)
@@ -140,8 +141,6 @@ def test_gemms_run_with_their_device_current(monkeypatch):
     """cuBLASLt launches on the current device: a list for cuda:1 issued while cuda:0 is current must
     switch to cuda:1 for the call (and back). Checked without a GPU: torch.cuda's device functions, the
     workspace and the extension are replaced by recorders."""
-    from fp_recipes.ops import backend
-
     state = {"current": 0}
     calls = []
 
@@ -169,28 +168,28 @@ def test_gemms_run_with_their_device_current(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
     monkeypatch.setattr(torch.cuda, "device", _Guard)
-    monkeypatch.setattr(backend, "current_stream", lambda device: 1000 + device.index)
-    monkeypatch.setattr(gemm_lt, "_workspace", lambda device, stream: _Ws())
-    monkeypatch.setattr(backend, "extension", lambda: _Ext())
+    monkeypatch.setattr(_extension, "current_stream", lambda device: 1000 + device.index)
+    monkeypatch.setattr(cublaslt, "_workspace", lambda device, stream: _Ws())
+    monkeypatch.setattr(_extension, "extension", lambda: _Ext())
     args = ([16], [16], [16], [16], [16], [16], [16], [16], torch.float8_e4m3fn, torch.float8_e4m3fn,
             torch.bfloat16)
-    gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda", 1))
-    gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda", 0))
-    gemm_lt.fp8_gemms_ptr(*args, torch.device("cuda"))
+    cublaslt.fp8_gemms_ptr(*args, torch.device("cuda", 1))
+    cublaslt.fp8_gemms_ptr(*args, torch.device("cuda", 0))
+    cublaslt.fp8_gemms_ptr(*args, torch.device("cuda"))
     assert calls == [(1, 1, 1001), (0, 0, 1000), (0, 0, 1000)]
     assert state["current"] == 0
 
 
 def test_workspaces_are_per_stream_and_bounded(monkeypatch):
-    monkeypatch.setattr(gemm_lt, "_workspaces", {})
-    monkeypatch.setattr(gemm_lt, "WORKSPACE_BYTES", 64)
+    monkeypatch.setattr(cublaslt, "_workspaces", {})
+    monkeypatch.setattr(cublaslt, "WORKSPACE_BYTES", 64)
     dev = torch.device("cpu", 0)  # the cache logic only; on CUDA the same code allocates device memory
-    first = gemm_lt._workspace(dev, 1)
-    assert gemm_lt._workspace(dev, 1) is first and first.numel() == 64
-    for stream in range(2, 2 + 2 * gemm_lt._MAX_WORKSPACES):
-        gemm_lt._workspace(dev, stream)
-    assert len(gemm_lt._workspaces) == gemm_lt._MAX_WORKSPACES
-    assert gemm_lt._workspace(dev, 1) is not first  # the oldest was dropped, a new one made
+    first = cublaslt._workspace(dev, 1)
+    assert cublaslt._workspace(dev, 1) is first and first.numel() == 64
+    for stream in range(2, 2 + 2 * cublaslt._MAX_WORKSPACES):
+        cublaslt._workspace(dev, stream)
+    assert len(cublaslt._workspaces) == cublaslt._MAX_WORKSPACES
+    assert cublaslt._workspace(dev, 1) is not first  # the oldest was dropped, a new one made
 
 
 @cuda
@@ -208,6 +207,6 @@ def test_operands_at_16_byte_offsets_run_in_cublaslt_and_match_scaled_mm(offset)
     s = _scale(0.5)
     out_buf = torch.empty(offset + m * n, dtype=torch.bfloat16, device="cuda")
     out = out_buf[offset // 2:offset // 2 + m * n].view(m, n)  # the output at a 16-byte offset too
-    assert gemm_lt.fp8_gemms([a], [s], [b], [s], [out]) == []
+    assert cublaslt.fp8_gemms([a], [s], [b], [s], [out]) == []
     ref = torch._scaled_mm(a.clone(), b.clone().t(), scale_a=s, scale_b=s, out_dtype=torch.bfloat16)
     assert torch.equal(out, ref)

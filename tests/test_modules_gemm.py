@@ -1,4 +1,4 @@
-"""gemm.py: every format pair against an FP64 reference of the dequantized operands, the RHT pairing
+"""fp_recipes.gemm: every format pair against an FP64 reference of the dequantized operands, the RHT pairing
 rule, row-scaled epilogues, the NVFP4 decode's BF16 exactness, and grouped GEMMs (zero-size groups,
 more than 64 groups). Tolerances: the FP32 dot-product bound of tests/_modules_helpers.py."""
 

@@ -1,7 +1,7 @@
 """The fast emulated NVFP4 GEMM: the unit-decode kernel and the GEMM alpha it writes (bit-equal to the
-torch twins ``gemm.decode_nvfp4_unit`` and ``ref_nvfp4.nvfp4_gemm_alpha``), the row-scaled epilogue
-kernel (bit-equal to gemm.py's torch epilogue on the same FP32 input), the cuBLASLt GEMM with a device
-alpha against the torch emulation, and (CPU) the host-side wiring of ``gemm._gemm_nvfp4_cuda``.
+torch twins ``gemm.nvfp4_emulated.decode_nvfp4_unit`` and ``ref_nvfp4.nvfp4_gemm_alpha``), the row-scaled epilogue
+kernel (bit-equal to the emulation's torch epilogue on the same FP32 input), the cuBLASLt GEMM with a device
+alpha against the torch emulation, and (CPU) the host-side wiring of ``gemm.nvfp4_emulated.gemm_nvfp4_emulated_cuda``.
 
 GEMM tolerances: both paths multiply the same BF16-exact operands with FP32 accumulation, but cuBLAS
 picks the summation order per call, so outputs agree to the FP32 dot-product bound of
@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp_recipes import gemm as G
+from fp_recipes.gemm import nvfp4_emulated as E
+from fp_recipes.gemm._common import finish
+from fp_recipes.gemm.operands import Nvfp4Operand
 from fp_recipes.ops import ref_nvfp4 as R
 
 from _modules_helpers import assert_close_gemm, gemm_tol
@@ -46,9 +48,9 @@ def test_unit_decode_bit_equal_to_twin(rows, k):
     data, scale = _codes(rows, k, gen, "cuda")
     (out,), ab = C.nvfp4_unit_operands([(data, scale)], with_alpha=False)
     assert ab is None and out.dtype == torch.bfloat16 and out.shape == (rows, k)
-    expect = G.decode_nvfp4_unit(data, scale, torch.bfloat16)
+    expect = E.decode_nvfp4_unit(data, scale, torch.bfloat16)
     assert torch.equal(_bits(out), _bits(expect)), "unit decode differs from decode_nvfp4_unit"
-    assert torch.equal(_bits(out.cpu()), _bits(G.decode_nvfp4_unit(data.cpu(), scale.cpu(), torch.float32).bfloat16()))
+    assert torch.equal(_bits(out.cpu()), _bits(E.decode_nvfp4_unit(data.cpu(), scale.cpu(), torch.float32).bfloat16()))
 
 
 @cuda
@@ -72,7 +74,7 @@ def test_unit_decode_specials_and_several_copies():
         copies.append(tuple(t for t in _codes(rows, k, gen, "cuda")))
     outs, _ = C.nvfp4_unit_operands(copies, with_alpha=False)
     for (d, s), out in zip(copies, outs):
-        expect = G.decode_nvfp4_unit(d, s, torch.bfloat16)
+        expect = E.decode_nvfp4_unit(d, s, torch.bfloat16)
         nan = torch.isnan(expect)
         assert torch.equal(torch.isnan(out), nan)
         assert torch.equal(_bits(out)[~nan], _bits(expect)[~nan])
@@ -102,14 +104,14 @@ def test_alpha_bit_equal_to_twin(e_a, e_b, amaxes):
 
 
 def _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype):
-    """gemm.py's torch epilogue on an FP32 GEMM output (the twin of the kernel)."""
+    """The emulation's torch epilogue on an FP32 GEMM output (the twin of the kernel)."""
     if a_rows and b_cols:
         factor = amax_a.unsqueeze(1) * amax_b.unsqueeze(0)
     elif a_rows:
         factor = (amax_a * amax_b).unsqueeze(1)
     else:
         factor = (amax_a * amax_b).unsqueeze(0)
-    return G._finish(d * factor, bias, out_dtype)
+    return finish(d * factor, bias, out_dtype)
 
 
 @cuda
@@ -142,7 +144,7 @@ def test_row_scale_epilogue_bit_equal(m, n, rows_cols, out_dtype, bias_dtype):
 
 def _nvfp4_operand(x, **kw):
     q = R.nvfp4_quantize(x, rowwise=True, columnwise=False, **kw)
-    return G._Nvfp4Operand(q.data, q.scale, q.amax, kw.get("row_scaled", False), kw.get("e4m3_max", 448), False)
+    return Nvfp4Operand(q.data, q.scale, q.amax, kw.get("row_scaled", False), kw.get("e4m3_max", 448), False)
 
 
 @cuda
@@ -151,9 +153,9 @@ def _nvfp4_operand(x, **kw):
 @pytest.mark.parametrize("bias_dtype", [None, "same", torch.float32])
 @pytest.mark.parametrize("row_scaled", [False, True])
 def test_fast_gemm_matches_torch_emulation(m, k, n, out_dtype, bias_dtype, row_scaled):
-    from fp_recipes import gemm_lt
+    from fp_recipes.gemm import cublaslt
 
-    assert gemm_lt.available(), gemm_lt.status()
+    assert cublaslt.available(), cublaslt.status()
     g = torch.Generator(device="cuda").manual_seed(m + k + n)
     x = torch.randn(m, k, device="cuda", generator=g) * 4
     w = torch.randn(n, k, device="cuda", generator=g) / 8
@@ -162,12 +164,12 @@ def test_fast_gemm_matches_torch_emulation(m, k, n, out_dtype, bias_dtype, row_s
     bias = None
     if bias_dtype is not None:
         bias = torch.randn(n, device="cuda", generator=g).to(out_dtype if bias_dtype == "same" else bias_dtype)
-    fast = G._gemm_nvfp4_cuda(a, b, out_dtype, bias)
+    fast = E.gemm_nvfp4_emulated_cuda(a, b, out_dtype, bias)
     assert fast is not None, "the fast path declined an operand pair it takes"
-    slow = G._gemm_nvfp4_emulated(a, b, out_dtype, bias)
+    slow = E.gemm_nvfp4_emulated(a, b, out_dtype, bias)
     assert fast.dtype == out_dtype and fast.shape == (m, n)
-    ua = G.decode_nvfp4_unit(a.data, a.scale).double()
-    ub = G.decode_nvfp4_unit(b.data, b.scale).double()
+    ua = E.decode_nvfp4_unit(a.data, a.scale).double()
+    ub = E.decode_nvfp4_unit(b.data, b.scale).double()
     scale = (a.amax.double().reshape(-1, 1) if row_scaled else a.amax.double()) * b.amax.double() / (36 * 448 * 256)
     tol = gemm_tol(ua, ub, out_dtype) * scale + slow.double().abs() * 2 ** -7
     if bias is not None:  # cuBLASLt may fuse alpha * acc + bias (one rounding instead of two)
@@ -215,14 +217,14 @@ class _Recorder:
 def fake_cuda_pieces(monkeypatch):
     """Stand-ins for the three device pieces with the documented semantics, computed with torch on CPU,
     recording their arguments."""
-    from fp_recipes import gemm_lt
+    from fp_recipes.gemm import cublaslt
     from fp_recipes.ops import cuda_nvfp4 as C
 
     rec = _Recorder()
 
     def unit_operands(copies, amax_a=None, amax_b=None, e_a=448, e_b=448, *, with_alpha=True, device=None):
         rec.calls.append(("decode", len(copies), amax_a is not None, amax_b is not None, e_a, e_b))
-        outs = [G.decode_nvfp4_unit(d, s, torch.bfloat16) for d, s in copies]
+        outs = [E.decode_nvfp4_unit(d, s, torch.bfloat16) for d, s in copies]
         one = torch.ones((), dtype=torch.float32)
         alpha = R.nvfp4_gemm_alpha(one if amax_a is None else amax_a, one if amax_b is None else amax_b, e_a, e_b)
         return outs, torch.stack([alpha.reshape(()), torch.zeros(())])
@@ -242,8 +244,8 @@ def fake_cuda_pieces(monkeypatch):
     monkeypatch.setattr(C, "unit_operands_available", lambda: True)
     monkeypatch.setattr(C, "nvfp4_unit_operands", unit_operands)
     monkeypatch.setattr(C, "nvfp4_row_scale_epilogue", epilogue)
-    monkeypatch.setattr(gemm_lt, "available", lambda: True)
-    monkeypatch.setattr(gemm_lt, "bf16_gemm_device_alpha", bf16_gemm)
+    monkeypatch.setattr(cublaslt, "available", lambda: True)
+    monkeypatch.setattr(cublaslt, "bf16_gemm_device_alpha", bf16_gemm)
     return rec
 
 
@@ -252,36 +254,36 @@ def test_cpu_wiring_per_tensor(fake_cuda_pieces):
     a = _nvfp4_operand(torch.randn(32, 64, generator=g) * 3)
     b = _nvfp4_operand(torch.randn(48, 64, generator=g), e4m3_max=256, four_over_six=True)
     bias = torch.randn(48, generator=g).bfloat16()
-    out = G._gemm_nvfp4_cuda(a, b, torch.bfloat16, bias)
+    out = E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, bias)
     assert fake_cuda_pieces.calls == [("decode", 2, True, True, 448, 256), ("gemm", torch.bfloat16, torch.bfloat16)]
-    assert torch.equal(out, G._gemm_nvfp4_emulated(a, b, torch.bfloat16, bias))
+    assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, bias))
     # a bias of another dtype is added in FP32 after an FP32 GEMM output (the emulation's order)
     fake_cuda_pieces.calls.clear()
-    out = G._gemm_nvfp4_cuda(a, b, torch.bfloat16, bias.float())
+    out = E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, bias.float())
     assert fake_cuda_pieces.calls[1] == ("gemm", torch.float32, None)
-    assert torch.equal(out, G._gemm_nvfp4_emulated(a, b, torch.bfloat16, bias.float()))
+    assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, bias.float()))
 
 
 def test_cpu_wiring_row_scaled(fake_cuda_pieces):
     g = torch.Generator().manual_seed(1)
     a = _nvfp4_operand(torch.randn(32, 64, generator=g) * 3, row_scaled=True)
     b = _nvfp4_operand(torch.randn(16, 64, generator=g))
-    out = G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None)
+    out = E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, None)
     # unit alpha (no amax pointers), an FP32 GEMM output, then the row epilogue
     assert fake_cuda_pieces.calls == [("decode", 2, False, False, 448, 448), ("gemm", torch.float32, None),
                                       ("epilogue", True, False)]
-    assert torch.equal(out, G._gemm_nvfp4_emulated(a, b, torch.bfloat16, None))
+    assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, None))
 
 
 def test_cpu_wiring_declines(fake_cuda_pieces, monkeypatch):
     g = torch.Generator().manual_seed(2)
     a = _nvfp4_operand(torch.randn(16, 32, generator=g))
     b = _nvfp4_operand(torch.randn(16, 32, generator=g))
-    assert G._gemm_nvfp4_cuda(a, b, torch.float64, None) is None  # not an output dtype it writes
-    empty = G._Nvfp4Operand(a.data[:0], a.scale[:0], a.amax, False, 448, False)
-    assert G._gemm_nvfp4_cuda(empty, b, torch.bfloat16, None) is None  # empty: the emulation's zeros
+    assert E.gemm_nvfp4_emulated_cuda(a, b, torch.float64, None) is None  # not an output dtype it writes
+    empty = Nvfp4Operand(a.data[:0], a.scale[:0], a.amax, False, 448, False)
+    assert E.gemm_nvfp4_emulated_cuda(empty, b, torch.bfloat16, None) is None  # empty: the emulation's zeros
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None) is None  # traced: torch ops only
+    assert E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, None) is None  # traced: torch ops only
     assert fake_cuda_pieces.calls == []
 
 
@@ -291,15 +293,15 @@ def test_cpu_wiring_cached_units(fake_cuda_pieces):
     g = torch.Generator().manual_seed(3)
     a = _nvfp4_operand(torch.randn(32, 64, generator=g) * 3)
     b = _nvfp4_operand(torch.randn(48, 64, generator=g))
-    want = G._gemm_nvfp4_emulated(a, b, torch.bfloat16, None)
-    a.unit = G.decode_nvfp4_unit(a.data, a.scale, torch.bfloat16)
-    assert torch.equal(G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None), want)
+    want = E.gemm_nvfp4_emulated(a, b, torch.bfloat16, None)
+    a.unit = E.decode_nvfp4_unit(a.data, a.scale, torch.bfloat16)
+    assert torch.equal(E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, None), want)
     assert fake_cuda_pieces.calls[0] == ("decode", 1, True, True, 448, 448)
-    b.unit = G.decode_nvfp4_unit(b.data, b.scale, torch.bfloat16)
+    b.unit = E.decode_nvfp4_unit(b.data, b.scale, torch.bfloat16)
     fake_cuda_pieces.calls.clear()
-    assert torch.equal(G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None), want)
+    assert torch.equal(E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, None), want)
     assert fake_cuda_pieces.calls == [("decode", 0, True, True, 448, 448), ("gemm", torch.bfloat16, None)]
     b.unit = b.unit.float()  # not a BF16 unit copy: ignored, decoded
     fake_cuda_pieces.calls.clear()
-    assert torch.equal(G._gemm_nvfp4_cuda(a, b, torch.bfloat16, None), want)
+    assert torch.equal(E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, None), want)
     assert fake_cuda_pieces.calls[0] == ("decode", 1, True, True, 448, 448)

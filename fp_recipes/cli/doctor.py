@@ -66,8 +66,8 @@ def collect() -> Dict[str, Any]:
     import torch
 
     import fp_recipes
-    from fp_recipes.gemm import _native_nvfp4_available, fp8_native_gemm_available
-    from fp_recipes.ops.backend import backend_info
+    from fp_recipes.gemm import fp8_native_gemm_available, nvfp4_native_gemm_available
+    from fp_recipes._info import backend_info
 
     from .env_cmd import recipe_errors
 
@@ -90,7 +90,7 @@ def collect() -> Dict[str, Any]:
         if kind in ("delayed", "current"):
             gemm = "native (torch._scaled_mm)" if fp8_native_gemm_available(device) else "emulated"
         elif kind == "nvfp4":
-            gemm = "native" if _native_nvfp4_available(device) else "emulated (exact products, BF16 GEMM)"
+            gemm = "native" if nvfp4_native_gemm_available(device) else "emulated (exact products, BF16 GEMM)"
         else:
             gemm = "emulated (dequantized operands)"
         with warnings.catch_warnings():

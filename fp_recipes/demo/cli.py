@@ -135,7 +135,7 @@ def _settings(args: argparse.Namespace, device: torch.device) -> Dict[str, Any]:
 
 def run_demo(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Parse, check, train every recipe; returns the report (raises DemoInputError on bad input)."""
-    from ..ops.backend import backend_info
+    from .._info import backend_info
     from .data import load_corpus
     from .report import format_table, write_json, write_plot
     from .runs import DEFAULT_RECIPES, build_recipe, describe, env_recipe_name, gemm_path, parse_recipes

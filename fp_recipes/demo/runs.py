@@ -98,7 +98,7 @@ def build_recipe(name: str):
 
 def gemm_path(name: str, recipe: Any, device: torch.device) -> str:
     """native | emulated, with what runs the GEMM."""
-    from ..gemm import _native_nvfp4_available, fp8_native_gemm_available
+    from ..gemm import fp8_native_gemm_available, nvfp4_native_gemm_available
 
     if recipe is None:
         return "native (torch matmul)"
@@ -107,7 +107,7 @@ def gemm_path(name: str, recipe: Any, device: torch.device) -> str:
             return "native (torch._scaled_mm)"
         return "emulated (exact FP8 values, FP32 matmul)"
     if name.startswith("nvfp4"):
-        if _native_nvfp4_available(device):
+        if nvfp4_native_gemm_available(device):
             return "native (FP4 GEMM)"
         return "emulated (exact E2M1xE4M3 products, BF16 GEMM)"
     return "emulated (dequantized operands)"

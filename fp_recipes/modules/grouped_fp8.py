@@ -12,7 +12,7 @@ path does the least work per expert that the numerics allow, and no copies:
 * delayed scaling records the amaxes of all experts with one ``_foreach_maximum_`` per operand (the
   scale update after the forward and the backward is one launch too: ``amax_reduction``);
 * each pass's per-expert GEMMs (per-tensor scales, Hopper's K-major operands) are ONE host call into
-  cuBLASLt with cached descriptors and algorithms (:mod:`fp_recipes.gemm_lt`) on addresses into those
+  cuBLASLt with cached descriptors and algorithms (:mod:`fp_recipes.gemm.cublaslt`) on addresses into those
   buffers (no tensor view per expert), writing straight into each expert's rows of the output, so no
   concatenation; where that is unavailable, one ``torch._scaled_mm`` per expert.
   ``torch._scaled_grouped_mm`` would need the weights stacked (a copy of all of them per step) and
@@ -32,8 +32,9 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 
 from .. import ops
-from .. import gemm as G
-from .. import gemm_lt
+from ..gemm import cublaslt
+from ..gemm.fp8 import fp8_native_gemm_available, gemm_fp8_fp8
+from ..gemm.operands import Fp8Operand
 from . import replay
 from ..quantizers.roles import ScalingKind, TensorKind
 from .amax_reduction import reducer
@@ -219,7 +220,7 @@ def _cast_all(quantizers: List[Any], parts: Sequence[torch.Tensor], group: Any, 
     return casts
 
 
-USE_CUBLASLT = True  # grouped GEMMs through fp_recipes.gemm_lt when available (benchmarks switch it off)
+USE_CUBLASLT = True  # grouped GEMMs through fp_recipes.gemm.cublaslt when available (benchmarks switch it off)
 
 
 class _Side:
@@ -244,18 +245,18 @@ def _gemms(gs: Sequence[int], out: Callable[[int], torch.Tensor], out_ptrs: Call
     """For every expert g in ``gs``: ``out(g) = A_g @ B_g^T * sa_g * sb_g (+ bias_g)``, A_g (m, k) and
     B_g (n, k) the chosen copies of the two casts (m, n, k given per listed expert).
 
-    On CUDA with cuBLASLt: one host call for the whole list, on addresses (:func:`gemm_lt.fp8_gemms_ptr`);
+    On CUDA with cuBLASLt: one host call for the whole list, on addresses (:func:`cublaslt.fp8_gemms_ptr`);
     the GEMMs it cannot take, and everything elsewhere, go through :func:`_gemm_into` one by one."""
     if not gs:
         return
     todo: Sequence[int] = gs
     fp8_a, fp8_b = a.casts.dtype, b.casts.dtype
-    native = device.type == "cuda" and G.fp8_native_gemm_available(device, fp8_a, fp8_b)
+    native = device.type == "cuda" and fp8_native_gemm_available(device, fp8_a, fp8_b)
     bias_ok = biases is None or all(biases[g] is None or biases[g].dtype == out_dtype for g in gs)
     if native and USE_CUBLASLT and bias_ok and a.casts.addressable and b.casts.addressable and \
-            gemm_lt.available():
+            cublaslt.available():
         bias_ptrs = None if biases is None else [0 if biases[g] is None else biases[g].data_ptr() for g in gs]
-        skipped = gemm_lt.fp8_gemms_ptr(
+        skipped = cublaslt.fp8_gemms_ptr(
             a.ptrs(gs), a.casts.scale_ptrs(gs), b.ptrs(gs), b.casts.scale_ptrs(gs), out_ptrs(), m, n, k,
             fp8_a, fp8_b, out_dtype, device, bias=bias_ptrs, bias_dtype=out_dtype if bias_ptrs else None,
             fast_accum=fast_accum)
@@ -296,8 +297,8 @@ def _gemm_into(out: Optional[torch.Tensor], a: torch.Tensor, sa: torch.Tensor, b
         res = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype,
                                use_fast_accum=fast_accum)
     else:
-        res = G.gemm_fp8_fp8(G._Fp8Operand(a, sa), G._Fp8Operand(b, sb), out_dtype=out_dtype, bias=bias,
-                             use_fast_accum=fast_accum)
+        res = gemm_fp8_fp8(Fp8Operand(a, sa), Fp8Operand(b, sb), out_dtype=out_dtype, bias=bias,
+                           use_fast_accum=fast_accum)
     if out is not None:
         out.copy_(res)
         return out

@@ -12,36 +12,16 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, Optional
 
+# the extension and the stream handle live one layer down (fp_recipes/_extension.py), where the GEMM
+# launchers (fp_recipes/gemm/cublaslt.py) import them too without importing this module
+from .._extension import current_stream, extension, extension_error  # noqa: F401  (re-exported)
+
 _CUDA_OP_MODULES = ("fp_recipes.ops.cuda_fp8", "fp_recipes.ops.cuda_nvfp4")
 
 _lock = threading.Lock()
-_ext: Any = None
-_ext_error: Optional[str] = None
-_ext_loaded = False
 _cuda_impls: Dict[str, Callable] = {}
 _cuda_modules_loaded = False
 _warned: set = set()
-
-
-def extension() -> Any:
-    """The loaded ``fp_recipes._C`` module, or None (see :func:`extension_error`)."""
-    global _ext, _ext_error, _ext_loaded
-    if not _ext_loaded:
-        with _lock:
-            if not _ext_loaded:
-                try:
-                    from fp_recipes import _C  # type: ignore[attr-defined]
-
-                    _ext = _C
-                except ImportError as exc:  # not built (no nvcc, FP_RECIPES_NO_CUDA) or broken
-                    _ext_error = f"{type(exc).__name__}: {exc}"
-                _ext_loaded = True
-    return _ext
-
-
-def extension_error() -> Optional[str]:
-    extension()
-    return _ext_error
 
 
 def register_cuda_impl(name: str) -> Callable[[Callable], Callable]:
@@ -70,17 +50,6 @@ def _load_cuda_modules() -> None:
         _cuda_modules_loaded = True
 
 
-def current_stream(device: Any) -> int:
-    """The handle of ``device``'s current CUDA stream (None index: the current device), for a kernel
-    launch. torch's raw accessor builds no Stream object: launches sit on hot paths where that host
-    time adds up."""
-    import torch
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
-
-
 def warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
@@ -93,7 +62,7 @@ def cuda_impl(name: str) -> Optional[Callable]:
         warn_once(
             "no-extension",
             "fp_recipes: a CUDA tensor is being quantized but the CUDA extension fp_recipes._C is not "
-            f"available ({_ext_error}); running the pure-torch reference instead (exact, but slow). "
+            f"available ({extension_error()}); running the pure-torch reference instead (exact, but slow). "
             "Reinstall with nvcc on PATH to build the kernels.",
         )
         return None
@@ -112,10 +81,11 @@ def registered_cuda_ops() -> list[str]:
     return sorted(_cuda_impls)
 
 
-def backend_info() -> Dict[str, Any]:
-    """What runs where: backend, GPU arch, and the archs the extension was built for.
+def ops_info() -> Dict[str, Any]:
+    """Where the ops run: backend, GPU arch, the archs the extension was built for, the CUDA ops.
 
-    ``str(fp_recipes.backend_info()["summary"])`` reads e.g. "cuda (sm_90, built for 90a;100a)" or
+    ``fp_recipes.backend_info()`` (``fp_recipes/_info.py``) is this plus the GEMM launchers.
+    ``str(ops_info()["summary"])`` reads e.g. "cuda (sm_90, built for 90a;100a)" or
     "reference (no CUDA device)".
     """
     import torch
@@ -123,7 +93,7 @@ def backend_info() -> Dict[str, Any]:
     ext = extension()
     info: Dict[str, Any] = {
         "extension": ext is not None,
-        "extension_error": _ext_error,
+        "extension_error": extension_error(),
         "built_archs": ext.built_archs() if ext is not None else None,
         "cuda_available": torch.cuda.is_available(),
         "device_arch": None,
@@ -138,9 +108,6 @@ def backend_info() -> Dict[str, Any]:
         info["summary"] = f"cuda ({info['device_arch']}, built for {info['built_archs']})"
     else:
         info["backend"] = "reference"
-        reason = "no CUDA device" if not info["cuda_available"] else f"no extension: {_ext_error}"
+        reason = "no CUDA device" if not info["cuda_available"] else f"no extension: {extension_error()}"
         info["summary"] = f"reference ({reason})"
-    from .. import gemm_lt
-
-    info["grouped_gemm"] = gemm_lt.status()
     return info

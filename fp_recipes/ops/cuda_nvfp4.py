@@ -384,7 +384,7 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
     RN(RN(amax_a * amax_b) * RN(1/(36 E_a E_b))) (bit-equal to ``ref_nvfp4.nvfp4_gemm_alpha``; an absent
     amax counts as 1, the unit alpha of a row-scaled GEMM) for a cuBLASLt call that reads it on the
     device. Returns ``(list of (rows, K) bfloat16 tensors, alpha_beta or None)``. No validation beyond
-    what the kernel needs: callers (gemm.py) pass an NVFP4Tensor's own copies."""
+    what the kernel needs: callers (gemm/nvfp4_emulated.py) pass an NVFP4Tensor's own copies."""
     if not (0 < len(copies) or (with_alpha and device is not None)) or len(copies) > 4:
         raise ValueError(f"nvfp4_unit_operands: 1 to 4 copies per call (0 with alpha and a device), got "
                          f"{len(copies)}")
@@ -415,7 +415,8 @@ def nvfp4_row_scale_epilogue(d: torch.Tensor, amax_a: torch.Tensor, a_rows: bool
                              b_cols: bool, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
     """The row-scaled GEMM's epilogue on its FP32 output ``d = RN(acc * alpha_unit)`` (M, N):
     ``cast(RN(RN(d * RN(sa * sb)) + bias))`` with sa = amax_a[m] (``a_rows``) or the scalar amax_a, sb =
-    amax_b[n] (``b_cols``) or the scalar amax_b; the same FP32 roundings as gemm.py's torch version."""
+    amax_b[n] (``b_cols``) or the scalar amax_b; the same FP32 roundings as the torch version in
+    gemm/nvfp4_emulated.py."""
     m, n = d.shape
     out = torch.empty((m, n), dtype=out_dtype, device=d.device)
     if bias is not None and (bias.dtype not in _DTYPE_CODES or bias.shape != (n,) or not bias.is_contiguous()):

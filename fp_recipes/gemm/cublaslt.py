@@ -1,4 +1,5 @@
-"""Many FP8 GEMMs from one host call: the launch path of grouped (MoE) layers on CUDA.
+"""cuBLASLt called directly: many FP8 GEMMs from one host call (the launch path of grouped (MoE) layers
+on CUDA) and the BF16 GEMM with a device-side alpha of the emulated NVFP4 path.
 
 A grouped layer runs one GEMM per expert and pass. ``torch._scaled_mm`` spends tens of microseconds of
 host time per call (argument checks, descriptors and an algorithm query every time), which at MoE sizes
@@ -20,6 +21,8 @@ import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from .. import _extension
 
 __all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
@@ -56,9 +59,7 @@ def _load() -> bool:
     with _lock:
         if _state["loaded"] is not None:
             return bool(_state["loaded"])
-        from .ops import backend
-
-        ext = backend.extension()
+        ext = _extension.extension()
         if ext is None or not hasattr(ext, "lt_compiled"):
             _state["error"] = "the CUDA extension is not built"
         elif not ext.lt_compiled():
@@ -83,7 +84,7 @@ def available() -> bool:
 
 
 def status() -> str:
-    """One line for ``backend_info`` / diagnostics."""
+    """One line for ``fp_recipes.backend_info()`` / diagnostics."""
     if _load():
         return f"cuBLASLt {_state['version']} (grouped FP8 GEMMs in one host call)"
     return f"unavailable: {_state['error']}"
@@ -142,16 +143,14 @@ def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], sc
     alive until the GEMMs have run on ``device``'s current stream."""
     if not a:
         return []
-    from .ops import backend
-
-    ext = backend.extension()
+    ext = _extension.extension()
     current = torch.cuda.current_device()
     index = device.index if device.index is not None else current
     # cuBLASLt launches on the CURRENT device (and picks its algorithm for it): a stream of another
     # device is an error. A model on cuda:1 called while cuda:0 is current must switch first (torch's own
     # ops do this with a device guard).
     with contextlib.nullcontext() if index == current else torch.cuda.device(index):
-        stream = backend.current_stream(torch.device("cuda", index))
+        stream = _extension.current_stream(torch.device("cuda", index))
         ws = _workspace(device, stream)
         return ext.lt_fp8_gemms(
             list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],
@@ -171,15 +170,13 @@ def bf16_gemm_device_alpha(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, 
     another way."""
     if not _load():
         return False
-    from .ops import backend
-
     device = a.device
     current = torch.cuda.current_device()
     index = device.index if device.index is not None else current
     with contextlib.nullcontext() if index == current else torch.cuda.device(index):
-        stream = backend.current_stream(torch.device("cuda", index))
+        stream = _extension.current_stream(torch.device("cuda", index))
         ws = _workspace(device, stream)
-        ext = backend.extension()
+        ext = _extension.extension()
         return bool(ext.lt_bf16_gemm(
             a.data_ptr(), b.data_ptr(), out.data_ptr(), 0 if bias is None else bias.data_ptr(), a.shape[0],
             b.shape[0], a.shape[1], _DTYPE_CODE[out.dtype], _DTYPE_CODE[bias.dtype] if bias is not None else -1,

@@ -1,0 +1,55 @@
+"""FP8 x FP8 with per-tensor scales.
+
+``torch._scaled_mm`` on CUDA sm_89+, any pair except E5M2 x E5M2 (which cuBLASLt does not support);
+K and N are zero-padded to multiples of 16 when needed (zeros add nothing to a dot product, so the
+result is unchanged). Elsewhere an exact emulation: the FP8 values are exact in FP32, the FP32 matmul
+accumulates, and the product of the two dequantization scales is applied in the FP32 epilogue, as the
+hardware does."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _common
+from ._common import finish, gemm_ready, mm_fp32, pad_to
+from .operands import Fp8Operand
+
+__all__ = ["fp8_native_gemm_available", "gemm_fp8_fp8"]
+
+
+def fp8_native_gemm_available(device: torch.device, a_dtype: torch.dtype = torch.float8_e4m3fn,
+                              b_dtype: torch.dtype = torch.float8_e4m3fn) -> bool:
+    """True when ``torch._scaled_mm`` can run this FP8 pair on ``device`` (CUDA sm_89+, not E5M2 x E5M2)."""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    if a_dtype == torch.float8_e5m2 and b_dtype == torch.float8_e5m2:
+        return False
+    return _common.device_capability(device) >= (8, 9)
+
+
+def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
+                 bias: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> torch.Tensor:
+    """FP8 x FP8 with per-tensor scales: ``(a.data @ b.data^T) * (a.scale_inv * b.scale_inv) + bias``."""
+    if a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(f"gemm: contraction dims differ: {tuple(a.data.shape)} x {tuple(b.data.shape)}^T")
+    m, n = a.data.shape[0], b.data.shape[0]
+    if fp8_native_gemm_available(a.data.device, a.data.dtype, b.data.dtype):
+        if m == 0 or n == 0 or a.data.shape[1] == 0:
+            return finish(torch.zeros(m, n, device=a.data.device), bias, out_dtype)
+        a_data = gemm_ready(pad_to(a.data, 1, 16))
+        b_data = gemm_ready(pad_to(pad_to(b.data, 1, 16), 0, 16))
+        fuse_bias = bias is not None and bias.dtype == out_dtype and out_dtype in (torch.bfloat16,
+                                                                                   torch.float16)
+        mm_dtype = out_dtype if (bias is None or fuse_bias) else torch.float32
+        out = torch._scaled_mm(a_data, b_data.t(), scale_a=a.scale_inv,
+                               scale_b=b.scale_inv, bias=bias if fuse_bias else None, out_dtype=mm_dtype,
+                               use_fast_accum=use_fast_accum)
+        if out.shape[1] != n:
+            out = out[:, :n]
+        if bias is not None and not fuse_bias:
+            return finish(out, bias, out_dtype)
+        return out
+    acc = mm_fp32(a.data.float(), b.data.float())
+    return finish(acc * (a.scale_inv * b.scale_inv), bias, out_dtype)

@@ -1,0 +1,154 @@
+"""NVFP4 x NVFP4, exactly emulated: the reference of every NVFP4 GEMM path, and what runs wherever the
+GPU has no FP4 tensor cores (Hopper, CPU).
+
+E2M1 code x E4M3 block scale is exact in BF16, so each operand is decoded to BF16 *without* its
+global factor, multiplied with FP32 accumulation, and the FP32 global factor
+``alpha = nvfp4_gemm_alpha(amax_a, amax_b, E_a, E_b)`` is applied in the FP32 epilogue. The global
+scale is never folded into the E4M3 block scales (seed 003). Row-scaled operands: unit-amax GEMM into
+FP32, then each output row scaled by ``RN(amax_row[m] * amax_other)``, bias in FP32, then the cast.
+
+Two implementations of the same values: :func:`gemm_nvfp4_emulated` in torch ops (every device), and
+:func:`gemm_nvfp4_emulated_cuda`, three launches at most on CUDA (one decode kernel that also writes
+alpha on the device, one cuBLASLt BF16 GEMM reading that alpha, a row-scale epilogue kernel)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._common import finish, mm_bf16_fp32_accum
+from .operands import Nvfp4Operand
+
+__all__ = ["decode_nvfp4_unit", "nvfp4_alpha", "gemm_nvfp4_emulated", "gemm_nvfp4_emulated_cuda",
+           "cached_unit"]
+
+_PAIR_TABLES: dict = {}
+
+
+def _byte_pair_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(256, 2): the two E2M1 values (low nibble first) of every packed byte, from formats.py."""
+    key = (device, dtype)
+    table = _PAIR_TABLES.get(key)
+    if table is None:
+        from .. import formats
+
+        codes = formats.unpack_e2m1(torch.arange(256, dtype=torch.uint8).reshape(256, 1))  # (256, 2)
+        table = formats.e2m1_decode(codes).to(dtype).to(device)
+        _PAIR_TABLES[key] = table
+    return table
+
+
+def decode_nvfp4_unit(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """E2M1 code x E4M3 block scale, WITHOUT the global factor: (rows, K) in ``dtype`` (FP32 or BF16;
+    both exact).
+
+    E2M1 magnitudes have at most 2 significant bits and E4M3 values at most 4, so each product has
+    at most 6 significant bits and lies in [2^-10, 2688]: BF16 (8 bits, 8-bit exponent) holds it
+    exactly, so the BF16 multiply (computed in FP32 and rounded) is exact too. One gather per packed
+    byte (a 256-entry pair table) keeps the decode to a single pass over the data."""
+    rows, half = data.shape
+    if scale.shape != (rows, (half * 2) // 16):
+        raise ValueError(f"NVFP4 scale shape {tuple(scale.shape)} does not match data {tuple(data.shape)} "
+                         "(expected one E4M3 scale per 16 elements, unpadded)")
+    table = _byte_pair_table(data.device, dtype)
+    vals = table[data.view(torch.uint8).int()].reshape(rows, -1, 16)  # (rows, K/16, 16)
+    sf = scale.to(dtype)  # E4M3 -> FP32/BF16: exact
+    return (vals * sf.unsqueeze(-1)).reshape(rows, half * 2)
+
+
+def nvfp4_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e_a: int, e_b: int) -> torch.Tensor:
+    """The FP32 global factor of a per-tensor pair (``ops.nvfp4_gemm_alpha``)."""
+    from .. import ops
+
+    return ops.nvfp4_gemm_alpha(amax_a.float(), amax_b.float(), e_a, e_b)
+
+
+def row_scale_factor(a: Nvfp4Operand, b: Nvfp4Operand) -> torch.Tensor:
+    """The per-row (and/or per-column) amax product a row-scaled result is multiplied by, after the
+    unit-amax alpha: (M, 1), (1, N) or (M, N) FP32."""
+    amax_a = a.amax.float()
+    amax_b = b.amax.float()
+    if a.row_scaled and b.row_scaled:
+        return amax_a.unsqueeze(1) * amax_b.unsqueeze(0)
+    if a.row_scaled:
+        return (amax_a * amax_b).unsqueeze(1)
+    return (amax_a * amax_b).unsqueeze(0)
+
+
+def gemm_nvfp4_emulated(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The portable emulation in torch ops (the twin of :func:`gemm_nvfp4_emulated_cuda`)."""
+    unit = torch.bfloat16 if a.data.is_cuda else torch.float32  # the GEMM's input dtype; both exact
+    acc = mm_bf16_fp32_accum(decode_nvfp4_unit(a.data, a.scale, unit), decode_nvfp4_unit(b.data, b.scale, unit))
+    if not a.row_scaled and not b.row_scaled:
+        return finish(acc * nvfp4_alpha(a.amax, b.amax, a.e4m3_max, b.e4m3_max), bias, out_dtype)
+    # Row-scaled: unit-amax alpha first, then the per-row (and/or per-column) amax product.
+    one = torch.ones((), dtype=torch.float32, device=acc.device)
+    out = acc * nvfp4_alpha(one, one, a.e4m3_max, b.e4m3_max)
+    return finish(out * row_scale_factor(a, b), bias, out_dtype)
+
+
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _fp32_amax_on(t: torch.Tensor, device: torch.device) -> bool:
+    return t.dtype == torch.float32 and t.device == device and t.is_contiguous()
+
+
+def cached_unit(op: Nvfp4Operand, dev: torch.device) -> Optional[torch.Tensor]:
+    """The operand's cached BF16 unit copy when the GEMM can read it as is (the quantize kernel wrote it
+    from the same codes and scales: bit-equal to decoding them), else None."""
+    u = op.unit
+    rows, half = op.data.shape
+    if u is None or u.dtype != torch.bfloat16 or u.shape != (rows, half * 2) or u.device != dev or \
+            not u.is_contiguous() or u.data_ptr() % 16:
+        return None
+    return u
+
+
+def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
+                             bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The emulation in three launches at most: one kernel decodes the operands that have no cached BF16
+    unit copy (the CUDA quantizer writes those next to the packed copies) and writes alpha on the device;
+    one cuBLASLt BF16 GEMM (FP32 accumulation) applies that alpha (and a
+    bias of the output dtype) in its epilogue; a row-scaled product adds one epilogue kernel. The same
+    values and roundings as :func:`gemm_nvfp4_emulated`; only the FP32 accumulation order is
+    cuBLAS's choice, as it already was. None when it cannot run here (no cuBLASLt, tracing under
+    torch.compile, operands it does not take): the caller runs the torch emulation."""
+    if torch.compiler.is_compiling() or out_dtype not in _OUT_DTYPES:
+        return None
+    from ..ops import cuda_nvfp4
+    from . import cublaslt
+
+    dev = a.data.device
+    if not cuda_nvfp4.unit_operands_available() or not cublaslt.available() or b.data.device != dev:
+        return None
+    m, n, k = a.data.shape[0], b.data.shape[0], a.data.shape[1] * 2
+    if m == 0 or n == 0 or k == 0 or not (_fp32_amax_on(a.amax, dev) and _fp32_amax_on(b.amax, dev)):
+        return None
+    if bias is not None and (bias.device != dev or bias.dtype not in _OUT_DTYPES or not bias.is_contiguous()):
+        return None
+    row = a.row_scaled or b.row_scaled
+    units = [cached_unit(a, dev), cached_unit(b, dev)]
+    todo = [i for i, u in enumerate(units) if u is None]
+    try:
+        decoded, alpha_beta = cuda_nvfp4.nvfp4_unit_operands(
+            [(op.data, op.scale) for op in ((a, b)[i] for i in todo)],
+            None if row else a.amax, None if row else b.amax, a.e4m3_max, b.e4m3_max, device=dev)
+    except ValueError:  # non-contiguous or unaligned copies: the torch emulation takes them
+        return None
+    for i, u in zip(todo, decoded):
+        units[i] = u
+    ua, ub = units
+    if not row:
+        fuse_bias = bias is None or bias.dtype == out_dtype
+        out = torch.empty((m, n), dtype=out_dtype if fuse_bias else torch.float32, device=dev)
+        if not cublaslt.bf16_gemm_device_alpha(ua, ub, out, alpha_beta, bias=bias if fuse_bias else None):
+            out = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
+            fuse_bias = False
+        return out if fuse_bias else finish(out, bias, out_dtype)
+    d = torch.empty((m, n), dtype=torch.float32, device=dev)
+    if not cublaslt.bf16_gemm_device_alpha(ua, ub, d, alpha_beta):
+        d = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
+    return cuda_nvfp4.nvfp4_row_scale_epilogue(d, a.amax, a.row_scaled, b.amax, b.row_scaled, bias, out_dtype)

@@ -1,0 +1,71 @@
+"""Operand views: which copy of a quantized tensor a GEMM reads, as plain tensors and metadata.
+
+Every GEMM here has the contraction dimension LAST on both sides; ``transpose=True`` selects the
+columnwise copy (the quantization of ``x^T``). The views read only the tensor's own fields (format,
+scales, amax, ``row_scaled``, ``e4m3_max``, RHT flag), never a recipe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+__all__ = ["operand_kind", "Fp8Operand", "Nvfp4Operand", "fp8_operand", "nvfp4_operand"]
+
+
+def operand_kind(t: object) -> str:
+    """'fp8' | 'nvfp4' | 'tensor' | 'other' from the tensor's own type (no recipe involved)."""
+    if isinstance(t, torch.Tensor):
+        return "tensor"
+    name = type(t).__name__
+    if name == "Float8Tensor":
+        return "fp8"
+    if name == "NVFP4Tensor":
+        return "nvfp4"
+    if hasattr(t, "dequantize"):
+        return "other"
+    raise TypeError(f"gemm: unsupported operand type {type(t).__name__}; expected a torch.Tensor, "
+                    "Float8Tensor, NVFP4Tensor or another QuantizedTensor")
+
+
+@dataclass
+class Fp8Operand:
+    data: torch.Tensor  # (rows, K) fp8, contraction last
+    scale_inv: torch.Tensor  # FP32, one element
+
+
+@dataclass
+class Nvfp4Operand:
+    data: torch.Tensor  # (rows, K/2) uint8 packed E2M1
+    scale: torch.Tensor  # (rows, K/16) float8_e4m3fn block scales
+    amax: torch.Tensor  # FP32 0-dim, or (rows,) when row_scaled
+    row_scaled: bool
+    e4m3_max: int
+    rht: bool  # a random Hadamard transform was applied along K
+    unit: Optional[torch.Tensor] = None  # cached BF16 unit operand (rows, K) = decode_nvfp4_unit(data, scale)
+
+
+def fp8_operand(t, transpose: bool) -> Fp8Operand:
+    if not transpose:
+        data = t.rowwise_data() if hasattr(t, "rowwise_data") else t.data
+    else:
+        data = t.t_data() if hasattr(t, "t_data") else t.data_t
+    if data.dim() != 2:
+        data = data.reshape(-1, data.shape[-1])
+    return Fp8Operand(data, t.scale_inv.float().reshape(()))
+
+
+def nvfp4_operand(t, transpose: bool) -> Nvfp4Operand:
+    e4m3_max = int(getattr(t, "e4m3_max", 448))
+    if not transpose:
+        if t.data is None:
+            raise ValueError("gemm: this NVFP4Tensor has no rowwise copy (quantized with rowwise=False)")
+        return Nvfp4Operand(t.data, t.scale, t.amax, bool(getattr(t, "row_scaled", False)), e4m3_max,
+                            False, getattr(t, "gemm_unit", None))
+    if getattr(t, "data_t", None) is None:
+        raise ValueError("gemm: this NVFP4Tensor has no columnwise copy; the dgrad/wgrad GEMMs need "
+                         "one (quantize with columnwise=True)")
+    # The columnwise copy is always per-tensor scaled, even when the rowwise copy is row-scaled.
+    return Nvfp4Operand(t.data_t, t.scale_t, t.amax_t, False, e4m3_max,
+                        bool(getattr(t, "rht_columnwise", False)), getattr(t, "gemm_unit_t", None))
