@@ -66,7 +66,7 @@ def collect() -> Dict[str, Any]:
     import torch
 
     import fp_recipes
-    from fp_recipes.gemm import fp8_native_gemm_available, nvfp4_native_gemm_available
+    from fp_recipes.gemm import fp8_native_gemm_available
     from fp_recipes._info import backend_info
 
     from .env_cmd import recipe_errors
@@ -83,6 +83,7 @@ def collect() -> Dict[str, Any]:
         "extension": info["extension"], "extension_error": info["extension_error"],
         "built_archs": info["built_archs"],
         "gpu": info.get("device_name"), "gpu_arch": info.get("device_arch"),
+        "nvfp4": _nvfp4_paths(device, kernels),
         "recipes": {},
     }
     for kind, cls in _recipes().items():
@@ -90,7 +91,8 @@ def collect() -> Dict[str, Any]:
         if kind in ("delayed", "current"):
             gemm = "native (torch._scaled_mm)" if fp8_native_gemm_available(device) else "emulated"
         elif kind == "nvfp4":
-            gemm = "native" if nvfp4_native_gemm_available(device) else "emulated (exact products, BF16 GEMM)"
+            gemm = ("native (torch._scaled_mm, FP4 tensor cores)" if report["nvfp4"]["gemm"] == "native"
+                    else "emulated (exact products, BF16 GEMM)")
         else:
             gemm = "emulated (dequantized operands)"
         with warnings.catch_warnings():
@@ -112,6 +114,32 @@ def collect() -> Dict[str, Any]:
                                if r["status"].startswith("error")]
     report["env_recipe"] = _env_recipe_check(device)
     return report
+
+
+def _nvfp4_paths(device: Any, kernels: bool) -> Dict[str, Any]:
+    """Which NVFP4 GEMM runs on ``device`` and why (the first-use self-check runs here on sm_100+), how the
+    quantize kernels encode E2M1, and the standing note that the native path never ran on Blackwell."""
+    from fp_recipes.gemm import nvfp4 as G
+    from fp_recipes.recipes.env import EnvVarError
+
+    out: Dict[str, Any] = {"gemm": "emulated", "gemm_why": "", "policy": None, "note": G.NATIVE_NOT_RUN_NOTE,
+                           "e2m1": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reason below says it
+        try:
+            out["policy"] = G.requested_policy()
+            d = G.decision(device)
+            out["gemm"], out["gemm_why"] = d.path, d.reason
+        except EnvVarError as exc:  # reported among env_problems too
+            out["gemm_why"] = f"not decided: {exc}"
+        if kernels and device.type == "cuda":
+            try:
+                from fp_recipes.ops import cuda_nvfp4
+
+                out["e2m1"] = cuda_nvfp4.e2m1_encoding(device)
+            except Exception as exc:  # noqa: BLE001 - the doctor reports, it does not raise
+                out["e2m1"] = f"unknown ({type(exc).__name__}: {exc})"
+    return out
 
 
 def _defaults_only(cls: Any) -> Any:
@@ -167,6 +195,11 @@ def _lines(rep: Dict[str, Any]) -> List[str]:
         out.append(f"  extension: {rep['extension_error']}")
     out.append(f"GPU: {rep['gpu']} ({rep['gpu_arch']})" if rep["gpu"] else "GPU: none (every op runs its "
                "pure-torch reference, every quantized GEMM is emulated exactly)")
+    nv = rep["nvfp4"]
+    out.append(f"NVFP4 GEMM: {nv['gemm']} ({nv['gemm_why']}); FP_RECIPES_NVFP4_GEMM={nv['policy'] or '?'}")
+    if nv["e2m1"] is not None:
+        out.append(f"NVFP4 quantize kernels' E2M1 encoding: {nv['e2m1']}")
+    out.append(f"  note: {nv['note']}")
     head = ("recipe", "quantization", "GEMM", "self-check")
     rows = []
     for kind, r in rep["recipes"].items():

@@ -53,6 +53,22 @@ void nvfp4_quantize(std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::u
 }  // namespace
 
 void register_nvfp4(py::module_& m) {
+  m.def(
+      "nvfp4_set_software_e2m1",
+      [](bool on, int device) {
+        use_device(device);
+        nvfp4::set_software_e2m1(on);
+      },
+      "Make the quantize kernels on `device` use the software E2M1 encoding even where the sm_100-family "
+      "hardware conversion is compiled (True), or the hardware one again (False)",
+      py::arg("on"), py::arg("device"));
+  m.def(
+      "nvfp4_software_e2m1",
+      [](int device) {
+        use_device(device);
+        return nvfp4::software_e2m1();
+      },
+      "Whether the software E2M1 encoding is forced on `device`", py::arg("device"));
   m.def("nvfp4_quantize", &nvfp4_quantize, "NVFP4 quantize (raw pointers; see nvfp4_kernels.h)",
         py::arg("x"), py::arg("in_dtype"), py::arg("M"), py::arg("N"), py::arg("data"),
         py::arg("scale"), py::arg("amax"), py::arg("row_scaled"), py::arg("data_t"),

@@ -142,12 +142,11 @@ __device__ __forceinline__ uint32_t pack8(const uint32_t* s, const float* x) {
   return hi * pack_k4096() + (lo | e2m1_signs8(x));
 }
 
-// Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
+// Step 5, round to nearest, in software: magic-add rounding, then byte permutes (or IMADs) gather the
+// 16 codes into 8 bytes (two little-endian words). What every arch below sm_100 runs.
 template <int kPack = 0>
-__device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
+__device__ __forceinline__ uint2 encode16_rn_sw(const float (&x)[16], float enc) {
   uint2 out;
-#if !(defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000))
-  // Software path: magic-add rounding, then byte permutes gather the 16 codes.
   uint32_t s[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -157,19 +156,33 @@ __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
   out.x = pack8<kPack>(s, x);
   out.y = pack8<kPack>(s + 8, x + 8);
   return out;
-#else
-  uint32_t w0 = 0, w1 = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    w0 |= e2m1x2_encode_rn(__fmul_rn(x[2 * k], enc), __fmul_rn(x[2 * k + 1], enc), x[2 * k],
-                           x[2 * k + 1]) << (8 * k);
-    w1 |= e2m1x2_encode_rn(__fmul_rn(x[8 + 2 * k], enc), __fmul_rn(x[8 + 2 * k + 1], enc), x[8 + 2 * k],
-                           x[8 + 2 * k + 1]) << (8 * k);
-  }
-  out.x = w0;
-  out.y = w1;
-  return out;
+}
+
+// Runtime switch of the sm_100-family hardware conversion (cvt.rn.satfinite.e2m1x2): nonzero makes
+// encode16_rn run the software path above even where the hardware one is compiled. Set per device by
+// set_software_e2m1() (nvfp4_quantize.cu) when the first-use self-check of fp_recipes/ops/cuda_nvfp4.py
+// finds the hardware bytes differing from the contract's. A uniform constant-bank read per block.
+#if defined(__CUDACC__)
+static __constant__ int c_e2m1_software = 0;
 #endif
+
+// Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
+template <int kPack = 0>
+__device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000)
+  if (!c_e2m1_software) {
+    uint32_t w0 = 0, w1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w0 |= e2m1x2_encode_rn(__fmul_rn(x[2 * k], enc), __fmul_rn(x[2 * k + 1], enc), x[2 * k],
+                             x[2 * k + 1]) << (8 * k);
+      w1 |= e2m1x2_encode_rn(__fmul_rn(x[8 + 2 * k], enc), __fmul_rn(x[8 + 2 * k + 1], enc), x[8 + 2 * k],
+                             x[8 + 2 * k + 1]) << (8 * k);
+    }
+    return make_uint2(w0, w1);
+  }
+#endif
+  return encode16_rn_sw<kPack>(x, enc);
 }
 
 // Philox4x32-10 (Salmon et al.; the same rounds and constants as Random123 / curand).

@@ -46,6 +46,13 @@ struct QuantizeArgs {
 // Quantize per args (rowwise if data != nullptr, columnwise if data_t != nullptr).
 void quantize(const QuantizeArgs& args, cudaStream_t stream);
 
+// The quantize kernels' E2M1 encoding on the CURRENT device: the sm_100-family hardware conversion
+// (cvt.rn.satfinite.e2m1x2, compiled into the 100a/120a cubins) unless switched to the software
+// encoding (the one every other arch runs; the same bytes by contract). Host-synchronous; set it
+// before launching quantizations that should use it (fp_recipes/ops/cuda_nvfp4.py does, on first use).
+void set_software_e2m1(bool on);
+bool software_e2m1();
+
 // amax = max |x| over numel elements (FP32, NaN propagates as the canonical NaN 0x7FC00000).
 // Also (when rht_amax != nullptr) the amax of RHT(x) over 16-row groups of the (M, N) bf16 tensor.
 // Either output may be nullptr. Outputs are fully written (no caller memset needed).

@@ -370,6 +370,17 @@ void launch_fos(const KParams& kp, FourOverSix fos, bool tiled, cudaStream_t str
 
 }  // namespace
 
+void set_software_e2m1(bool on) {
+  const int v = on ? 1 : 0;
+  check_cuda(cudaMemcpyToSymbol(c_e2m1_software, &v, sizeof(v)), "cudaMemcpyToSymbol(c_e2m1_software)");
+}
+
+bool software_e2m1() {
+  int v = 0;
+  check_cuda(cudaMemcpyFromSymbol(&v, c_e2m1_software, sizeof(v)), "cudaMemcpyFromSymbol(c_e2m1_software)");
+  return v != 0;
+}
+
 void quantize(const QuantizeArgs& a, cudaStream_t stream) {
   const bool do_row = a.data != nullptr, do_col = a.data_t != nullptr;
   require(do_row || do_col, "nvfp4 quantize: neither rowwise nor columnwise output requested");

@@ -6,8 +6,11 @@ Convention (TN, as cuBLAS): both operands have the contraction dimension LAST; `
 * ``dispatch.py``        ``gemm(a, b)``: picks the path from the operands' own types (never a recipe)
 * ``operands.py``        which copy of a quantized tensor a GEMM reads (rowwise / columnwise views)
 * ``fp8.py``             FP8 x FP8: ``torch._scaled_mm`` on sm_89+, exact FP32 emulation elsewhere
-* ``nvfp4.py``           NVFP4 x NVFP4: which implementation runs
-* ``nvfp4_emulated.py``  the exact NVFP4 emulation (torch ops; the few-launch CUDA path)
+* ``nvfp4.py``           NVFP4 x NVFP4: which implementation runs (per device; first-use self-check,
+  FP_RECIPES_NVFP4_GEMM)
+* ``nvfp4_emulated.py``  the exact NVFP4 emulation (torch ops; the few-launch CUDA path); the reference
+* ``nvfp4_native.py``    native FP4 GEMM on sm_100+ (``torch._scaled_mm``; not yet run on Blackwell here)
+* ``scale_layout.py``    the swizzled block-scale layout cuBLAS reads
 * ``dense.py``           high-precision and mixed-format operands
 * ``grouped.py``         one GEMM per group (``torch._scaled_grouped_mm`` where it applies)
 * ``cublaslt.py``        cuBLASLt called directly: many FP8 GEMMs in one host call, BF16 GEMM with a

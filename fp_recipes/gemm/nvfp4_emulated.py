@@ -20,8 +20,8 @@ import torch
 from ._common import finish, mm_bf16_fp32_accum
 from .operands import Nvfp4Operand
 
-__all__ = ["decode_nvfp4_unit", "nvfp4_alpha", "gemm_nvfp4_emulated", "gemm_nvfp4_emulated_cuda",
-           "cached_unit"]
+__all__ = ["decode_nvfp4_unit", "nvfp4_alpha", "apply_global_factors", "gemm_nvfp4_emulated",
+           "gemm_nvfp4_emulated_cuda", "cached_unit"]
 
 _PAIR_TABLES: dict = {}
 
@@ -76,17 +76,25 @@ def row_scale_factor(a: Nvfp4Operand, b: Nvfp4Operand) -> torch.Tensor:
     return (amax_a * amax_b).unsqueeze(0)
 
 
-def gemm_nvfp4_emulated(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
-                        bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """The portable emulation in torch ops (the twin of :func:`gemm_nvfp4_emulated_cuda`)."""
-    unit = torch.bfloat16 if a.data.is_cuda else torch.float32  # the GEMM's input dtype; both exact
-    acc = mm_bf16_fp32_accum(decode_nvfp4_unit(a.data, a.scale, unit), decode_nvfp4_unit(b.data, b.scale, unit))
+def apply_global_factors(acc: torch.Tensor, a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
+                         bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The epilogue of every NVFP4 GEMM path on its FP32 accumulator ``acc = sum (q_a sf_a)(q_b sf_b)``
+    (M, N): per tensor ``RN(acc * alpha)``; row-scaled ``RN(RN(acc * alpha_1) * RN(A_a[m] * A_b))``;
+    then the bias in FP32 and the one cast (docs/nvfp4.md section 6)."""
     if not a.row_scaled and not b.row_scaled:
         return finish(acc * nvfp4_alpha(a.amax, b.amax, a.e4m3_max, b.e4m3_max), bias, out_dtype)
     # Row-scaled: unit-amax alpha first, then the per-row (and/or per-column) amax product.
     one = torch.ones((), dtype=torch.float32, device=acc.device)
     out = acc * nvfp4_alpha(one, one, a.e4m3_max, b.e4m3_max)
     return finish(out * row_scale_factor(a, b), bias, out_dtype)
+
+
+def gemm_nvfp4_emulated(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The portable emulation in torch ops (the twin of :func:`gemm_nvfp4_emulated_cuda`)."""
+    unit = torch.bfloat16 if a.data.is_cuda else torch.float32  # the GEMM's input dtype; both exact
+    acc = mm_bf16_fp32_accum(decode_nvfp4_unit(a.data, a.scale, unit), decode_nvfp4_unit(b.data, b.scale, unit))
+    return apply_global_factors(acc, a, b, out_dtype, bias)
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

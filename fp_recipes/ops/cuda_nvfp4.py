@@ -13,15 +13,18 @@ wrapper validates with the reference's own messages and rebuilds the ``NVFP4Quan
 
 from __future__ import annotations
 
-from typing import Optional
+import threading
+import warnings
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from . import backend
+from . import backend, ref_nvfp4
 from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_options, _check_x,
                         check_nvfp4_dequantize_args)
 
-__all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize_with_units"]
+__all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize_with_units",
+           "e2m1_encoding"]
 
 # fp_recipes::DType codes (csrc/common.h).
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -152,10 +155,48 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
                    offset_lo: int, offset_hi: int, share_amax: bool = False,
                    units: Optional[list] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The launches of one quantization. ``share_amax`` (eager calls only: a custom op may not return
-    aliased outputs): when both copies use x's own per-tensor amax, return that one tensor for both
-    instead of a copy (one launch fewer). ``units`` (eager only): ``[unit_rowwise, unit_columnwise]``
-    flags in, replaced by the BF16 unit operands the quantize kernel wrote (or None) on return."""
+    """One quantization: the kernels (:func:`_quantize_kernels`), or the reference twin on a device where
+    the first-use E2M1 self-check found neither kernel encoding equal to the contract (:func:`e2m1_encoding`).
+    ``share_amax`` (eager calls only: a custom op may not return aliased outputs): when both copies use x's
+    own per-tensor amax, return that one tensor for both instead of a copy (one launch fewer). ``units``
+    (eager only): ``[unit_rowwise, unit_columnwise]`` flags in, replaced by the BF16 unit operands the
+    quantize kernel wrote (or None) on return."""
+    if x.is_cuda and _e2m1_mode(x.device) == "reference":
+        if units is not None:
+            units[:] = [None, None]
+        return _quantize_reference(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max,
+                                   mse, err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo,
+                                   offset_hi)
+    return _quantize_kernels(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
+                             err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi,
+                             share_amax=share_amax, units=units)
+
+
+def _quantize_reference(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
+                        block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
+                        err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
+                        offset_lo: int, offset_hi: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference twin's result in the kernels' tuple form (absent outputs as empty tensors)."""
+    q = ref_nvfp4.nvfp4_quantize(x, amax=amax, rowwise=rowwise, columnwise=columnwise, block_2d=block_2d,
+                                 row_scaled=row_scaled, four_over_six=four_over_six, e4m3_max=e4m3_max,
+                                 err_mode="MSE" if mse else "MAE", err_fast_math=err_fast_math, rht=rht,
+                                 stochastic_rounding=stochastic_rounding, seed=(seed_hi << 32) | seed_lo,
+                                 offset=(offset_hi << 32) | offset_lo)
+    dev = x.device
+    empties = (_empty_u8, _empty_e4m3, _empty_f32) * 2
+    out = [t if t is not None else make(dev) for t, make in zip(q, empties)]
+    out[2], out[5] = out[2].clone(), out[5].clone()  # never an alias of the amax argument or of each other
+    return tuple(out)
+
+
+def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
+                      block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
+                      err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
+                      offset_lo: int, offset_hi: int, share_amax: bool = False,
+                      units: Optional[list] = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launches of one quantization (see :func:`_quantize_impl`)."""
     what = "nvfp4_quantize"
     _require_cuda(x, what)
     _require_contiguous(x, what)
@@ -274,6 +315,183 @@ def _dequantize_op(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, 
 def _(data, scale, amax, e4m3_max, row_scaled, out_dtype):
     rows, half = data.shape
     return data.new_empty((rows, half * 2), dtype=out_dtype)
+
+
+# ---- first use on sm_100+: the hardware E2M1 conversion against the contract ---------------------
+#
+# The 100a (and 120a) cubins encode E2M1 with the hardware conversion cvt.rn.satfinite.e2m1x2.f32
+# (csrc/formats.cuh); every other arch runs the software encoding. The contract (docs/nvfp4.md) fixes the
+# bytes; the hardware path was compiled but never run in this project. So on the first quantization on a
+# device of compute capability 10.0 or higher, a few crafted quantizations (RN ties, saturation, zeros,
+# NaN/Inf, 1-D, 2-D, RHT, row-scaled, FP32/BF16/FP16 inputs) run through the kernels and are compared
+# byte for byte with the reference twin. On a mismatch (or an error) the kernels are switched to the
+# software encoding (``nvfp4_set_software_e2m1``, a per-device flag in constant memory) and checked again;
+# if that still fails, quantizations on that device run the reference twin. Each fallback warns once.
+
+E2M1_HW_MIN_CAPABILITY = (10, 0)
+_e2m1_lock = threading.RLock()
+_E2M1: Dict[int, str] = {}  # device index -> "hardware" | "software" | "reference"
+_e2m1_warned: set = set()
+
+
+def _capability(index: int) -> tuple:
+    """The device's compute capability (a seam: tests replace it)."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def e2m1_encoding(device: torch.device) -> str:
+    """How NVFP4 quantizations on CUDA ``device`` encode E2M1: ``hardware`` (sm_100-family conversion,
+    checked on first use), ``software`` (every other arch, or the fallback), or ``reference`` (the
+    pure-torch twin runs: neither kernel encoding passed the check). Decided on first use."""
+    return _e2m1_mode(device)
+
+
+def _e2m1_mode(device: torch.device) -> str:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    mode = _E2M1.get(index)
+    if mode is None:
+        mode = _decide_e2m1(index, torch.device("cuda", index))
+    return mode
+
+
+def _warn_e2m1(key: str, message: str) -> None:
+    if key not in _e2m1_warned:
+        _e2m1_warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+def _e2m1_cases() -> list:
+    """(name, x on the CPU, quantize options) for the first-use check."""
+    g = torch.Generator().manual_seed(1000)
+    # RN ties: with E = 256 and every 1x16 block's max 1.5, S_enc = 1024 and each block's scale is 256,
+    # so enc = 4 exactly and the elements land on the midpoints of the E2M1 grid (0.25 .. 5).
+    ties = torch.tensor([1.5, 0.0625, 0.1875, 0.3125, 0.4375, 0.625, 0.875, 1.25,
+                         -0.0625, -0.1875, -0.3125, -0.4375, -0.625, -0.875, -1.25, -0.0])
+    tie_x = ties.repeat(32, 4).bfloat16()
+    rand = (torch.randn(64, 128, generator=g) * 3).bfloat16()
+    rand[3, :16] = 0.0
+    rand[5, 7] = 300.0  # one large value: small blocks' scales underflow, their codes saturate
+    special = torch.randn(32, 64, generator=g) * 2
+    special[1, 3], special[2, 9], special[4, 0] = float("inf"), float("-inf"), float("nan")
+    special[6, :16] = 1e-30
+    return [
+        ("RN ties, E=256", tie_x, {"rowwise": True, "columnwise": False, "e4m3_max": 256}),
+        ("1-D rowwise + columnwise", rand, {"rowwise": True, "columnwise": True}),
+        ("2-D tiles", rand, {"rowwise": True, "columnwise": True, "block_2d": True}),
+        ("RHT columnwise", rand, {"rowwise": True, "columnwise": True, "rht": True}),
+        ("row-scaled, NaN/Inf rows, FP32", special, {"rowwise": True, "row_scaled": True}),
+        ("FP16 input", rand.half(), {"rowwise": True, "columnwise": True}),
+    ]
+
+
+def _same(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    """Equal bytes (codes, scales) or equal values with NaN positions equal (amaxes)."""
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = a.cpu(), b.cpu()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype in (torch.uint8, torch.float8_e4m3fn):
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def _kernel_quantize(x: torch.Tensor, **opts) -> NVFP4Quantized:
+    """The kernels only (no mode check): what the first-use check runs."""
+    o = dict(rowwise=True, columnwise=False, block_2d=False, row_scaled=False, four_over_six=False, e4m3_max=448,
+             mse=False, err_fast_math=False, rht=False, stochastic_rounding=False)
+    o.update(opts)
+    res = _quantize_kernels(x.contiguous(), None, o["rowwise"], o["columnwise"], o["block_2d"], o["row_scaled"],
+                            o["four_over_six"], o["e4m3_max"], o["mse"], o["err_fast_math"], o["rht"],
+                            o["stochastic_rounding"], 0, 0, 0, 0)
+    data, scale, am, data_t, scale_t, am_t = res
+    if not o["rowwise"]:
+        data = scale = am = None
+    if not o["columnwise"]:
+        data_t = scale_t = am_t = None
+    return NVFP4Quantized(data, scale, am, data_t, scale_t, am_t)
+
+
+def e2m1_self_check(device: torch.device, quantize: Callable[..., NVFP4Quantized]) -> Tuple[bool, str]:
+    """``quantize`` (the kernels) against the reference twin, byte for byte: (passed, what happened)."""
+    try:
+        for name, x, opts in _e2m1_cases():
+            got = quantize(x.to(device), **opts)
+            want = ref_nvfp4.nvfp4_quantize(x, **opts)
+            for field in NVFP4Quantized._fields:
+                if not _same(getattr(got, field), getattr(want, field)):
+                    return False, f"{name}: {field} differs from the reference twin"
+        return True, "the kernels' bytes equal the reference twin's"
+    except Exception as exc:  # noqa: BLE001 - any failure means: not this encoding
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return False, f"raised {type(exc).__name__}: {first}"
+
+
+def _set_software_e2m1(index: int, on: bool) -> bool:
+    """Switch the kernels on device ``index`` to the software E2M1 encoding; False when this build of the
+    extension has no switch."""
+    ext = backend.extension()
+    if ext is None or not hasattr(ext, "nvfp4_set_software_e2m1"):
+        return False
+    try:
+        torch.cuda.synchronize(index)
+        ext.nvfp4_set_software_e2m1(bool(on), index)
+    except RuntimeError:  # e.g. no cubin for this device holds the switch
+        return False
+    return True
+
+
+def _decide_e2m1(index: int, device: torch.device, *, quantize: Optional[Callable[..., NVFP4Quantized]] = None,
+                 set_software: Optional[Callable[[int, bool], bool]] = None) -> str:
+    """The E2M1 mode of device ``index`` (cached): see the section comment. ``quantize`` and
+    ``set_software`` default to the real kernels and switch (tests pass doubles)."""
+    cap = _capability(index)
+    if tuple(cap) < E2M1_HW_MIN_CAPABILITY:
+        _E2M1[index] = "software"  # no hardware conversion in the cubin this device runs
+        return "software"
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _warn_e2m1(f"capture:{index}", f"fp_recipes: the first NVFP4 quantization on cuda:{index} "
+                   f"(sm_{cap[0]}{cap[1]}) is inside a CUDA graph capture, where the E2M1 self-check cannot "
+                   "synchronise; this capture runs the kernels unchecked (the check runs at the next eager "
+                   "quantization)")
+        return "hardware"
+    quantize = quantize or _kernel_quantize
+    set_software = set_software or _set_software_e2m1
+    arch = f"sm_{cap[0]}{cap[1]}"
+    with _e2m1_lock:
+        if index in _E2M1:
+            return _E2M1[index]
+        ok, detail = e2m1_self_check(device, quantize)
+        if ok:
+            mode = "hardware"
+        elif set_software(index, True):
+            ok_sw, detail_sw = e2m1_self_check(device, quantize)
+            if ok_sw:
+                mode = "software"
+                _warn_e2m1(f"sw:{index}", f"fp_recipes: the NVFP4 quantize kernels' hardware E2M1 conversion "
+                           f"failed the first-use self-check on cuda:{index} ({arch}): {detail}; they use the "
+                           "software E2M1 encoding on this device instead (the same bytes by contract)")
+            else:
+                set_software(index, False)
+                mode = "reference"
+                _warn_e2m1(f"ref:{index}", f"fp_recipes: the NVFP4 quantize kernels failed the first-use "
+                           f"self-check on cuda:{index} ({arch}) with the hardware E2M1 conversion ({detail}) "
+                           f"and with the software one ({detail_sw}); NVFP4 quantizations on this device run "
+                           "the pure-torch reference (exact, slow)")
+        else:
+            mode = "reference"
+            _warn_e2m1(f"ref:{index}", f"fp_recipes: the NVFP4 quantize kernels failed the first-use self-check "
+                       f"on cuda:{index} ({arch}): {detail}, and this build has no software-E2M1 switch; NVFP4 "
+                       "quantizations on this device run the pure-torch reference (exact, slow)")
+        _E2M1[index] = mode
+        return mode
+
+
+def _reset_e2m1() -> None:
+    """Forget the decisions and warnings (tests)."""
+    with _e2m1_lock:
+        _E2M1.clear()
+        _e2m1_warned.clear()
 
 
 # ---- public implementations (same signatures as the reference twins) ---------------------------

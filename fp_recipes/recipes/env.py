@@ -54,7 +54,8 @@ class EnvVar:
     """One row of the table.
 
     ``kind``: bool | choice | int | float | archs | text. ``use``: recipe (sets ``field`` of ``recipes``),
-    select (picks the recipe ``autocast()`` uses) or build (read by setup.py when compiling).
+    select (picks the recipe ``autocast()`` uses), backend (picks an implementation at run time: read
+    where that implementation is chosen, never at import) or build (read by setup.py when compiling).
     ``alias_of``: this name is a deprecated spelling of that variable.
     """
 
@@ -88,6 +89,9 @@ class EnvVar:
             return "build (setup.py)"
         if self.use == "select":
             return "autocast() default recipe"
+        if self.use == "backend":
+            return {"FP_RECIPES_NVFP4_GEMM": "NVFP4 GEMM implementation (read at each NVFP4 GEMM)"}.get(
+                self.name, "implementation (read at run time)")
         if self.alias_of:
             return f"deprecated alias of {self.alias_of}"
         if self.recipes == ALL_RECIPES:
@@ -200,6 +204,13 @@ TABLE: Tuple[EnvVar, ...] = (
     EnvVar("FP_RECIPES_RECIPE", "choice", "The recipe autocast() uses when given none "
            "(recipe_from_env); none turns quantization off.", use="select",
            choices=("none", "delayed", "current", "nvfp4", "per_token")),
+    EnvVar("FP_RECIPES_NVFP4_GEMM", "choice", "Which NVFP4 x NVFP4 GEMM runs. auto: native FP4 "
+           "tensor cores (torch._scaled_mm) on sm_100+/sm_120 once a first-use self-check against the exact "
+           "emulation passes (else one warning and the emulation), the exact emulation on every other "
+           "device; native: the native GEMM wherever the device has FP4 tensor cores, without the "
+           "self-check, errors raise; emulated: the exact emulation everywhere. The native path has not "
+           "run on Blackwell hardware in this project.", use="backend",
+           choices=("auto", "native", "emulated")),
     EnvVar("FP_RECIPES_CUDA_ARCHS", "archs", "Build: ';'-separated CUDA archs for fp_recipes._C "
            "(default 90a;100a).", use="build", hint="';'-separated archs, e.g. 90a;100a"),
     EnvVar("FP_RECIPES_NO_CUDA", "bool", "Build: skip the CUDA extension on purpose.", use="build"),
@@ -400,6 +411,8 @@ def default_of(var: EnvVar) -> str:
     """The value a recipe field takes when the variable is unset ("" when not a recipe field)."""
     if var.use == "select":
         return "delayed"
+    if var.use == "backend":
+        return {"FP_RECIPES_NVFP4_GEMM": "auto"}.get(var.name, "")
     if var.use == "build":
         return {"FP_RECIPES_CUDA_ARCHS": "90a;100a", "FP_RECIPES_NO_CUDA": "0",
                 "FP_RECIPES_NVCC_THREADS": "CPU count"}.get(var.name, "")
@@ -496,6 +509,11 @@ def render_markdown() -> str:
         "`NVTE_NVFP4_PER_TOKEN_ACTIVATION` is the older name of "
         "`NVTE_NVFP4_ROW_SCALED_ACTIVATION`: it still works, with a deprecation warning; if both are "
         "set to different values, constructing an NVFP4 recipe fails.",
+        "",
+        "`FP_RECIPES_NVFP4_GEMM` is not a recipe field: the GEMM reads only the tensors it multiplies, "
+        "so this variable is read where the NVFP4 GEMM implementation is chosen (at each NVFP4 GEMM; the "
+        "first-use self-check runs once per device and value). `python -m fp_recipes doctor` says which "
+        "path runs. See docs/nvfp4.md, \"Native GEMMs on Blackwell\".",
         "",
         "Build variables are read by `setup.py` when `pip install` compiles the CUDA extension; "
         "they are listed so that the unknown-variable check knows them.",
