@@ -59,16 +59,10 @@ class Linear(QuantizedModule):
         self.register_parameter("weight", weight)
         self.register_parameter("bias", b)
 
-    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
-        """``is_first_microbatch`` (TransformerEngine's): None reuses the quantized weight while it is
-        unchanged (automatic), True quantizes and caches it, False reuses the cached copy (see
-        docs/modules.md, "Weight casts once per optimizer step")."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
-        if sets is None:
-            return quantized_linear(x, self.weight, self.bias, None)
-        cache, mode = self.weight_cache_for(is_first_microbatch)
-        return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode)
+        return quantized_linear(x, self.weight, self.bias, None if sets is None else sets[0])
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
