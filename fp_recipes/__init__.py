@@ -7,6 +7,8 @@ environment variables (recipes read them when they are constructed).
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -77,3 +79,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
+
+
+class _Package(types.ModuleType):
+    """``fp_recipes.autocast`` is the context-manager class, also after its submodule of the same name
+    is imported: Python binds a loaded submodule on its package (``fp_recipes.autocast = <module>``),
+    and torch.compile cannot trace a call of a module object (the module is callable too, but only
+    eagerly). The submodule stays in ``sys.modules`` (``from fp_recipes.autocast import ...``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "autocast" and isinstance(value, types.ModuleType) and hasattr(value, "autocast"):
+            value = value.autocast
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

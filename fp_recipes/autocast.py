@@ -27,7 +27,7 @@ import sys
 import threading
 import types
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +56,9 @@ class AutocastState:
     recipe: Optional["Recipe"] = None
     amax_reduction_group: Any = None
     depth: int = 0
+    # torch.compile only: the delayed-scaling quantizers recorded while tracing, when the outermost
+    # enabled autocast was entered in the traced function (its exit updates them in the graph)
+    records: Optional[list] = field(default=None, compare=False, repr=False)
 
 
 _DEFAULT_STATE = AutocastState()
@@ -90,13 +93,15 @@ class HookHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, ref: Callable[[], Optional[Callable]], label: str) -> None:
+    def __init__(self, fn: Optional[Callable], ref: Optional[Callable[[], Optional[Callable]]],
+                 label: str) -> None:
         self.id = next(HookHandle._ids)
-        self._ref = ref
+        self._fn = fn  # a strong hook: the callable itself (read by torch.compile as is)
+        self._ref = ref  # a weak hook: its weak reference
         self._label = label
 
     def callback(self) -> Optional[Callable]:
-        return self._ref()
+        return self._fn if self._ref is None else self._ref()
 
     def remove(self) -> None:
         _hooks.pop(self.id, None)
@@ -108,7 +113,7 @@ class HookHandle:
         self.remove()
 
     def __repr__(self) -> str:
-        alive = "" if self._ref() is not None else ", dead"
+        alive = "" if self.callback() is not None else ", dead"
         return f"HookHandle({self._label}{alive})"
 
 
@@ -124,11 +129,12 @@ def register_outermost_exit_hook(fn: Callable[[AutocastState], None], *,
     """
     if not callable(fn):
         raise TypeError(f"register_outermost_exit_hook needs a callable, got {type(fn).__name__}")
+    label = getattr(fn, "__qualname__", repr(fn))
     if weak:
         ref = weakref.WeakMethod(fn) if isinstance(fn, types.MethodType) else weakref.ref(fn)
+        handle = HookHandle(None, ref, label)
     else:
-        ref = lambda fn=fn: fn  # noqa: E731 (a strong "reference" with the same interface)
-    handle = HookHandle(ref, getattr(fn, "__qualname__", repr(fn)))
+        handle = HookHandle(fn, None, label)
     _hooks[handle.id] = handle
     return handle
 
@@ -173,6 +179,33 @@ def _resolve_recipe(recipe: Optional["Recipe"]) -> Optional["Recipe"]:
     return recipe
 
 
+_IS_COMPILING: Optional[Callable[[], bool]] = None
+# set once an autocast was entered in a function torch.compile traced: only then do eager calls look for
+# a traced autocast's quantizer list (see AutocastState.records)
+TRACED_RECORDS_SEEN = [False]
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is tracing this call (torch is imported by then: no import cost here)."""
+    global _IS_COMPILING
+    if _IS_COMPILING is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _IS_COMPILING = torch.compiler.is_compiling
+    return _IS_COMPILING()
+
+
+def _recipe_from_env_for_trace() -> Optional["Recipe"]:
+    """``recipe=None`` inside a function torch.compile traces: the environment's recipe, read once
+    while tracing (a constant of the graph; a later change of the variables is not seen by it)."""
+    return _resolve_recipe(None)
+
+
+# what torch.compiler.assume_constant_result sets (without importing torch._dynamo at import time)
+_recipe_from_env_for_trace._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 class autocast:  # noqa: N801 (a context manager used like a function, as in torch/TE)
     """Quantize the GEMMs of fp_recipes modules inside this context with ``recipe``.
 
@@ -192,10 +225,15 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         self.enabled = enabled
         self.recipe = recipe
         self.amax_reduction_group = amax_reduction_group
-        self._local = threading.local()  # stack heights at entry, per thread (re-entrant decorator use)
+        # stack heights at entry, per thread (re-entrant decorator use); an autocast that torch.compile
+        # traces keeps them in a plain list (the graph runs in the calling thread)
+        self._local = None if _compiling() else threading.local()
+        self._traced_depths: List[int] = []
 
     @property
     def _depths(self) -> List[int]:
+        if self._local is None or _compiling():
+            return self._traced_depths
         depths = getattr(self._local, "depths", None)
         if depths is None:
             depths = self._local.depths = []
@@ -203,16 +241,24 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
 
     def __enter__(self) -> AutocastState:
         _stack = _local.stack
-        if self.enabled:
+        if self.enabled and self.recipe is None and _compiling():
+            recipe = _recipe_from_env_for_trace()
+        elif self.enabled:
             recipe = _resolve_recipe(self.recipe)  # None when FP_RECIPES_RECIPE=none
         else:
             recipe = None if self.recipe is None else _resolve_recipe(self.recipe)  # type check
         enabled = self.enabled and recipe is not None
+        records = None
+        if enabled and _compiling():
+            below = next((s for s in reversed(_stack) if s.enabled), None)
+            records = [] if below is None else below.records
+            TRACED_RECORDS_SEEN[0] = True
         state = AutocastState(
             enabled=enabled,
             recipe=recipe if enabled else None,
             amax_reduction_group=self.amax_reduction_group if enabled else None,
             depth=len(_stack) + 1,
+            records=records,
         )
         self._depths.append(len(_stack))
         _stack.append(state)
@@ -225,6 +271,9 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         del _stack[height:]  # restore the enclosing state (drops anything left above us too)
         outermost_enabled = exiting.enabled and not any(s.enabled for s in _stack)
         if exc_type is None and outermost_enabled:
+            if _compiling():  # traced: the hooks' updates become graph ops (inference mode is eager-only)
+                _run_outermost_exit_hooks(exiting)
+                return
             import torch
 
             with torch.inference_mode(False):

@@ -34,7 +34,6 @@ Powers of two are built from exponent bits (:func:`pow2`), never with ``exp2``/`
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 
@@ -114,9 +113,21 @@ def _round_magnitude(a: torch.Tensor, *, mbits: int, bias: int) -> torch.Tensor:
     return torch.where(exp32 - 127 >= emin, code_n, code_s)
 
 
-@lru_cache(maxsize=None)
+_DECODE_TABLES: dict = {}
+
+
 def _decode_table(ebits: int, mbits: int, bias: int, kind: str) -> tuple:
-    """Value of every code of a sign+ebits+mbits format, as Python floats (exact)."""
+    """Value of every code of a sign+ebits+mbits format, as Python floats (exact). The tables the
+    decoders use are built at import (a plain dict, which torch.compile reads as constants; it would
+    trace through an lru_cache wrapper, with a warning)."""
+    key = (ebits, mbits, bias, kind)
+    table = _DECODE_TABLES.get(key)
+    if table is None:
+        table = _DECODE_TABLES[key] = _build_decode_table(ebits, mbits, bias, kind)
+    return table
+
+
+def _build_decode_table(ebits: int, mbits: int, bias: int, kind: str) -> tuple:
     n = 1 << (1 + ebits + mbits)
     emax_field = (1 << ebits) - 1
     out = []
@@ -135,6 +146,10 @@ def _decode_table(ebits: int, mbits: int, bias: int, kind: str) -> tuple:
         else:
             out.append(sign * math.ldexp((1 << mbits) + m, ef - bias - mbits))
     return tuple(out)
+
+
+for _args in ((4, 3, 7, "e4m3fn"), (5, 2, 15, "ieee"), (2, 1, 1, "finite")):
+    _decode_table(*_args)
 
 
 def _lookup(codes: torch.Tensor, table: tuple) -> torch.Tensor:

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, register_outermost_exit_hook
 from ..quantizers.float8 import NonfiniteWatch
 
 __all__ = ["AmaxReducer", "batched_update_scales", "discard_records", "reducer", "reduce_and_update",
@@ -181,7 +182,7 @@ def _kernel_plan(qs: List[Any], length: int, device: torch.device) -> Any:
         watch = NonfiniteWatch(len(qs), device)
         update = DelayedUpdate.build([q.amax_history for q in qs], [q.scale for q in qs], length, device,
                                      watch.flags)
-        hit = _KERNEL_PLANS[key] = None if update is None else (update, watch)
+        hit = _KERNEL_PLANS[key] = None if update is None else (update, watch, [q.scale for q in qs])
     return hit
 
 
@@ -200,6 +201,9 @@ def batched_update_scales(quantizers: List[Any]) -> None:
     tests/test_faults_delayed_nonfinite.py check it against update_scale() bit for bit."""
     from .. import formats
 
+    if torch.compiler.is_compiling():
+        _traced_update_scales(quantizers)
+        return
     groups: Dict[Any, List[Any]] = {}
     for q in quantizers:
         key = _batch_key(q)
@@ -211,8 +215,11 @@ def batched_update_scales(quantizers: List[Any]) -> None:
         if USE_UPDATE_KERNEL and device.type == "cuda":
             hit = _kernel_plan(qs, length, device)
             if hit is not None:
-                update, watch = hit
+                update, watch, scales = hit
                 update(fmt_max, margin, algo)  # one launch, the same bits as the ops below
+                # the kernel writes through raw pointers: bump the scales' version counters as the torch
+                # ops' in-place writes do (a cached quantized weight is keyed by its scale's version)
+                torch.autograd.graph.increment_version(scales)
                 watch.report(qs)
                 continue
         p = _plan(qs, length, device)
@@ -233,6 +240,41 @@ def batched_update_scales(quantizers: List[Any]) -> None:
             p.stage_hist.zero_()
         torch._foreach_copy_(p.dsts, p.srcs)
         p.watch.report(qs)
+
+
+def _traced_update_scales(quantizers: List[Any]) -> None:
+    """:func:`batched_update_scales` as torch.compile traces it: the same FP32 ops in the same order
+    (so the same bits), without the cached plans (persistent buffers and views built on the host),
+    and without the non-finite warning (its flags are read on the host; the non-finite entries
+    still count as 0)."""
+    from .. import formats
+
+    for q in quantizers:
+        if _batch_key(q) is None:
+            q.update_scale()
+    groups: Dict[Any, List[Any]] = {}
+    for q in quantizers:
+        key = _batch_key(q)
+        if key is not None:
+            groups.setdefault(key, []).append(q)
+    for (fmt_max, margin, algo, length, device), qs in groups.items():
+        hist = torch.stack([q.amax_history for q in qs])
+        old = torch.stack([q.scale for q in qs])
+        hist = hist.nan_to_num(0.0, 0.0, 0.0)
+        amax_ref = hist.amax(dim=1) if algo == "max" else hist[:, 0]
+        new = torch.div(torch.full((), fmt_max, dtype=torch.float32, device=device), amax_ref)
+        if margin:
+            new = torch.div(new, torch.full((), 2.0 ** margin, dtype=torch.float32, device=device))
+        new = new.clamp_max(formats.FP32_MAX)
+        scales = torch.where(amax_ref > 0, new, old)
+        if length > 1:
+            # roll by -1 along the history, then slot 0 (the step just recorded, now last) starts at 0
+            rolled = torch.roll(hist, -1, 1).index_fill(1, torch.zeros(1, dtype=torch.long, device=device), 0.0)
+        else:
+            rolled = torch.zeros_like(hist)
+        for q, h, sc in zip(qs, rolled.unbind(0), scales.unbind(0)):
+            q.amax_history.copy_(h)
+            q.scale.copy_(sc)
 
 
 class _BackwardPass:
@@ -278,20 +320,23 @@ class AmaxReducer:
         self._forward_group: Any = None
         self._passes: Dict[int, "weakref.ref[_BackwardPass]"] = {}
         self._hook_handle: Any = None
+        self._ensure_exit_hook()
 
     # ------------------------------------------------------------------ forward
     def _ensure_exit_hook(self) -> None:
         if self._hook_handle is not None:
             return
-        from .. import autocast as autocast_mod
-
-        register = getattr(autocast_mod, "register_outermost_exit_hook", None)
-        if register is None:
-            register = getattr(getattr(autocast_mod, "autocast"), "register_outermost_exit_hook")
-        self._hook_handle = register(self.on_outermost_exit)
+        self._hook_handle = register_outermost_exit_hook(self.on_outermost_exit)
 
     def record_forward(self, quantizer: Any, group: Any) -> None:
         """Remember a forward quantizer until the outermost autocast exits."""
+        if torch.compiler.is_compiling():
+            traced_record_forward(quantizer)
+            return
+        records = _eager_traced_records()
+        if records is not None:
+            _append_once(records, quantizer)
+            return
         self._ensure_exit_hook()
         with self._lock:
             self._forward[id(quantizer)] = quantizer
@@ -301,6 +346,10 @@ class AmaxReducer:
         """:meth:`record_forward` for a list (one lock round for a grouped layer's experts)."""
         if not quantizers:
             return
+        if torch.compiler.is_compiling() or _eager_traced_records() is not None:
+            for q in quantizers:
+                self.record_forward(q, group)
+            return
         self._ensure_exit_hook()
         with self._lock:
             for q in quantizers:
@@ -308,8 +357,25 @@ class AmaxReducer:
             self._forward_group = group
 
     def on_outermost_exit(self, state: Any = None) -> None:
+        records = getattr(state, "records", None)
+        if torch.compiler.is_compiling():
+            if records is None:
+                # The autocast was entered outside this graph (a graph break, or an autocast method
+                # compiled as a frame of its own): its quantizers were handed to the reducer when their
+                # graphs ran, so the update must run eagerly, after this graph (a graph break here).
+                from torch._dynamo import disable
+
+                disable(self.on_outermost_exit)(state)
+                return
+            # the autocast was entered in a traced function: the quantizers its forward recorded (in its
+            # list, see traced_record_forward) are reduced and updated as graph ops
+            if records:
+                reduce_and_update(list(records), getattr(state, "amax_reduction_group", None))
+            return
         with self._lock:
             quantizers = list(self._forward.values())
+            if records:  # an autocast entered in a traced frame, exiting eagerly
+                quantizers += [q for q in records if id(q) not in self._forward]
             group = getattr(state, "amax_reduction_group", None) if state is not None else None
             if group is None:
                 group = self._forward_group
@@ -330,6 +396,11 @@ class AmaxReducer:
         of the current backward pass. Outside an autograd pass (a direct call of a Function's backward,
         e.g. in a test) the end of this call is the end of the "backward": update now."""
         if not quantizers:
+            return
+        if torch.compiler.is_compiling():
+            # traced into a backward graph: the pass's bookkeeping runs when the graph runs, in an op
+            for q in quantizers:
+                traced_record_backward(q)
             return
         task = torch._C._current_graph_task_id()
         if task < 0:
@@ -379,6 +450,157 @@ def discard_records(quantizers: List[Any]) -> None:
 
 
 reducer = AmaxReducer()
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile: the bookkeeping a graph does when it runs
+#
+# A graph cannot replay the reducer's Python bookkeeping (which quantizers a pass used), so a traced
+# forward outside a traced autocast, and every traced backward, call these ops: they name their
+# quantizer by a *handle tensor* (a CPU int64 scalar per quantizer, a graph input like any state
+# tensor), never by a constant baked into the graph, so identical layers share one compiled graph.
+# An autocast entered inside the traced function collects its quantizers at trace time instead and
+# updates them with graph ops when it exits (AmaxReducer.on_outermost_exit).
+
+_HANDLES: Dict[int, Any] = {}       # handle -> weakref to the quantizer
+_HANDLE_SETS: Dict[int, Any] = {}   # handle -> weakref to its GemmQuantizers (the call's group)
+_NEXT_HANDLE = [1]
+
+
+def register_traced(qs: Any) -> None:
+    """Give the quantizers of the set ``qs`` a handle tensor the ops below resolve (eager, at trace
+    time). A copy of a quantizer (deepcopy) that carries another's handle gets its own."""
+    for q in qs.quantizers.values():
+        if q is None:
+            continue
+        t = q.__dict__.get("_trace_handle")
+        ref = _HANDLES.get(int(t)) if t is not None else None
+        if t is None or (ref is not None and ref() is not q):
+            if len(_HANDLES) > 4096:
+                for h in [h for h, r in _HANDLES.items() if r() is None]:
+                    _HANDLES.pop(h, None)
+                    _HANDLE_SETS.pop(h, None)
+            h = _NEXT_HANDLE[0]
+            _NEXT_HANDLE[0] += 1
+            q._trace_handle = torch.tensor(h, dtype=torch.int64)
+        else:
+            h = int(t)
+        _HANDLES[h] = weakref.ref(q)
+        _HANDLE_SETS[h] = weakref.ref(qs)
+    reducer._ensure_exit_hook()
+
+
+def _resolve(handle: torch.Tensor) -> "tuple[Any, Any]":
+    h = int(handle)
+    ref = _HANDLES.get(h)
+    q = ref() if ref is not None else None
+    if q is None:
+        raise RuntimeError("fp_recipes: a compiled graph refers to a quantizer that no longer exists "
+                           "(its module was deleted or its quantizer state reset): compile again")
+    sref = _HANDLE_SETS.get(h)
+    qs = sref() if sref is not None else None
+    return q, None if qs is None else qs.amax_reduction_group
+
+
+@torch.library.custom_op("fp_recipes::delayed_record_forward", mutates_args=())
+def _delayed_record_forward(handle: torch.Tensor) -> None:
+    q, group = _resolve(handle)
+    reducer.record_forward(q, group)
+
+
+@_delayed_record_forward.register_fake
+def _(handle):
+    return None
+
+
+@torch.library.custom_op("fp_recipes::delayed_record_backward", mutates_args=())
+def _delayed_record_backward(handle: torch.Tensor, history: torch.Tensor) -> None:
+    q, group = _resolve(handle)
+    reducer.record_backward(q, group)
+
+
+@_delayed_record_backward.register_fake
+def _(handle, history):
+    return None
+
+
+class _FlushState:
+    __slots__ = ("amax_reduction_group",)
+
+    def __init__(self, group: Any) -> None:
+        self.amax_reduction_group = group
+
+
+@torch.library.custom_op("fp_recipes::delayed_flush_forward", mutates_args=())
+def _delayed_flush_forward(anchor: torch.Tensor, handle: torch.Tensor) -> None:
+    if reducer.pending_forward():
+        _, group = _resolve(handle)
+        with torch.inference_mode(False):
+            reducer.on_outermost_exit(_FlushState(group))
+
+
+@_delayed_flush_forward.register_fake
+def _(anchor, handle):
+    return None
+
+
+def _mark_side_effects() -> None:
+    # no outputs: without this, graph passes would drop the calls as dead code
+    from torch.fx.node import has_side_effect
+
+    for op in (torch.ops.fp_recipes.delayed_record_forward, torch.ops.fp_recipes.delayed_record_backward,
+               torch.ops.fp_recipes.delayed_flush_forward):
+        has_side_effect(op.default)
+
+
+_mark_side_effects()
+
+
+def _traced_records() -> Optional[list]:
+    """The quantizer list of this thread's innermost autocast when that (outermost enabled) autocast was
+    entered by a function torch.compile traced (None otherwise, always outside torch.compile)."""
+    return get_autocast_state().records
+
+
+def _eager_traced_records() -> Optional[list]:
+    """:func:`_traced_records` for eager calls: nothing to look up until torch.compile traced an autocast."""
+    return get_autocast_state().records if TRACED_RECORDS_SEEN[0] else None
+
+
+def _append_once(records: list, quantizer: Any) -> None:
+    for seen in records:
+        if seen is quantizer:
+            return
+    records.append(quantizer)
+
+
+def traced_record_forward(quantizer: Any) -> None:
+    """(traced) Remember a forward quantizer: in the traced autocast's list when the outermost enabled
+    autocast was entered in this trace (its exit updates them in the graph), else with the reducer when
+    the graph runs (the eager autocast exit, or a module recipe's backward, updates them)."""
+    records = _traced_records()
+    if records is None:
+        torch.ops.fp_recipes.delayed_record_forward(quantizer._trace_handle)
+        return
+    _append_once(records, quantizer)
+
+
+def traced_record_backward(quantizer: Any) -> None:
+    """(traced) The backward's pass bookkeeping for ``quantizer``, run when the graph runs."""
+    # The history just recorded into is an argument: it ties the call to the backward (an op that read
+    # only the handle, a forward input, could be placed in the forward graph by the partitioner, where
+    # it would find no backward pass and update at once). The recorded amax reaches the module's
+    # tensor when the backward graph ends, before the pass's end runs the update.
+    torch.ops.fp_recipes.delayed_record_backward(quantizer._trace_handle, quantizer.amax_history)
+
+
+def traced_flush_forward(qs: Any, anchor: torch.Tensor) -> None:
+    """(traced) A module recipe's backward flushes the pending forward amaxes, when the graph runs
+    (``anchor``: a tensor of the backward, which places the call)."""
+    for q in qs.quantizers.values():
+        if q is not None:
+            torch.ops.fp_recipes.delayed_flush_forward(anchor, q._trace_handle)
+            return
 
 
 def all_reduce_count() -> int:

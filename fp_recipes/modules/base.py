@@ -23,7 +23,7 @@ its backward and any activation-checkpointing recompute of it use that (``replay
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -35,12 +35,14 @@ from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, Qua
 from . import replay
 from . import state as qstate
 from .amax_reduction import reducer
+from .weight_cache import AUTO, WeightCache, cache_mode, cacheable
 
 __all__ = ["backward_operands", "check_input_dtype", "GemmQuantizers", "pad_tokens", "token_multiple",
            "QuantizedLinearFunction", "QuantizedModule", "quantized_linear", "quantize_operand",
            "torch_autocast_dtype", "torch_autocast_forward", "torch_autocast_backward", "amp_cast"]
 
 _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -65,6 +67,14 @@ class GemmQuantizers:
     flush_forward: bool = False
     record: Optional[Any] = None
     replay: bool = False
+    # derived from the specs once (per-call variants share them): see token_multiple and
+    # _check_nvfp4_shapes
+    token_multiple: int = field(default=1, init=False, repr=False, compare=False)
+    nvfp4_checks: tuple = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.token_multiple = _token_multiple(self.specs)
+        self.nvfp4_checks = _nvfp4_checks(self.specs)
 
     @classmethod
     def from_recipe(cls, recipe: Any, module: ModuleKind, gemm_index: int = 0,
@@ -79,10 +89,12 @@ class GemmQuantizers:
         return cls(specs, quantizers, amax_reduction_group, override)
 
     def variant(self, quantizers: Optional[Dict[TensorKind, Optional[Any]]] = None, **fields: Any) -> "GemmQuantizers":
-        """A set sharing these specs (and quantizers, unless given) with some per-call fields changed."""
-        new = GemmQuantizers(self.specs, self.quantizers if quantizers is None else quantizers,
-                             self.amax_reduction_group, self.backward_override, self.flush_forward,
-                             self.record, self.replay)
+        """A set sharing these specs (and quantizers, unless given) with some per-call fields changed
+        (a copy of the fields, the derived ones included: nothing is recomputed per call)."""
+        new = object.__new__(GemmQuantizers)
+        new.__dict__.update(self.__dict__)
+        if quantizers is not None:
+            new.quantizers = quantizers
         for k, v in fields.items():
             setattr(new, k, v)
         return new
@@ -116,7 +128,16 @@ def quantize_operand(quantizer: Optional[Any], x: torch.Tensor, group: Any = Non
     if quantizer is None:
         return x
     spec = quantizer.spec
-    prequantized = getattr(x, "fp_recipes_prequantized", None) if spec.role.tensor is TensorKind.WEIGHT else None
+    # (a plain tensor or Parameter has no such attribute: skip the failing lookup, a microsecond per call)
+    prequantized = getattr(x, "fp_recipes_prequantized", None) \
+        if spec.role.tensor is TensorKind.WEIGHT and type(x) not in _PLAIN_TENSORS else None
+    if prequantized is not None and torch.compiler.is_compiling():
+        # The gathered quantized tensor is Python state that changes with every all-gather: a graph
+        # would keep the one it saw. Leave the graph here: this call runs eagerly (with fullgraph=True,
+        # an error); see docs/modules.md, torch.compile.
+        from torch._dynamo import graph_break
+
+        graph_break("fp_recipes: a weight from FSDP2's quantized all-gather is used eagerly")
     if prequantized is not None:
         # A weight FSDP2 all-gathered already quantized (integrations/fsdp.py): its shard was
         # quantized by this quantizer before the all-gather with the whole weight's amax (recorded
@@ -136,13 +157,53 @@ def quantize_operand(quantizer: Optional[Any], x: torch.Tensor, group: Any = Non
     return q
 
 
+def quantize_weight(quantizer: Optional[Any], weight: torch.Tensor, group: Any = None, *, record: bool = True,
+                    cache: Optional[WeightCache] = None, mode: str = AUTO) -> Any:
+    """:func:`quantize_operand` for a weight, through the module's :class:`WeightCache` when it has one
+    (``mode``: see ``weight_cache.py``). A forward that reuses a cached copy casts nothing but still
+    records a delayed-scaling weight's amax (the amax of the cached weight, kept with the copy) and
+    hands the quantizer to the reducer, so the history and the scale updates are those of a forward
+    that quantized again. A checkpoint recompute (``record=False``) reuses but does not store."""
+    if cache is None or not cacheable(quantizer, weight):
+        return quantize_operand(quantizer, weight, group, record=record)
+    key = (quantizer,)
+    hit = cache.lookup(key, (weight,), mode)
+    if hit is None:
+        q = quantize_operand(quantizer, weight, group, record=record)
+        if record:
+            cache.store(key, (weight,), q)
+        return q
+    if record and quantizer.spec.scaling is ScalingKind.DELAYED:
+        quantizer.record_amax(hit.amax)
+        reducer.record_forward(quantizer, group)
+    return hit
+
+
+_DIMS = ((TensorKind.ACTIVATION, (0, 1)), (TensorKind.WEIGHT, (2, 1)), (TensorKind.GRAD_OUTPUT, (0, 2)))
+
+
+def _nvfp4_checks(specs: Dict[TensorKind, QuantizerSpec]) -> tuple:
+    """(tensor, (rows, cols) as indices into (m, k, n), spec) of every NVFP4 operand."""
+    return tuple((tensor, dims, specs[tensor]) for tensor, dims in _DIMS
+                 if specs[tensor].scaling is ScalingKind.NVFP4)
+
+
+def _token_multiple(specs: Dict[TensorKind, QuantizerSpec]) -> int:
+    for tensor in (TensorKind.ACTIVATION, TensorKind.GRAD_OUTPUT):
+        spec = specs[tensor]
+        if spec.scaling is ScalingKind.NVFP4 and (spec.columnwise or spec.block_2d):
+            return 16
+    return 1
+
+
 def _check_nvfp4_shapes(qs: GemmQuantizers, m: int, k: int, n: int) -> None:
     """NVFP4 needs 16-element blocks along every dimension it quantizes; say which one is off."""
-    for tensor, (rows, cols) in ((TensorKind.ACTIVATION, (m, k)), (TensorKind.WEIGHT, (n, k)),
-                                 (TensorKind.GRAD_OUTPUT, (m, n))):
-        spec = qs.specs[tensor]
-        if spec.scaling is not ScalingKind.NVFP4:
-            continue
+    checks = qs.nvfp4_checks
+    if not checks:
+        return
+    mkn = (m, k, n)
+    for tensor, (r, c), spec in checks:
+        rows, cols = mkn[r], mkn[c]
         bad = []
         if spec.rowwise and cols % 16:
             bad.append(f"its last dim ({cols})")
@@ -239,7 +300,11 @@ def columnwise_only(q: Any) -> Any:
     saved activation memory). Anything without a columnwise copy is kept whole."""
     name = type(q).__name__
     if name == "Float8Tensor" and q.data_t is not None and q.data is not None:
-        return type(q)(None, q.scale_inv, q.amax, q.fmt, q.orig_dtype, q.shape, data_t=q.data_t)
+        # the same (already validated) fields without the rowwise copy: no constructor checks per call
+        new = object.__new__(type(q))
+        new.__dict__.update(q.__dict__)
+        new.data = None
+        return new
     if name == "NVFP4Tensor" and q.data_t is not None and q.data is not None:
         return type(q)(None, None, None, q.data_t, q.scale_t, q.amax_t, row_scaled=q.row_scaled,
                        e4m3_max=q.e4m3_max, four_over_six=q.four_over_six, rht_columnwise=q.rht_columnwise,
@@ -253,7 +318,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
     @staticmethod
     @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                qs: GemmQuantizers) -> torch.Tensor:
+                qs: GemmQuantizers, cache: Optional[WeightCache] = None, mode: str = AUTO) -> torch.Tensor:
         m, k = x.shape
         n = weight.shape[0]
         group = qs.amax_reduction_group
@@ -266,8 +331,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
             qx = x
         else:
             qx = quantize_operand(qs.activation, x, group, record=record)
-        qw = quantize_operand(qs.weight, weight if qs.weight is not None else amp_cast(weight, amp), group,
-                              record=record)
+        qw = quantize_weight(qs.weight, weight if qs.weight is not None else amp_cast(weight, amp), group,
+                             record=record, cache=cache, mode=mode)
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         else:
@@ -292,7 +357,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         in_dtype, w_dtype, b_dtype = ctx.dtypes
         x_dtype = ctx.compute_dtype
         x_op, w_op = replay.unpack(ctx.shells, ctx.saved_tensors)
-        start_backward(qs)
+        start_backward(qs, dy)
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], \
             ctx.has_bias and ctx.needs_input_grad[2]
         dy = dy.contiguous()
@@ -301,7 +366,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dx = torch.zeros(0, k, dtype=in_dtype, device=dy.device) if need_dx else None
             dw = torch.zeros(n, k, dtype=w_dtype, device=dy.device) if need_dw else None
             db = torch.zeros(n, dtype=b_dtype, device=dy.device) if need_db else None
-            return dx, dw, db, None
+            return dx, dw, db, None, None, None
         qdy = quantize_operand(qs.grad_output, dy, qs.amax_reduction_group, backward=True) \
             if (need_dx or need_dw) else dy
         if need_dx:
@@ -312,13 +377,20 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db:
             db = dy.float().sum(0).to(b_dtype)
-        return dx, dw, db, None
+        return dx, dw, db, None, None, None
 
 
-def start_backward(qs: GemmQuantizers) -> None:
+def start_backward(qs: GemmQuantizers, anchor: Optional[torch.Tensor] = None) -> None:
     """At the start of a call's backward: its checkpoint record is done; a call quantized under a
     module's own recipe (no autocast, so no autocast exit) flushes the pending forward amaxes here,
     once per forward pass (the first backward to run finds them, the others find none)."""
+    if torch.compiler.is_compiling():
+        if qs.flush_forward:
+            # a backward graph cannot see the reducer's Python state: the op flushes when it runs
+            from .amax_reduction import traced_flush_forward
+
+            traced_flush_forward(qs, anchor)
+        return
     if qs.record is not None:
         qs.record.done = True
     if qs.flush_forward and reducer.pending_forward():
@@ -330,12 +402,8 @@ def start_backward(qs: GemmQuantizers) -> None:
 
 def token_multiple(qs: GemmQuantizers) -> int:
     """The multiple the token count must have: 16 when an NVFP4 activation or grad_output is blocked
-    along the tokens (columnwise copy for wgrad, or 2-D tiles), else 1."""
-    for tensor in (TensorKind.ACTIVATION, TensorKind.GRAD_OUTPUT):
-        spec = qs.specs[tensor]
-        if spec.scaling is ScalingKind.NVFP4 and (spec.columnwise or spec.block_2d):
-            return 16
-    return 1
+    along the tokens (columnwise copy for wgrad, or 2-D tiles), else 1 (computed once per set)."""
+    return qs.token_multiple
 
 
 def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -346,12 +414,14 @@ def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
 
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     qs: Optional[GemmQuantizers]) -> torch.Tensor:
+                     qs: Optional[GemmQuantizers], weight_cache: Optional[WeightCache] = None,
+                     cache_mode: str = AUTO) -> torch.Tensor:
     """``F.linear`` with the operands quantized by ``qs`` (None: exactly ``F.linear``).
 
     Any leading dims of ``x`` are flattened into tokens and restored; a token count that NVFP4 cannot
     block is zero-padded for the GEMMs and the padding sliced off again. This is the entry point for
-    tensor-parallel wrappers: it communicates nothing."""
+    tensor-parallel wrappers: it communicates nothing. ``weight_cache``/``cache_mode``: reuse the
+    quantized weight (``QuantizedModule.weight_cache_for``; None: quantize it)."""
     if qs is None:
         return torch.nn.functional.linear(x, weight, bias)
     check_input_dtype("linear", x)
@@ -360,7 +430,8 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                          f"(weight shape {tuple(weight.shape)})")
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     tokens = x2.shape[0]
-    y = QuantizedLinearFunction.apply(pad_tokens(x2, token_multiple(qs)), weight, bias, qs)
+    y = QuantizedLinearFunction.apply(pad_tokens(x2, token_multiple(qs)), weight, bias, qs, weight_cache,
+                                      cache_mode)
     if x.dim() == 2 and y.shape[0] == tokens:
         return y
     return _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
@@ -437,10 +508,55 @@ class QuantizedModule(torch.nn.Module):
         self._pending: Optional[Dict[str, Any]] = None  # loaded state waiting for its recipe
         self._records = replay.RecordQueue()
         self._loading = False
+        # torch.compile: (recipe, sets) prepared for tracing [under an autocast, under the module recipe]:
+        # by a trace (_traced_sets), and by init_quantizer_state (_compile_ready, read first by a trace)
+        self._traced_sets: List[Optional[Tuple[Any, List[GemmQuantizers]]]] = [None, None]
+        self._compile_ready: List[Optional[Tuple[Any, List[GemmQuantizers]]]] = [None, None]
+        # quantized weights reused while the weights are unchanged (weight_cache.py)
+        self.cache_quantized_weights = True
+        self._weight_cache = WeightCache()
+        self._sharded_params = False  # a parameter was replaced by a DTensor (FSDP2, tensor parallel)
 
     @property
     def num_gemms(self) -> int:
         return 1
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # FSDP2 (fully_shard) replaces the parameters by sharded DTensors, and swaps in the unsharded
+        # parameter for each forward and backward, refilled in place by every all-gather without a
+        # version bump: the automatic weight cache cannot see those refills, so it stays off here
+        if isinstance(value, torch.Tensor) and type(value).__name__ == "DTensor":
+            self.__dict__["_sharded_params"] = True
+        super().__setattr__(name, value)
+
+    def train(self, mode: bool = True) -> "QuantizedModule":
+        if not mode:
+            self._clear_weight_cache()
+        return super().train(mode)
+
+    def _clear_weight_cache(self) -> None:
+        cache = self.__dict__.get("_weight_cache")
+        if cache is not None:
+            cache.clear()
+
+    def weight_cache_for(self, is_first_microbatch: Optional[bool] = None) -> Tuple[Optional[WeightCache], str]:
+        """(the weight cache for this call or None, its mode) from TransformerEngine's
+        ``is_first_microbatch`` (None: automatic; True: quantize and cache; False: reuse). None
+        outside training mode (the module then keeps no copy), under ``torch.inference_mode()`` and
+        torch.compile, with ``cache_quantized_weights = False``, and in automatic mode once a parameter
+        was sharded (FSDP2): see ``weight_cache.py``."""
+        mode = cache_mode(is_first_microbatch)
+        if torch.compiler.is_compiling():
+            return None, mode
+        cache = self.__dict__.get("_weight_cache")
+        if cache is None:
+            return None, mode
+        if not self.training or not self.cache_quantized_weights or torch.is_inference_mode_enabled():
+            cache.clear()
+            return None, mode
+        if mode == AUTO and self._sharded_params:
+            return None, mode
+        return cache, mode
 
     @property
     def quantizer_sets(self) -> Optional[List[GemmQuantizers]]:
@@ -465,14 +581,14 @@ class QuantizedModule(torch.nn.Module):
         """The quantizers for this call (None: no quantization, plain torch).
 
         A recompute under activation checkpointing gets what its original forward used."""
+        if torch.compiler.is_compiling():
+            return self._traced_gemm_quantizers()
         if self._records and replay.in_backward():
             record = self._records.pop()
             if record is not None:
                 return replay.replay_sets(record, lambda qs, quantizers: qs.variant(quantizers, replay=True,
                                                                                     record=None))
-        from ..autocast import get_autocast_state
-
-        state = get_autocast_state()
+        state = _autocast_state()
         if state.depth:
             recipe = state.recipe if state.enabled else None
             module_mode = False
@@ -488,14 +604,53 @@ class QuantizedModule(torch.nn.Module):
             else:
                 sets = self._sets_for(recipe, module_mode)
             group = self.amax_reduction_group if module_mode else state.amax_reduction_group
-            for qs in sets:
-                qs.amax_reduction_group = group
+            if sets[0].amax_reduction_group is not group:
+                for qs in sets:
+                    qs.amax_reduction_group = group
         if replay.may_be_recomputed(self.training):
             record = replay.CallRecord(sets)
             if sets is not None:
                 # this call's own set objects hold the record (through the autograd node's ctx)
                 sets = [qs.variant(record=record) for qs in sets]
             self._records.push(record, weak=torch.is_grad_enabled() and sets is not None)
+        return sets
+
+    def _traced_gemm_quantizers(self) -> Optional[List[GemmQuantizers]]:
+        """:meth:`gemm_quantizers` as torch.compile traces it.
+
+        The quantizer sets are built (or found) by :func:`_prepare_for_trace`, which runs eagerly
+        while the graph is traced (building creates state tensors and registers buffers, which a
+        graph cannot do), then read back through the module so the graph guards on them: another
+        recipe, a reset state or a rebuilt set compiles again. No checkpoint record is made:
+        torch.compile's own activation checkpointing recomputes inside the graph, where the state
+        updates are not repeated."""
+        from ..autocast import get_autocast_state
+
+        state = get_autocast_state()
+        if state.depth:
+            recipe = state.recipe if state.enabled else None
+            module_mode = False
+            group = state.amax_reduction_group
+        else:
+            recipe = self.recipe
+            module_mode = True
+            group = self.amax_reduction_group
+        if recipe is None:
+            return None
+        slot = 1 if module_mode else 0
+        entry = self._compile_ready[slot]
+        if entry is None or entry[0] is not recipe:
+            # Not made ready by init_quantizer_state: prepare now. The graph then holds this module's
+            # identity (torch.compile guards on the prepare's arguments); a module made ready before
+            # tracing shares its graph with every module of the same shape (see init_quantizer_state).
+            _prepare_for_trace(self, recipe, module_mode)
+            entry = self._traced_sets[slot]  # first read in this trace: what prepare wrote
+            if entry is None or entry[0] is not recipe:
+                raise RuntimeError("fp_recipes: quantizer sets were not prepared for tracing")
+        sets = entry[1]
+        for qs in sets:
+            if qs.amax_reduction_group is not group:
+                qs.amax_reduction_group = group
         return sets
 
     def check_input(self, x: torch.Tensor, sets: Optional[List[GemmQuantizers]]) -> None:
@@ -569,6 +724,11 @@ class QuantizedModule(torch.nn.Module):
         recipe = _resolve_recipe(recipe)
         if recipe is not None:
             self._sets_for(recipe, False)
+            # ready for torch.compile too: a graph traced through one module then serves every module
+            # of the same shape (blocks compiled one by one share their graph)
+            _prepare_for_trace(self, recipe, False, ready=True)
+            if self.recipe is recipe:
+                _prepare_for_trace(self, recipe, True, ready=True)
         return self
 
     def reset_quantizer_state(self) -> None:
@@ -582,6 +742,9 @@ class QuantizedModule(torch.nn.Module):
         self._state_recipe = None
         self._pending = None
         self._records.clear()
+        self._traced_sets = [None, None]
+        self._compile_ready = [None, None]
+        self._clear_weight_cache()
 
     def _param_device(self) -> Optional[torch.device]:
         for p in self.parameters(recurse=False):
@@ -607,6 +770,7 @@ class QuantizedModule(torch.nn.Module):
                     setattr(q, attr, buf)
 
     def _apply(self, fn, *args, **kwargs):
+        self._clear_weight_cache()
         out = super()._apply(fn, *args, **kwargs)
         self._rebind_state_buffers()
         # the other recipes' state (not buffers now) moves along
@@ -623,6 +787,10 @@ class QuantizedModule(torch.nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
         state["_records"] = replay.RecordQueue()  # per-graph bookkeeping: not copied
+        # a copy is prepared for tracing afresh (its quantizers get their own handles)
+        state["_traced_sets"] = [None, None]
+        state["_compile_ready"] = [None, None]
+        state["_weight_cache"] = WeightCache()  # copies of this module's weights, not of the copy's
         return state
 
     def get_extra_state(self) -> Any:
@@ -662,6 +830,7 @@ class QuantizedModule(torch.nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Everything is validated before anything is copied: a failed load changes nothing here.
+        self._clear_weight_cache()
         where = f"{type(self).__name__} {prefix[:-1] or '(root)'}"
         n_errors = len(error_msgs)
         for name, p in list(self._parameters.items()) + [(n, b) for n, b in self._buffers.items()
@@ -761,6 +930,50 @@ class QuantizedModule(torch.nn.Module):
             raise ValueError("\n".join(errors) + f" (the module runs under {entry.recipe!r}){hint}")
         _copy_state(entry, pending["tensors"], pending["plain"])
         self._pending = None
+
+
+def _autocast_state() -> Any:
+    """``fp_recipes.autocast.get_autocast_state()`` (imported on first use: autocast imports nothing of
+    the modules, and this saves an import statement per call)."""
+    global _autocast_state
+    from ..autocast import get_autocast_state
+
+    _autocast_state = get_autocast_state
+    return get_autocast_state()
+
+
+def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, ready: bool = False) -> None:
+    """Runs eagerly while torch.compile traces ``module``'s forward (marked as a constant function:
+    torch.compile calls it with the real objects, guarding on their identity): build or find the
+    quantizer sets of ``recipe``, as the eager path would, and make them known to the ops a traced
+    backward calls."""
+    from .amax_reduction import register_traced
+
+    sets = module._sets_for(recipe, module_mode)
+    for qs in sets:
+        register_traced(qs)
+        for q in qs.quantizers.values():
+            if q is not None and getattr(q.spec, "stochastic_rounding", False) and hasattr(q, "use_sr_tensors"):
+                q.use_sr_tensors()  # the graph reads the SR seed and counter when it runs
+    if any(spec.scaling is ScalingKind.NVFP4 for qs in sets for spec in qs.specs.values()):
+        # the emulated NVFP4 GEMM caches a decode table per device and dtype on first use; a graph
+        # cannot create it (a tensor made in the graph and kept in a global dict): create it now
+        from ..gemm import nvfp4_emulated
+
+        device = module._param_device() or torch.device("cpu")
+        for dtype in (torch.float32, torch.bfloat16):
+            nvfp4_emulated._byte_pair_table(device, dtype)
+    slot = 1 if module_mode else 0
+    attr = "_compile_ready" if ready else "_traced_sets"
+    current = getattr(module, attr)[slot]
+    if current is None or current[0] is not recipe or current[1] is not sets:
+        entries = list(getattr(module, attr))
+        entries[slot] = (recipe, sets)
+        setattr(module, attr, entries)
+
+
+# what torch.compiler.assume_constant_result sets (without importing torch._dynamo at import time)
+_prepare_for_trace._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _copy_state(entry: _RecipeSets, tensors: Dict[str, torch.Tensor], plain: Dict[str, Dict[str, Any]]) -> None:

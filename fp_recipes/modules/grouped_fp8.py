@@ -39,6 +39,7 @@ from . import replay
 from ..quantizers.roles import ScalingKind, TensorKind
 from .amax_reduction import reducer
 from .base import GemmQuantizers, amp_cast, start_backward, torch_autocast_backward, torch_autocast_forward
+from .weight_cache import WeightCache
 
 __all__ = ["fast_path_eligible", "GroupedFP8Function"]
 
@@ -139,6 +140,11 @@ class _Casts:
             rest = rest[g:] if has_rowwise else rest
             views = (data, rest[:g], rest[g])
         return _Casts(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views)
+
+    def copy(self) -> "_Casts":
+        """A shallow copy (the same tensors), which :meth:`release_rowwise` can trim on its own."""
+        return _Casts(self.data_buf, self.data_t_buf, self.f32, self.dtype, self.rows, self.cols, self.starts,
+                      self._views)
 
     def release_rowwise(self) -> None:
         """Drop the rowwise copy (the backward needs only the transposed one)."""
@@ -314,10 +320,33 @@ def _row_slices(t: torch.Tensor, splits: Sequence[int]) -> List[torch.Tensor]:
     return list(torch.split(t, list(splits), dim=0))
 
 
+def _weight_casts(quantizers: List[Any], weights: Sequence[torch.Tensor], group: Any, record: bool,
+                  cache: Optional[WeightCache], mode: str) -> _Casts:
+    """The experts' weight casts: one multi-tensor cast, or the module's cached one while the weights are
+    unchanged (weight_cache.py). A reuse still records every delayed-scaling weight amax (one kernel,
+    as the cast does) and hands the quantizers to the reducer."""
+    if cache is None:
+        return _cast_all(quantizers, weights, group, False, None, record)
+    wc = cache.lookup(quantizers, weights, mode)
+    if wc is None:
+        wc = _cast_all(quantizers, weights, group, False, None, record)
+        if record:
+            cache.store(quantizers, weights, wc)
+    elif record and quantizers[0].spec.scaling is ScalingKind.DELAYED:
+        amaxes = wc.amaxes() if wc.addressable else list(wc.f32.unbind(0))
+        torch._foreach_maximum_([_slot0(q) for q in quantizers], amaxes)
+        reducer.record_forward_many(quantizers, group)
+    return wc
+
+
+_PARAMS = 5  # apply(x, splits, sets, cache, mode, *weights, *biases): where the parameters start
+
+
 class GroupedFP8Function(torch.autograd.Function):
     @staticmethod
     @torch_autocast_forward
-    def forward(ctx, x: torch.Tensor, splits: tuple, sets: List[GemmQuantizers], *params):
+    def forward(ctx, x: torch.Tensor, splits: tuple, sets: List[GemmQuantizers], cache: Optional[WeightCache],
+                mode: str, *params):
         num = len(splits)
         weights, biases = list(params[:num]), list(params[num:])
         n = weights[0].shape[0]
@@ -329,7 +358,7 @@ class GroupedFP8Function(torch.autograd.Function):
         x = amp_cast(x, ctx.amp_dtype).contiguous()
         biases = [amp_cast(b, ctx.amp_dtype) for b in biases]
         xc = _cast_all([qs.activation for qs in sets], _row_slices(x, splits), group, False, splits, record)
-        wc = _cast_all([qs.weight for qs in sets], weights, group, False, None, record)
+        wc = _weight_casts([qs.weight for qs in sets], weights, group, record, cache, mode)
         y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         live = [g for g in range(num) if splits[g] > 0]
         starts, esize = xc.starts, y.element_size()
@@ -338,8 +367,10 @@ class GroupedFP8Function(torch.autograd.Function):
                _Side(xc, False), _Side(wc, False), [splits[g] for g in live], [n] * len(live), [k] * len(live),
                x.dtype, x.device, biases=None if all(b is None for b in biases) else biases, fast_accum=True)
         ctx.sets, ctx.splits = sets, splits
-        # the backward reads only the columnwise copies of x and the weights
+        # the backward reads only the columnwise copies of x and the weights (a cached weight cast keeps
+        # both: the next micro-batch's forward reads its rowwise copy)
         xc.release_rowwise()
+        wc = wc.copy()
         wc.release_rowwise()
         # saved tensors: freed after a backward that does not retain the graph (they can be most of a
         # step's memory), kept for retain_graph=True, recomputed under activation checkpointing
@@ -357,7 +388,7 @@ class GroupedFP8Function(torch.autograd.Function):
         k, n, x_dtype, w_dtypes, b_dtypes, in_dtype = ctx.meta
         num = len(splits)
         need = ctx.needs_input_grad
-        need_dw = [need[3 + g] for g in range(num)]
+        need_dw = [need[_PARAMS + g] for g in range(num)]
         live = [g for g in range(num) if splits[g] > 0]
         dy = dy.contiguous()
         dy_parts = _row_slices(dy, splits)
@@ -391,6 +422,6 @@ class GroupedFP8Function(torch.autograd.Function):
                        w_dtype, dy.device)
         dbs: List[Optional[torch.Tensor]] = [None] * num
         for g in range(num):
-            if b_dtypes[g] is not None and need[3 + num + g]:
+            if b_dtypes[g] is not None and need[_PARAMS + num + g]:
                 dbs[g] = dy_parts[g].float().sum(0).to(b_dtypes[g])
-        return (dx, None, None, *dws, *dbs)
+        return (dx, None, None, None, None, *dws, *dbs)

@@ -17,8 +17,9 @@ from ..quantizers.grouped import split_sizes
 from ..quantizers.roles import ModuleKind
 from . import replay
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, amp_cast, backward_operands,
-                   pad_tokens, quantize_operand, start_backward, token_multiple, torch_autocast_backward,
-                   torch_autocast_forward)
+                   pad_tokens, quantize_operand, quantize_weight, start_backward, token_multiple,
+                   torch_autocast_backward, torch_autocast_forward)
+from .weight_cache import WeightCache
 from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
 from .linear import _factory, check_features, new_linear_parameters
 
@@ -30,10 +31,14 @@ __all__ = ["GroupedLinear"]
 FP8_FAST_PATH = True
 
 
+_PARAMS = 5  # apply(x, m_splits, sets, cache, mode, *weights, *biases): where the parameters start
+
+
 class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     @torch_autocast_forward
-    def forward(ctx, x: torch.Tensor, m_splits: tuple, sets: List[GemmQuantizers], *params):
+    def forward(ctx, x: torch.Tensor, m_splits: tuple, sets: List[GemmQuantizers], cache: Optional[WeightCache],
+                mode: str, *params):
         num = len(m_splits)
         weights, biases = params[:num], params[num:]
         k = x.shape[1]
@@ -51,7 +56,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
             qx = quantize_operand(qs.activation, xs[g], qs.amax_reduction_group, record=record) \
                 if m_splits[g] else xs[g]
             w = weights[g] if qs.weight is not None else amp_cast(weights[g], amp)
-            qw = quantize_operand(qs.weight, w, qs.amax_reduction_group, record=record)
+            qw = quantize_weight(qs.weight, w, qs.amax_reduction_group, record=record, cache=cache, mode=mode)
             qxs.append(qx)
             qws.append(qw)
             x_op, w_op = backward_operands(qs, xs[g], weights[g], qx, qw, amp)
@@ -80,7 +85,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         num = len(m_splits)
         ops_ = replay.unpack(ctx.shells, ctx.saved_tensors)
         x_ops, w_ops = ops_[:num], ops_[num:]
-        start_backward(sets[0])
+        start_backward(sets[0], dy)
         k, n, x_dtype, w_dtypes, b_dtypes, in_dtype = ctx.meta
         need = ctx.needs_input_grad
         need_dx = need[0]
@@ -102,16 +107,16 @@ class _GroupedLinearFunction(torch.autograd.Function):
         dbs: List[Optional[torch.Tensor]] = []
         for g in range(num):
             dw = db = None
-            if need[3 + g]:
+            if need[_PARAMS + g]:
                 if m_splits[g]:
                     dw = gemm(qdys[g], x_ops[g], transpose_a=True, transpose_b=True, out_dtype=w_dtypes[g])
                 else:
                     dw = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
-            if b_dtypes[g] is not None and need[3 + num + g]:
+            if b_dtypes[g] is not None and need[_PARAMS + num + g]:
                 db = dys[g].float().sum(0).to(b_dtypes[g])
             dws.append(dw)
             dbs.append(db)
-        return (dx, None, None, *dws, *dbs)
+        return (dx, None, None, None, None, *dws, *dbs)
 
 
 class GroupedLinear(QuantizedModule):
@@ -161,7 +166,10 @@ class GroupedLinear(QuantizedModule):
             raise ValueError(f"GroupedLinear: input has {x.shape[-1]} features, expected {self.in_features}")
         return splits
 
-    def forward(self, x: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, m_splits: Sequence[int],
+                is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        """``is_first_microbatch``: as for :class:`~fp_recipes.Linear` (the experts' quantized weights'
+        cache)."""
         if x.dim() != 2:
             raise ValueError(f"GroupedLinear: expected a 2-D input (tokens, in_features), got shape "
                              f"{tuple(x.shape)}")
@@ -172,15 +180,18 @@ class GroupedLinear(QuantizedModule):
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
             return torch.cat(outs, dim=0)
-        if FP8_FAST_PATH and self._fp8_path_ok(sets):
-            return GroupedFP8Function.apply(x, splits, sets, *weights, *biases)
+        # traced by torch.compile: the generic path (the fast path's multi-tensor casts and cuBLASLt
+        # launches are host-side work that a graph replaces; both compute the same bits on CPU)
+        cache, mode = self.weight_cache_for(is_first_microbatch)
+        if FP8_FAST_PATH and not torch.compiler.is_compiling() and self._fp8_path_ok(sets):
+            return GroupedFP8Function.apply(x, splits, sets, cache, mode, *weights, *biases)
         multiple = max(token_multiple(qs) for qs in sets)
         if multiple == 1 or all(m % multiple == 0 for m in splits):
-            return _GroupedLinearFunction.apply(x, splits, sets, *weights, *biases)
+            return _GroupedLinearFunction.apply(x, splits, sets, cache, mode, *weights, *biases)
         # NVFP4 blocks the tokens of each expert in 16s: pad every expert's rows, slice them off after
         parts = torch.split(x, list(splits))
         padded = [pad_tokens(p, multiple) for p in parts]
-        y = _GroupedLinearFunction.apply(torch.cat(padded), tuple(p.shape[0] for p in padded), sets,
+        y = _GroupedLinearFunction.apply(torch.cat(padded), tuple(p.shape[0] for p in padded), sets, cache, mode,
                                          *weights, *biases)
         outs = torch.split(y, [p.shape[0] for p in padded])
         return torch.cat([o[:m] for o, m in zip(outs, splits)])

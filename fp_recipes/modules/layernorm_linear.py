@@ -63,11 +63,17 @@ class LayerNormLinear(QuantizedModule):
             return F.layer_norm(x, shape, self._gamma(), self.layer_norm_bias, self.eps)
         return F.rms_norm(x, shape, self._gamma(), self.eps)
 
-    def forward(self, x: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None
+                ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        """``is_first_microbatch``: as for :class:`Linear` (the quantized weight's cache)."""
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
         ln_out = self.normalize(x)
-        out = quantized_linear(ln_out, self.weight, self.bias, None if sets is None else sets[0])
+        if sets is None:
+            out = quantized_linear(ln_out, self.weight, self.bias, None)
+        else:
+            cache, mode = self.weight_cache_for(is_first_microbatch)
+            out = quantized_linear(ln_out, self.weight, self.bias, sets[0], cache, mode)
         if self.return_layernorm_output:
             return out, ln_out
         return out

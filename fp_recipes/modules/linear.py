@@ -59,10 +59,16 @@ class Linear(QuantizedModule):
         self.register_parameter("weight", weight)
         self.register_parameter("bias", b)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        """``is_first_microbatch`` (TransformerEngine's): None reuses the quantized weight while it is
+        unchanged (automatic), True quantizes and caches it, False reuses the cached copy (see
+        docs/modules.md, "Weight casts once per optimizer step")."""
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
-        return quantized_linear(x, self.weight, self.bias, None if sets is None else sets[0])
+        if sets is None:
+            return quantized_linear(x, self.weight, self.bias, None)
+        cache, mode = self.weight_cache_for(is_first_microbatch)
+        return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

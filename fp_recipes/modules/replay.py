@@ -104,6 +104,8 @@ class CallRecord:
 def _clone_object(q: Any) -> Any:
     new = object.__new__(type(q))
     new.__dict__.update(q.__dict__)
+    if new.__dict__.get("_offset_t") is not None:  # NVFP4 SR state tensors: the copy keeps its own
+        new.__dict__.update(_seed_t=None, _offset_t=None, _seed=q.seed, _offset=q.offset)
     return new
 
 

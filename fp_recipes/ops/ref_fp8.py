@@ -126,6 +126,9 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     a = x.to(torch.float32).abs()
     m = a.amax()
+    if torch.compiler.is_compiling():  # traced: a select (a host read of the flag would break the graph)
+        return torch.where(torch.isnan(a).any(), torch.full((), float("nan"), dtype=torch.float32,
+                                                            device=x.device), m)
     if bool(torch.isnan(a).any()):  # amax does propagate NaN, but make the contract explicit
         m = torch.full((), float("nan"), dtype=torch.float32, device=x.device)
     return m

@@ -17,7 +17,7 @@ Rules that make the twin exact and device-agnostic (the same bytes on CPU and on
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -132,16 +132,28 @@ def philox4x32_10(counter: tuple[torch.Tensor, ...], key: tuple[int, int]) -> tu
     return c0, c1, c2, c3
 
 
-def sr_bytes(n_blocks: int, seed: int, offset: int, device: torch.device) -> torch.Tensor:
+def sr_bytes(n_blocks: int, seed: Union[int, torch.Tensor], offset: Union[int, torch.Tensor],
+             device: torch.device) -> torch.Tensor:
     """The 16 random bytes of each of ``n_blocks`` blocks: (n_blocks, 16) int64 in [0, 256).
+    ``seed`` and ``offset``: ints in [0, 2^64), or 0-dim int64 tensors holding their bit patterns (two's
+    complement above 2^63), which a graph traced by torch.compile reads when it runs.
 
     Block b uses counter (b lo32, b hi32, offset lo32, offset hi32) and key (seed lo32, seed hi32);
     element j takes byte j % 4 (0 = least significant) of output word j // 4.
     """
     b = torch.arange(n_blocks, dtype=torch.int64, device=device)
-    off_lo = torch.full_like(b, offset & _MASK32)
-    off_hi = torch.full_like(b, (offset >> 32) & _MASK32)
-    words = philox4x32_10((b & _MASK32, b >> 32, off_lo, off_hi), (seed & _MASK32, seed >> 32))
+    if isinstance(offset, torch.Tensor):
+        # a 0-dim int64 counter (a traced graph reads it when it runs): the 64-bit pattern, two's
+        # complement for offsets >= 2^63; the arithmetic shift then the mask give the high word
+        off = offset.to(device=device, dtype=torch.int64)
+        off_lo = (off & _MASK32).expand(b.shape)
+        off_hi = ((off >> 32) & _MASK32).expand(b.shape)
+    else:
+        off_lo = torch.full_like(b, offset & _MASK32)
+        off_hi = torch.full_like(b, (offset >> 32) & _MASK32)
+    if isinstance(seed, torch.Tensor):  # the same bit pattern convention as the offset
+        seed = seed.to(device=device, dtype=torch.int64)
+    words = philox4x32_10((b & _MASK32, b >> 32, off_lo, off_hi), (seed & _MASK32, (seed >> 32) & _MASK32))
     w = torch.stack(words, dim=-1)  # (n, 4)
     shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=device)
     return ((w.unsqueeze(-1) >> shifts) & 0xFF).reshape(n_blocks, BLOCK)
@@ -378,6 +390,11 @@ def _check_options(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
         raise ValueError(f"{what}: the first dim M={m} must be a multiple of {BLOCK} for the columnwise copy"
                          + (" and for 2-D tiles" if block_2d else "") + f" (shape {tuple(x.shape)})")
     for name, v in (("seed", seed), ("offset", offset)):
+        if isinstance(v, torch.Tensor):
+            if v.dtype != torch.int64 or v.dim() != 0:
+                raise ValueError(f"{what}: a {name} tensor must be a 0-dim int64 tensor (the bit pattern of "
+                                 f"the 64-bit value), got {v.dtype} of shape {tuple(v.shape)}")
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MASK64:
             raise ValueError(f"{what}: {name} must be an int in [0, 2^64), got {v!r}")
     if amax is not None:

@@ -211,6 +211,27 @@ class NonfiniteWatch:
         self._all_warned = all(getattr(q, "nonfinite_warned", False) for q in quantizers)
 
 
+@torch.library.custom_op("fp_recipes::state_snapshot", mutates_args=())
+def _state_snapshot(t: torch.Tensor) -> torch.Tensor:
+    return t.clone()
+
+
+@_state_snapshot.register_fake
+def _(t):
+    return torch.empty_like(t)
+
+
+def state_snapshot(t: torch.Tensor) -> torch.Tensor:
+    """(traced) A copy of a state tensor (a delayed-scaling scale) as an opaque op.
+
+    torch.compile's partitioner may save a graph *input* for the backward and recompute what the
+    backward needs from it (``scale_inv = 1 / scale``); the scale is updated in place when the autocast
+    exits, between the forward and the backward, and autograd then refuses the modified saved tensor.
+    What is derived from this copy cannot be recomputed from the input: the backward reads the scale the
+    forward used, as in eager mode."""
+    return torch.ops.fp_recipes.state_snapshot(t)
+
+
 class Float8Quantizer(Quantizer):
     """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
 
@@ -295,7 +316,9 @@ class Float8Quantizer(Quantizer):
         self._check_device(x)
         x2 = flatten_2d(x, "Float8Quantizer.quantize")
         # The kernel reads the scale in stream order, before any later in-place update: no copy needed.
-        res = ops.fp8_quantize(x2, self.scale, self.fmt, rowwise=self.spec.rowwise,
+        # A traced graph copies it (see state_snapshot).
+        scale = state_snapshot(self.scale) if torch.compiler.is_compiling() else self.scale
+        res = ops.fp8_quantize(x2, scale, self.fmt, rowwise=self.spec.rowwise,
                                columnwise=self.spec.columnwise)
         self.record_amax(res.amax)
         return _wrap(res, x, self.fmt)

@@ -20,6 +20,13 @@ from ._tensor_io import StatePickle, resolve_out_dtype
 from .base import QuantizedTensor, Quantizer, check_input
 from .roles import QFormat, QuantizerSpec, ScalingKind, TensorKind
 
+_MASK64 = 2**64 - 1
+
+
+def _bits64(value: int) -> int:
+    """An int in [0, 2^64) as the int64 with the same bits."""
+    return value - 2**64 if value >= 2**63 else value
+
 __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 
 _STATE_VERSION = 1
@@ -248,10 +255,13 @@ class NVFP4Quantizer(Quantizer):
         # cost about what the decode pass did) and raised the model's peak memory by 22 % (a gradient's
         # two BF16 caches live through its backward).
         self.gemm_units = type(self).default_gemm_units
-        self.seed = zlib.crc32(str(spec.role).encode()) if seed is None else int(seed)
-        self.offset = 0
-        if not 0 <= self.seed < 2**64:
-            raise ValueError(f"NVFP4Quantizer: seed must be in [0, 2^64), got {self.seed}")
+        self._seed_t: Optional[torch.Tensor] = None
+        self._offset_t: Optional[torch.Tensor] = None
+        self._offset = 0
+        seed = zlib.crc32(str(spec.role).encode()) if seed is None else int(seed)
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"NVFP4Quantizer: seed must be in [0, 2^64), got {seed}")
+        self._seed = seed
 
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
         """Quantize ``x`` (..., K); ``amax`` overrides the global amax (0-dim, or (M,) when row_scaled),
@@ -260,10 +270,21 @@ class NVFP4Quantizer(Quantizer):
         check_input(x, f"NVFP4Quantizer({spec.role})")
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
         rht = spec.rht_columnwise and spec.columnwise
+        traced_offset = spec.stochastic_rounding and torch.compiler.is_compiling()
+        if traced_offset:
+            if self._offset_t is None:
+                raise RuntimeError(f"NVFP4Quantizer({spec.role}): traced by torch.compile without its "
+                                   "stochastic-rounding tensors; call use_sr_tensors() before tracing (modules do)")
+            seed: Any = self._seed_t  # read when the graph runs (not constants: layers share graphs)
+            offset: Any = self._offset_t
+        elif not spec.stochastic_rounding and torch.compiler.is_compiling():
+            seed, offset = 0, 0  # unused without stochastic rounding (and no per-layer constant in the graph)
+        else:
+            seed, offset = self.seed, self.offset
         kwargs = dict(amax=amax, rowwise=spec.rowwise, columnwise=spec.columnwise, block_2d=spec.block_2d,
                       row_scaled=spec.row_scaled, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max,
                       err_mode=spec.err_mode, err_fast_math=spec.err_fast_math, rht=rht,
-                      stochastic_rounding=spec.stochastic_rounding, seed=self.seed, offset=self.offset)
+                      stochastic_rounding=spec.stochastic_rounding, seed=seed, offset=offset)
         units = self._units_wanted(x2)
         unit = unit_t = None
         try:
@@ -272,18 +293,75 @@ class NVFP4Quantizer(Quantizer):
 
                 q, unit, unit_t = cuda_nvfp4.nvfp4_quantize_with_units(
                     x2, unit_rowwise=units[0], unit_columnwise=units[1], **kwargs)
+            elif traced_offset:
+                # traced with the seed and counter as tensors: the pure-torch twin (byte-identical to the
+                # CUDA kernel, whose op takes them as ints) is what the graph holds, on every device
+                from ..ops import reference
+
+                q = reference.nvfp4_quantize(x2, **kwargs)
             else:
                 q = ops.nvfp4_quantize(x2, **kwargs)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"NVFP4Quantizer({spec.role}) on input of shape {tuple(x.shape)} "
                             f"(flattened to {tuple(x2.shape)}): {exc}") from exc
-        if spec.stochastic_rounding:
+        if traced_offset:
+            self._offset_t.add_(x2.numel() // BLOCK)  # int64 wraps as the 64-bit counter does
+        elif spec.stochastic_rounding:
             self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
         out = NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=spec.row_scaled,
                           e4m3_max=spec.e4m3_max, four_over_six=spec.four_over_six, rht_columnwise=rht,
                           orig_dtype=x.dtype, shape=x.shape)
         out.gemm_unit, out.gemm_unit_t = unit, unit_t
         return out
+
+    # -- the stochastic-rounding state ----------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The Philox key of this quantizer's stochastic rounding, in [0, 2^64)."""
+        t = self._seed_t
+        return self._seed if t is None else int(t) & _MASK64
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        value = int(value)
+        if not 0 <= value < 2**64:
+            raise ValueError(f"NVFP4Quantizer: seed must be in [0, 2^64), got {value}")
+        if self._seed_t is None:
+            self._seed = value
+        else:
+            self._seed_t.fill_(_bits64(value))
+
+    @property
+    def offset(self) -> int:
+        """The Philox offset of the next stochastically rounded quantize, in [0, 2^64)."""
+        t = self._offset_t
+        return self._offset if t is None else int(t) & _MASK64
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        value = int(value) % 2**64
+        if self._offset_t is None:
+            self._offset = value
+        else:
+            self._offset_t.fill_(_bits64(value))
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        state = dict(state)
+        if "seed" in state:  # pickled by a version that kept plain ints
+            state["_seed"] = state.pop("seed")
+            state["_offset"] = state.pop("offset", 0)
+        state.setdefault("_seed_t", None)
+        state.setdefault("_offset_t", None)
+        self.__dict__.update(state)
+
+    def use_sr_tensors(self) -> None:
+        """Keep the seed and the counter in CPU int64 0-dim tensors (their 64-bit patterns), from now
+        on: a graph that torch.compile traces reads them (and advances the counter) when it runs, so
+        neither is a constant of the graph, and eager calls read them on the host (no device sync).
+        Modules call this when they are prepared for tracing."""
+        if self._offset_t is None:
+            self._seed_t = torch.tensor(_bits64(self._seed), dtype=torch.int64)
+            self._offset_t = torch.tensor(_bits64(self._offset), dtype=torch.int64)
 
     def _units_wanted(self, x2: torch.Tensor) -> Optional[tuple]:
         """(rowwise, columnwise) unit operands to write, or None: not on CUDA with the unit kernels, under

@@ -1,0 +1,152 @@
+"""Weight casts once per optimizer step: a module's quantized weights, reused while the weight is unchanged.
+
+With gradient accumulation a weight is the same for every micro-batch of an optimizer step, yet each
+forward would quantize it again (a full pass over the weight, two copies for FP8). A
+:class:`WeightCache` (one per module) keeps the quantized weight of the last forward and hands it to
+the next forward when nothing it depends on changed:
+
+* the weight: the same tensor object, the same version counter (``weight._version``: every in-place
+  update through autograd-visible ops, the optimizers' ``add_``/``_foreach_*`` and ``copy_`` under
+  ``torch.no_grad()`` included, bumps it), the same storage address and dtype;
+* the quantizer: the same object (one per module, recipe, GEMM and operand, so a recipe change misses);
+* delayed scaling: the same scale tensor at the same version (the scale is rewritten at every outermost
+  autocast exit, so a cached copy serves the forwards of one autocast region; across regions see
+  ``is_first_microbatch``);
+* no optimizer step ran since (any ``torch.optim.Optimizer``: a global post-step hook clears every
+  cache, which also frees the copies, and covers optimizers that write the weights through ``.data``,
+  which no version counter sees).
+
+Forwards that hit the cache still do the per-forward bookkeeping: delayed scaling records the weight's
+amax (kept with the copy) into the history and takes part in the amax reduction, so the amax history
+and scales are the same as without the cache.
+
+TransformerEngine's ``is_first_microbatch`` forward argument selects the mode per call:
+``None`` (default) automatic as above; ``True`` quantize and cache (the first micro-batch);
+``False`` reuse the cached copy whenever it belongs to the same weight tensor and quantizer, even
+across autocast exits that rewrote a delayed-scaling scale (TE's contract: the caller guarantees the
+weights did not change; the copy keeps the scale of the micro-batch that made it). No cache is used,
+and the module keeps none, outside training mode (``module.eval()``) or under
+``torch.inference_mode()``, under torch.compile (the graph owns the casts), for stochastically
+rounded weights, and in automatic mode for parameters sharded by FSDP2 (its all-gathers refill the
+unsharded weight in place without a version bump). ``module.cache_quantized_weights = False`` turns
+it off for a module.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+
+__all__ = ["AUTO", "REFRESH", "REUSE", "WeightCache", "cache_mode", "optimizer_steps"]
+
+AUTO, REFRESH, REUSE = "auto", "refresh", "reuse"
+
+_CACHES: "weakref.WeakSet[WeightCache]" = weakref.WeakSet()
+_HOOK: list = []
+_STEPS = [0]
+
+
+def cache_mode(is_first_microbatch: Optional[bool]) -> str:
+    """TransformerEngine's ``is_first_microbatch`` as a cache mode."""
+    if is_first_microbatch is None:
+        return AUTO
+    if not isinstance(is_first_microbatch, bool):
+        raise TypeError(f"is_first_microbatch must be None, True or False, got {is_first_microbatch!r}")
+    return REFRESH if is_first_microbatch else REUSE
+
+
+def optimizer_steps() -> int:
+    """How many optimizer steps the post-step hook has seen (for tests and diagnostics)."""
+    return _STEPS[0]
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _STEPS[0] += 1
+    for cache in list(_CACHES):
+        cache.clear()
+
+
+def _ensure_hook() -> None:
+    if not _HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _HOOK.append(register_optimizer_step_post_hook(_after_optimizer_step))
+
+
+class _Entry:
+    __slots__ = ("quantizers", "weights", "versions", "ptrs", "dtypes", "scales", "value")
+
+
+def _scale_key(q: Any) -> Optional[tuple]:
+    s = getattr(q, "scale", None)
+    return (s, s._version) if isinstance(s, torch.Tensor) and hasattr(q, "amax_history") else None
+
+
+class WeightCache:
+    """One module's cached quantized weights, one entry per (first) weight quantizer of a GEMM.
+
+    An entry names its quantizers and weights (weakly), and what the weights' and scales' versions
+    were; :meth:`lookup` returns the cached value when they still match (``mode``), :meth:`store`
+    replaces the entry."""
+
+    __slots__ = ("_entries", "__weakref__")
+
+    def __init__(self) -> None:
+        self._entries: Dict[int, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        if self._entries:
+            self._entries = {}
+
+    def lookup(self, quantizers: Sequence[Any], weights: Sequence[torch.Tensor], mode: str) -> Any:
+        if mode == REFRESH:
+            return None
+        e = self._entries.get(id(quantizers[0]))
+        if e is None or len(e.quantizers) != len(quantizers):
+            return None
+        for q, q0 in zip(quantizers, e.quantizers):
+            if q is not q0:
+                return None
+        for w, ref in zip(weights, e.weights):
+            if ref() is not w:
+                return None
+        if mode == REUSE:
+            return e.value
+        for w, v, p, d in zip(weights, e.versions, e.ptrs, e.dtypes):
+            if w._version != v or w.data_ptr() != p or w.dtype != d:
+                return None
+        for q, key in zip(quantizers, e.scales):
+            if key is not None and (q.scale is not key[0] or q.scale._version != key[1]):
+                return None
+        return e.value
+
+    def store(self, quantizers: Sequence[Any], weights: Sequence[torch.Tensor], value: Any) -> None:
+        if not _HOOK:
+            _ensure_hook()
+        e = _Entry()
+        e.quantizers = tuple(quantizers)
+        e.weights = tuple([weakref.ref(w) for w in weights])
+        e.versions = tuple([w._version for w in weights])
+        e.ptrs = tuple([w.data_ptr() for w in weights])
+        e.dtypes = tuple([w.dtype for w in weights])
+        e.scales = tuple([_scale_key(q) for q in quantizers])
+        e.value = value
+        if not self._entries:
+            _CACHES.add(self)  # (an empty cache has nothing for the optimizer hook to drop)
+        self._entries[id(quantizers[0])] = e
+
+
+def cacheable(quantizer: Any, weight: torch.Tensor) -> bool:
+    """Whether a quantized copy of ``weight`` by ``quantizer`` may be reused: not a weight FSDP2 gathered
+    already quantized (it is the cast), not stochastically rounded (each cast draws new numbers)."""
+    if quantizer is None:
+        return False
+    if type(weight) not in (torch.Tensor, torch.nn.Parameter) and \
+            getattr(weight, "fp_recipes_prequantized", None) is not None:
+        return False
+    return not getattr(quantizer.spec, "stochastic_rounding", False)

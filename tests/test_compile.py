@@ -1,0 +1,276 @@
+"""torch.compile (issue 14): a model of fp_recipes modules compiles with ``fullgraph=True`` under every
+recipe, with ``fp_recipes.autocast`` inside or outside the compiled function, compiles ONE graph for a
+model of several layer shapes (no recompilation per shape or per step), and trains bit for bit as eager
+mode does: losses, gradients, parameters, and every quantizer's state (delayed-scaling amax histories
+and scales, NVFP4 stochastic-rounding seeds and offsets) after every step.
+
+Bitwise comparisons use the ``aot_eager`` backend: Dynamo and AOTAutograd capture and partition the
+graph (every fp_recipes-specific difficulty lives there: the quantizer state, the amax bookkeeping, the
+autograd Functions), then run the captured ATen ops as they are. On CPU the quantization ops are the
+pure-torch reference twins, deterministic, so nothing may differ. Inductor (the default backend) is
+tested too (``slow``): the quantizations are bitwise there as well with
+``torch._inductor.config.emulate_precision_casts = True`` (without it Inductor keeps BF16 intermediates,
+e.g. of the Hadamard transform, in FP32, by design); the model's non-quantized FP32 ops (LayerNorm,
+GELU, reductions) are fused and reordered by Inductor, so a model-level comparison there has a tolerance.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+
+import fp_recipes
+from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, PerTokenScaling
+from fp_recipes.modules.base import QuantizedModule
+
+RECIPES = {
+    "delayed": lambda: DelayedScaling(amax_history_len=4),
+    "current": lambda: Float8CurrentScaling(),
+    # default: 2-D weight tiles, RHT on the wgrad copies, stochastic rounding of gradients
+    "nvfp4": lambda: NVFP4BlockScaling(),
+    "nvfp4_row_scaled_4over6": lambda: NVFP4BlockScaling(
+        row_scaled_activation=True, nvfp4_4over6="weights", disable_rht=True, disable_stochastic_rounding=True,
+        disable_2d_quantization=True),
+    "per_token": lambda: PerTokenScaling(),
+}
+STEPS = 3
+
+
+class Model(torch.nn.Module):
+    """Four distinct layer shapes (and module kinds): 64->128, 128->96, 2 experts 96->64, 64->32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_fc = fp_recipes.LayerNormLinear(64, 128)
+        self.fc = fp_recipes.Linear(128, 96)
+        self.experts = fp_recipes.GroupedLinear(2, 96, 64)
+        self.head = fp_recipes.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.fc(self.ln_fc(x)))
+        h = self.experts(h, [32, 16])
+        return self.head(h)
+
+
+class CountingBackend:
+    """A torch.compile backend that counts the graphs Dynamo hands it (one per compilation)."""
+
+    def __init__(self, backend: str = "aot_eager") -> None:
+        self.graphs = 0
+        self.backend = backend
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.graphs += 1
+        return lookup_backend(self.backend)(gm, example_inputs)
+
+
+def quantizer_state(model: torch.nn.Module) -> dict:
+    """Every state tensor (delayed-scaling qstate_* buffers, parameters) and every module's extra state
+    (NVFP4 SR seeds and offsets, the recipe identity)."""
+    out = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    for name, m in model.named_modules():
+        if isinstance(m, QuantizedModule):
+            out[f"{name}._extra_state"] = repr(m.get_extra_state())
+    return out
+
+
+def assert_same(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), f"{what}: {k} differs"
+        else:
+            assert a[k] == b[k], f"{what}: {k} differs: {a[k]} / {b[k]}"
+
+
+def train(model, step_fn, recipe, where, steps=STEPS, seed=0):
+    """Losses, gradients and state after each step of SGD on fixed random batches."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(seed)
+    history = []
+    for _ in range(steps):
+        x = torch.randn(48, 64, generator=g)
+        if where == "outside":
+            with fp_recipes.autocast(recipe=recipe):
+                loss = step_fn(x)
+        else:
+            loss = step_fn(x)
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        history.append((loss.detach(), grads, quantizer_state(model)))
+    return history
+
+
+def make_step(model, recipe, where):
+    def step(x):
+        if where == "inside":
+            with fp_recipes.autocast(recipe=recipe):
+                y = model(x)
+        else:
+            y = model(x)
+        return y.float().square().mean()
+    return step
+
+
+@pytest.mark.parametrize("where", ["inside", "outside"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_compiled_training_is_eager_training_bit_for_bit(name, where):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    recipe = RECIPES[name]()
+    eager_model = Model()
+    compiled_model = copy.deepcopy(eager_model)
+    backend = CountingBackend()
+    compiled = torch.compile(make_step(compiled_model, recipe, where), fullgraph=True, backend=backend)
+    eager = train(eager_model, make_step(eager_model, recipe, where), recipe, where)
+    got = train(compiled_model, compiled, recipe, where)
+    # one graph for the whole model (4 layer shapes) and all steps: no recompilation per shape or step
+    assert backend.graphs == 1
+    for step, ((l0, g0, s0), (l1, g1, s1)) in enumerate(zip(eager, got)):
+        assert torch.equal(l0, l1), (step, l0.item(), l1.item())
+        assert_same(g0, g1, f"step {step} gradients")
+        assert_same(s0, s1, f"step {step} state")
+    if name == "delayed":
+        # the state did move: histories hold amaxes, scales left 1
+        state = got[-1][2]
+        assert float(state["fc.qstate_weight0_amax_history"].abs().sum()) > 0
+        assert float(state["fc.qstate_weight0_scale"]) != 1.0
+    if name == "nvfp4":
+        # the gradients' stochastic rounding advanced its counter in the compiled backward
+        assert "'grad_output0': {'seed'" in got[-1][2]["fc._extra_state"]
+        assert "'offset': 0}}" not in got[-1][2]["fc._extra_state"]
+
+
+def test_module_recipe_compiles_and_a_new_token_count_compiles_once():
+    """A module quantizing under its own recipe (no autocast): the backward flushes the forward amaxes
+    (in an op the backward graph runs); a second token count compiles once more (then dynamic)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    recipe = DelayedScaling(amax_history_len=4)
+    eager = torch.nn.Sequential(fp_recipes.Linear(32, 64), torch.nn.GELU(), fp_recipes.Linear(64, 16))
+    for m in eager:
+        if isinstance(m, QuantizedModule):
+            m.set_recipe(recipe)
+    model = copy.deepcopy(eager)
+    backend = CountingBackend()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    for i in range(4):
+        x = torch.randn(16 * (1 + i % 2), 32)
+        y0, y1 = eager(x), compiled(x)
+        y0.square().mean().backward()
+        y1.square().mean().backward()
+        assert torch.equal(y0, y1)
+        assert_same(quantizer_state(eager), quantizer_state(model), f"step {i}")
+        for p0, p1 in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(p0.grad, p1.grad)
+    assert backend.graphs == 2
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = fp_recipes.Linear(32, 64)
+        self.fc2 = fp_recipes.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("name", ["delayed", "current", "nvfp4"])
+def test_blocks_compiled_one_by_one_share_one_graph(name):
+    """Blocks compiled separately (as with FSDP2's per-block compile) share one graph once their modules
+    were made ready with ``init_quantizer_state`` (no per-layer constant in the graph: quantizers are
+    named by handle tensors, SR seeds are tensors), and still train as eager mode does."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    recipe = RECIPES[name]()
+    eager = torch.nn.Sequential(*[Block() for _ in range(4)])
+    model = copy.deepcopy(eager)
+    for m in model.modules():
+        if isinstance(m, QuantizedModule):
+            m.init_quantizer_state(recipe)
+    backend = CountingBackend()
+    for block in model:
+        block.compile(fullgraph=True, backend=backend)
+    for step in range(2):
+        x = torch.randn(16, 32, requires_grad=True)
+        outs = []
+        for m in (eager, model):
+            with fp_recipes.autocast(recipe=recipe):
+                y = m(x)
+            y.square().mean().backward()
+            outs.append(y.detach())
+        assert torch.equal(outs[0], outs[1])
+        assert_same(quantizer_state(eager), quantizer_state(model), f"step {step}")
+    assert backend.graphs == 1
+
+
+@pytest.mark.slow
+def test_inductor_quantizations_are_bitwise_with_emulated_precision_casts(monkeypatch):
+    """The quantization ops compiled by Inductor give the eager reference's bytes (FP8 delayed and
+    current, NVFP4 with RHT and stochastic rounding from tensor seed/offset, row-scaled 4over6,
+    per-token E5M6), with ``emulate_precision_casts`` (Inductor's documented switch for eager BF16
+    rounding of fused intermediates)."""
+    import torch._inductor.config as inductor_config
+    import torch.utils._pytree as pytree
+    from fp_recipes.ops import reference as R
+
+    monkeypatch.setattr(inductor_config, "emulate_precision_casts", True)
+    torch._dynamo.reset()
+
+    def quantize_all(x, scale, seed, offset):
+        return (R.fp8_quantize(x, scale, "e4m3", rowwise=True, columnwise=True),
+                R.fp8_current_scaling_quantize(x, "e5m2", rowwise=True, columnwise=True),
+                R.nvfp4_quantize(x.to(torch.bfloat16), rowwise=True, columnwise=True, rht=True,
+                                 stochastic_rounding=True, seed=seed, offset=offset),
+                R.nvfp4_quantize(x, rowwise=True, row_scaled=True, four_over_six=True),
+                R.per_token_cast(x, "e5m6", round_sf=False, scale_format="fp32"))
+
+    compiled = torch.compile(quantize_all, fullgraph=True)
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):
+        x = torch.randn(64, 128, generator=g) * 10.0 ** (i - 1)
+        args = (x, torch.tensor(3.7), torch.tensor(12345 + i, dtype=torch.int64),
+                torch.tensor(-5 + 1000 * i, dtype=torch.int64))  # an offset >= 2^63 (two's complement)
+        want = pytree.tree_leaves([tuple(r) for r in quantize_all(*args)])
+        got = pytree.tree_leaves([tuple(r) for r in compiled(*args)])
+        assert len(want) == len(got)
+        for j, (a, b) in enumerate(zip(want, got)):
+            if a is None or b is None:
+                assert a is None and b is None, (i, j)
+                continue
+            assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a,
+                               b.view(torch.uint8) if b.dtype.itemsize == 1 else b), (i, j)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_model_in_one_graph_and_trains_like_eager(monkeypatch):
+    """The default backend: one graph, no graph break; the delayed-scaling state after two steps is
+    eager's (same amaxes to the bit: the scale is a power of the history max), the losses agree to
+    1e-5 relative (Inductor fuses LayerNorm, GELU and the reductions of the loss and the bias gradients
+    in another order, a few FP32 ulps)."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "emulate_precision_casts", True)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    recipe = RECIPES["delayed"]()
+    eager_model = Model()
+    model = copy.deepcopy(eager_model)
+    backend = CountingBackend("inductor")
+    compiled = torch.compile(make_step(model, recipe, "inside"), fullgraph=True, backend=backend)
+    eager = train(eager_model, make_step(eager_model, recipe, "inside"), recipe, "inside", steps=2)
+    got = train(model, compiled, recipe, "inside", steps=2)
+    assert backend.graphs == 1
+    for (l0, _, s0), (l1, _, s1) in zip(eager, got):
+        assert abs(l0.item() - l1.item()) <= 1e-5 * abs(l0.item())
+        for k in s0:
+            if "qstate_" in k:
+                torch.testing.assert_close(s0[k], s1[k], rtol=1e-5, atol=0)
