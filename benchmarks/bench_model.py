@@ -2,7 +2,7 @@
 
 Each block: LayerNorm + QKV (``LayerNormLinear``), causal attention (torch SDPA, BF16), proj (``Linear``),
 LayerNorm + FC1, GELU, FC2, two residuals. One step = forward + backward of the whole stack, eager
-(torch.compile only for the "BF16 compiled" and torchao rows). Per row: the step time (CUDA events
+(torch.compile for the "BF16 torch.compile", "FP8 ... torch.compile" and torchao rows). Per row: the step time (CUDA events
 around many back-to-back steps, so host and GPU overlap as in training), the host time to enqueue one
 step (the host clock around one step after a synchronisation), the peak memory of a step, and the
 ratio BF16-eager time / row time (>= 1 is faster than BF16).
@@ -161,6 +161,13 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True) -> Lis
             build(hidden, ffn, layers, False)))
     for name, recipe in recipes().items():
         add(name, lambda recipe=recipe: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
+    if compiled:
+        # fp_recipes modules under torch.compile (fullgraph: a graph break would be an error, not a
+        # silent slowdown); autocast outside the compiled model, as a training loop writes it.
+        for name, recipe in recipes().items():
+            if name.startswith("FP8"):
+                add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
+                    m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
     try:
         if not compiled:
             raise ImportError("skipped (--no-compiled)")

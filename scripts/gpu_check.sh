@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call that checks a tree and measures it (after `source .device/setup.sh`). Every stage is
+# optional and has its own time limit, so one call can run what the budget allows; logs in $OUT.
+#   TESTS="tests"            pytest -m cuda over these paths ("" skips)       LIM_TEST (s)
+#   LINEAR=1                 bench_model.py --linear (one Linear 4096^3)       LIM_LIN
+#   MODEL_SIZES=h2048_t8192  bench_model.py --sizes ... (MODEL_FLAGS)          LIM_MODEL
+#   QUANT_SHAPES=16384x6144  bench_quantize_nvfp4.py --quick --shapes ...      LIM_QUANT
+#   DEMO="--steps 300"       python -m fp_recipes demo with these arguments    LIM_DEMO
+#   BENCH="--size small"     python -m fp_recipes bench with these arguments   LIM_BENCH
+#   EXTRA="cmd"              any further command                               LIM_EXTRA
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+stage() { echo; echo "== $* ($(date +%T))"; }
+{
+  stage "device"; nvidia-smi -L
+  git log --oneline -1 2>/dev/null || true
+  python3 -c "import fp_recipes, torch; i = fp_recipes.backend_info(); print(i['summary']); print('torch', torch.__version__)"
+  if [ -n "${TESTS-tests}" ]; then
+    stage "pytest -m cuda ${TESTS-tests}"
+    timeout "${LIM_TEST:-240}" python3 -m pytest -q -m cuda -p no:cacheprovider --tb=short --durations=8 \
+        ${TESTS-tests} 2>&1 | tail -n 60
+    echo "pytest rc=$?"
+  fi
+  if [ -n "${LINEAR:-}" ]; then
+    stage "bench_model --linear"
+    timeout "${LIM_LIN:-60}" python3 benchmarks/bench_model.py --linear --json "$OUT/linear.json" 2>&1 | grep -v Warning
+    echo "linear rc=$?"
+  fi
+  if [ -n "${QUANT_SHAPES:-}" ]; then
+    stage "bench_quantize_nvfp4 $QUANT_SHAPES"
+    timeout "${LIM_QUANT:-90}" python3 benchmarks/bench_quantize_nvfp4.py --quick --shapes "$QUANT_SHAPES" \
+        --json "$OUT/quantize.json" 2>&1 | grep -v Warning | tail -n 50
+    echo "quantize rc=$?"
+  fi
+  if [ -n "${MODEL_SIZES:-}" ]; then
+    stage "bench_model --sizes $MODEL_SIZES ${MODEL_FLAGS:-}"
+    timeout "${LIM_MODEL:-200}" python3 benchmarks/bench_model.py --sizes "$MODEL_SIZES" ${MODEL_FLAGS:-} \
+        --json "$OUT/model.json" 2>&1 | grep -v Warning
+    echo "model rc=$?"
+  fi
+  if [ -n "${DEMO:-}" ]; then
+    stage "python -m fp_recipes demo $DEMO"
+    timeout "${LIM_DEMO:-150}" python3 -m fp_recipes demo $DEMO --no-progress --out "$OUT/demo" 2>&1 | tail -n 40
+    echo "demo rc=$?"
+  fi
+  if [ -n "${BENCH:-}" ]; then
+    stage "python -m fp_recipes bench $BENCH"
+    timeout "${LIM_BENCH:-150}" python3 -m fp_recipes bench $BENCH --out "$OUT/bench" 2>&1 | grep -v Warning | tail -n 80
+    echo "bench rc=$?"
+  fi
+  if [ -n "${EXTRA:-}" ]; then
+    stage "$EXTRA"
+    timeout "${LIM_EXTRA:-120}" bash -c "$EXTRA" 2>&1 | tail -n 60
+    echo "extra rc=$?"
+  fi
+  stage "done"
+} 2>&1 | tee "$OUT/log.txt"
