@@ -38,6 +38,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.utils._pytree import tree_map_only
 
+from ..autocast import get_autocast_state
+
 __all__ = ["QuantizedAllGatherWeight", "GatheredQuantizedWeight", "enable_quantized_all_gather",
            "all_gather_bytes"]
 
@@ -210,8 +212,6 @@ class _Owner:
         time (in the backward, which runs outside the autocast). Built without a forward's side
         effects: no checkpoint record is pushed and no autocast is entered (its exit would flush the
         pending amaxes of other modules in the middle of a forward)."""
-        from ..autocast import get_autocast_state
-
         module = self._module()
         if module is None:
             raise RuntimeError("quantized all-gather: the module owning this weight is gone")

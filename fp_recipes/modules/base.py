@@ -34,6 +34,7 @@ from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, Qua
                                 ScalingKind, TensorKind)
 from . import replay
 from . import state as qstate
+from ..autocast import AutocastState, _resolve_recipe, get_autocast_state
 from .amax_reduction import reducer
 from .weight_cache import AUTO, WeightCache, cache_mode, cacheable
 
@@ -394,7 +395,6 @@ def start_backward(qs: GemmQuantizers, anchor: Optional[torch.Tensor] = None) ->
     if qs.record is not None:
         qs.record.done = True
     if qs.flush_forward and reducer.pending_forward():
-        from ..autocast import AutocastState
 
         with torch.inference_mode(False):
             reducer.on_outermost_exit(AutocastState(True, None, qs.amax_reduction_group, 0))
@@ -569,7 +569,6 @@ class QuantizedModule(torch.nn.Module):
         reduced over ``amax_reduction_group`` and the scales updated when the backward of that
         forward starts (there is no autocast exit to do it). ``None`` turns it off."""
         if recipe is not None:
-            from ..autocast import _resolve_recipe
 
             recipe = _resolve_recipe(recipe)
         self.recipe = recipe
@@ -624,7 +623,6 @@ class QuantizedModule(torch.nn.Module):
         recipe, a reset state or a rebuilt set compiles again. No checkpoint record is made:
         torch.compile's own activation checkpointing recomputes inside the graph, where the state
         updates are not repeated."""
-        from ..autocast import get_autocast_state
 
         state = get_autocast_state()
         if state.depth:
@@ -719,7 +717,6 @@ class QuantizedModule(torch.nn.Module):
         ``torch.distributed.checkpoint.load`` fills only the keys the destination state dict has: a
         fresh model would otherwise silently skip the checkpoint's delayed-scaling buffers and fail
         on the structure of its extra state. Call it on every module before ``dcp.load``."""
-        from ..autocast import _resolve_recipe
 
         recipe = _resolve_recipe(recipe)
         if recipe is not None:
@@ -936,7 +933,6 @@ def _autocast_state() -> Any:
     """``fp_recipes.autocast.get_autocast_state()`` (imported on first use: autocast imports nothing of
     the modules, and this saves an import statement per call)."""
     global _autocast_state
-    from ..autocast import get_autocast_state
 
     _autocast_state = get_autocast_state
     return get_autocast_state()
