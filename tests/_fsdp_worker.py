@@ -1,8 +1,9 @@
 """One rank of the FSDP2 tests (launched by tests/test_fsdp.py with torch.distributed.run, gloo).
 
-For each recipe it trains three copies of the same small model on rank-dependent data:
-``plain`` (no FSDP, one rank's data), ``fsdp`` (fully_shard, ordinary all-gather) and ``qag``
-(fully_shard with the quantized all-gather), and writes what the test checks to a JSON file per rank.
+For each recipe it trains five copies of the same small model on rank-dependent data:
+``plain`` (no FSDP, one rank's data), ``fsdp`` (fully_shard, ordinary all-gather), ``qag``
+(fully_shard with the quantized all-gather), and ``fsdp_ckpt``/``qag_ckpt`` (the same two with every
+block under activation checkpointing), and writes what the test checks to a JSON file per rank.
 """
 
 from __future__ import annotations
@@ -89,18 +90,28 @@ def torchrun(script: Path, args, env_extra: dict, timeout: float, cwd=None) -> s
 
 
 class Block(torch.nn.Module):
-    def __init__(self) -> None:
+    """``ckpt``: the block runs under activation checkpointing (non-reentrant, as FSDP2 recommends):
+    the recomputation in the backward all-gathers the weights again and must quantize them as the
+    forward did."""
+
+    def __init__(self, ckpt: bool = False) -> None:
         super().__init__()
         self.ln_fc1 = fp_recipes.LayerNormLinear(64, 128)
         self.fc2 = fp_recipes.Linear(128, 64)
+        self.ckpt = ckpt
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.fc2(torch.nn.functional.gelu(self.ln_fc1(x)))
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ckpt:
+            return torch.utils.checkpoint.checkpoint(self._body, x, use_reentrant=False)
+        return self._body(x)
 
-def build() -> torch.nn.Module:
+
+def build(ckpt: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(Block(), Block(), fp_recipes.Linear(64, 32))
+    return torch.nn.Sequential(Block(ckpt), Block(ckpt), fp_recipes.Linear(64, 32))
 
 
 def shard(model: torch.nn.Module) -> None:
@@ -134,10 +145,12 @@ def main() -> None:
     result: dict = {}
     for name, make in RECIPES.items():
         recipe = make()
-        models = {"plain": build(), "fsdp": build(), "qag": build()}
+        models = {"plain": build(), "fsdp": build(), "qag": build(),
+                  "fsdp_ckpt": build(ckpt=True), "qag_ckpt": build(ckpt=True)}
         converted = enable_quantized_all_gather(models["qag"], recipe)
-        shard(models["fsdp"])
-        shard(models["qag"])
+        enable_quantized_all_gather(models["qag_ckpt"], recipe)
+        for k in ("fsdp", "qag", "fsdp_ckpt", "qag_ckpt"):
+            shard(models[k])
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.05) for k, m in models.items()}
         rec: dict = {"converted": converted, "losses": {k: [] for k in models}, "outputs_equal_plain_step0": None}
         for step in range(STEPS):
@@ -164,10 +177,11 @@ def main() -> None:
             if step == 0:
                 rec["outputs_equal_plain_step0"] = torch.equal(outs["qag"], outs["plain"])
             rec.setdefault("outputs_equal_fsdp", []).append(torch.equal(outs["qag"], outs["fsdp"]))
-        rec["params_fsdp"] = full_params(models["fsdp"])
-        rec["params_qag"] = full_params(models["qag"])
-        rec["state_fsdp"] = state_of(models["fsdp"])
-        rec["state_qag"] = state_of(models["qag"])
+            rec.setdefault("ckpt_outputs_equal", []).append(
+                torch.equal(outs["fsdp_ckpt"], outs["fsdp"]) and torch.equal(outs["qag_ckpt"], outs["qag"]))
+        for k in ("fsdp", "qag", "fsdp_ckpt", "qag_ckpt"):
+            rec[f"params_{k}"] = full_params(models[k])
+            rec[f"state_{k}"] = state_of(models[k])
         rec["bytes"] = {k: list(v) for k, v in all_gather_bytes(models["qag"]).items()}
         result[name] = rec
     with open(f"{out_prefix}.{rank}.json", "w") as f:

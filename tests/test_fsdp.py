@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _fsdp_worker import torchrun
+from _fsdp_worker import STEPS, torchrun
 from fp_recipes.integrations.fsdp import enable_quantized_all_gather
 
 HERE = Path(__file__).resolve().parent
@@ -51,6 +51,20 @@ def test_quantized_all_gather_trains_like_the_ordinary_one(runs, recipe):
     assert states[0] == states[1]
     if recipe == "delayed_no_reduce":
         assert states[0] and runs[0][recipe]["state_qag"] != runs[1][recipe]["state_qag"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_activation_checkpointing_inside_fsdp2(runs, recipe):
+    """Blocks under torch.utils.checkpoint inside fully_shard (ordinary and quantized all-gather): the
+    recomputation re-gathers and re-quantizes the weights; outputs, losses, parameters and the
+    delayed-scaling state equal the runs without checkpointing, bit for bit, on both ranks."""
+    for rank, result in enumerate(runs):
+        rec = result[recipe]
+        assert all(rec["ckpt_outputs_equal"]) and len(rec["ckpt_outputs_equal"]) == STEPS, (rank, recipe)
+        for k in ("fsdp", "qag"):
+            assert rec["losses"][f"{k}_ckpt"] == rec["losses"][k], (rank, recipe, k)
+            assert rec[f"params_{k}_ckpt"] == rec[f"params_{k}"], (rank, recipe, k)
+            assert rec[f"state_{k}_ckpt"] == rec[f"state_{k}"], (rank, recipe, k)
 
 
 @pytest.mark.parametrize("recipe,ratio", [("delayed", 1 / 4), ("delayed_no_reduce", 1 / 4), ("current", 1 / 4),
