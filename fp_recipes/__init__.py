@@ -55,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     "LayerNormLinear": "fp_recipes.modules",
     "GroupedLinear": "fp_recipes.modules",
     "convert_model": "fp_recipes.modules",
+    # CUDA graphs
+    "make_graphed_callables": "fp_recipes.graphs",
     # backend
     "backend_info": "fp_recipes._info",
 }

@@ -1,0 +1,336 @@
+"""fp_recipes.make_graphed_callables: CUDA graphs of training steps under a recipe (docs/cuda_graphs.md).
+
+GPU tests compare graph replays with eager execution bit for bit, step by step (outputs, input and
+parameter grads, the whole state dict: weights, amax histories, scales), with data changing every step
+and an optimizer step between replays. CPU tests cover the argument checks made before any capture.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fp_recipes
+from fp_recipes import (DelayedScaling, Float8CurrentScaling, LayerNormLinear, Linear, NVFP4BlockScaling,
+                        make_graphed_callables)
+
+H = 64
+TOKENS = 32
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: argument checks
+
+
+def test_exported_from_the_root():
+    assert fp_recipes.make_graphed_callables is make_graphed_callables
+
+
+def test_refuses_a_cpu_module():
+    with pytest.raises(ValueError, match=r"weight on cpu.*module\.cuda\(\)"):
+        make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), recipe=Float8CurrentScaling())
+
+
+def test_refuses_a_non_callable():
+    with pytest.raises(TypeError, match="not an nn.Module or function"):
+        make_graphed_callables(3, (torch.randn(2, 2),))
+
+
+def test_refuses_mismatched_sample_args():
+    with pytest.raises(TypeError, match="tuple of 2 callables needs"):
+        make_graphed_callables((Linear(H, H), Linear(H, H)), ((torch.randn(TOKENS, H),),))
+
+
+def test_refuses_a_capture_inside_autocast():
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        with pytest.raises(RuntimeError, match="outside fp_recipes.autocast"):
+            make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_refuses_bad_warmup_counts(bad):
+    with pytest.raises(ValueError, match="num_warmup_iters"):
+        make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), num_warmup_iters=bad)
+
+
+def test_te_aliases_conflict_and_calibrate():
+    with pytest.raises(ValueError, match="disagree"):
+        make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), weight_caching=True,
+                               fp8_weight_caching=False)
+    with pytest.raises(ValueError, match="fp8_calibrate"):
+        make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), fp8_calibrate=True)
+    # an alias alone is taken: the CPU module is what fails next
+    with pytest.raises(ValueError, match="on cpu"):
+        make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), fp8_enabled=True,
+                               fp8_recipe=DelayedScaling())
+
+
+def test_refuses_stochastic_rounding():
+    with pytest.raises(ValueError, match="stochastic.*disable_stochastic_rounding=True"):
+        make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), recipe=NVFP4BlockScaling())
+
+
+def test_refuses_a_plain_function_under_delayed_scaling():
+    lin = Linear(H, H)
+    with pytest.raises(TypeError, match="plain function"):
+        make_graphed_callables(lambda x: lin(x), (torch.randn(TOKENS, H),), recipe=DelayedScaling())
+
+
+def test_refuses_a_gloo_amax_reduction():
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed, not initialised by another test")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.new_group([0])
+        with pytest.raises(RuntimeError, match="gloo group, which cannot be captured"):
+            make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), recipe=DelayedScaling(),
+                                   amax_reduction_group=group)
+        # without a reduction (reduce_amax=False) the group does not matter: the CPU module fails next
+        with pytest.raises(ValueError, match="on cpu"):
+            make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),),
+                                   recipe=DelayedScaling(reduce_amax=False), amax_reduction_group=group)
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: bitwise against eager
+
+
+def _block() -> torch.nn.Module:
+    return torch.nn.Sequential(LayerNormLinear(H, H), Linear(H, H)).cuda()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert torch.equal(a, b), f"{what}: max |diff| {(a.double() - b.double()).abs().max().item()}"
+
+
+def _same_state(graphed: torch.nn.Module, ref: torch.nn.Module, step: int) -> None:
+    gs, rs = graphed.state_dict(), ref.state_dict()
+    assert gs.keys() == rs.keys(), (step, sorted(set(gs) ^ set(rs)))
+    for k in gs:
+        if isinstance(gs[k], torch.Tensor):
+            _same(gs[k], rs[k], f"step {step}: {k}")
+        else:
+            assert gs[k] == rs[k], (step, k)
+
+
+def _data(step: int, shape=(TOKENS, H)):
+    g = torch.Generator(device="cuda").manual_seed(1000 + step)
+    x = torch.randn(*shape, device="cuda", generator=g) * (1.0 + step)  # amaxes change every step
+    dy = torch.randn(*shape, device="cuda", generator=g) * (0.5 + 0.25 * step)
+    return x, dy
+
+
+def _compare(recipe, models, steps: int = 5):
+    """``models``: eager modules (a tuple: run in sequence). Graph copies of them, run both, compare."""
+    torch.manual_seed(0)
+    single = not isinstance(models, tuple)
+    models = (models,) if single else models
+    refs = tuple(copy.deepcopy(m) for m in models)
+    samples = tuple((torch.randn(TOKENS, H, device="cuda", requires_grad=True),) for _ in models)
+    graphed = make_graphed_callables(models[0] if single else models, samples[0] if single else samples,
+                                     recipe=recipe)
+    graphed = (graphed,) if single else graphed
+    opt_g = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.05)
+    opt_r = torch.optim.SGD([p for m in refs for p in m.parameters()], lr=0.05)
+    for step in range(steps):
+        x, dy = _data(step)
+        xr, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with fp_recipes.autocast(recipe=recipe):
+            yr = xr
+            for m in refs:
+                yr = m(yr)
+        yr.backward(dy)
+        yg = xg
+        for m in graphed:
+            yg = m(yg)
+        yg.backward(dy)
+        _same(yg, yr, f"step {step}: output")
+        _same(xg.grad, xr.grad, f"step {step}: input grad")
+        for i, (m, r) in enumerate(zip(models, refs)):
+            for (name, p), q in zip(m.named_parameters(), r.parameters()):
+                _same(p.grad, q.grad, f"step {step}: callable {i} grad of {name}")
+            _same_state(m, r, step)
+        opt_g.step()
+        opt_r.step()
+        opt_g.zero_grad(set_to_none=True)
+        opt_r.zero_grad(set_to_none=True)
+        for i, (m, r) in enumerate(zip(models, refs)):
+            _same_state(m, r, step)  # the weights after the optimizer step
+    return models, refs
+
+
+def _scales(m: torch.nn.Module):
+    return {k: v for k, v in m.state_dict().items() if k.endswith("_scale")}
+
+
+@pytest.mark.cuda
+def test_delayed_scaling_equals_eager():
+    recipe = DelayedScaling(amax_history_len=4)
+    models, _ = _compare(recipe, _block(), steps=6)
+    scales = _scales(models[0])
+    assert scales and any(not torch.equal(s, torch.ones_like(s)) for s in scales.values()), \
+        "the replays must have updated the scales"
+
+
+@pytest.mark.cuda
+def test_delayed_scaling_most_recent_equals_eager():
+    _compare(DelayedScaling(amax_history_len=3, amax_compute_algo="most_recent", margin=1), _block(), steps=4)
+
+
+@pytest.mark.cuda
+def test_current_scaling_equals_eager():
+    _compare(Float8CurrentScaling(), _block(), steps=4)
+
+
+@pytest.mark.cuda
+def test_nvfp4_equals_eager():
+    _compare(NVFP4BlockScaling(disable_stochastic_rounding=True), _block(), steps=4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling()],
+                         ids=["delayed", "current"])
+def test_two_blocks_equal_eager(recipe):
+    _compare(recipe, (_block(), _block()), steps=4)
+
+
+@pytest.mark.cuda
+def test_weight_caching_equals_eager_microbatches():
+    """fp8_weight_caching: is_first_microbatch=True casts (and keeps) the weight, False reuses it; three
+    micro-batches per optimizer step, as eager with the same flags."""
+    recipe = DelayedScaling(amax_history_len=4)
+    torch.manual_seed(0)
+    model = Linear(H, H).cuda()
+    ref = copy.deepcopy(model)
+    sample = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    make_graphed_callables(model, (sample,), recipe=recipe, fp8_weight_caching=True)
+    opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for step in range(3):
+        for mb in range(3):
+            x, dy = _data(10 * step + mb)
+            xr, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
+            with fp_recipes.autocast(recipe=recipe):
+                yr = ref(xr, is_first_microbatch=mb == 0)
+            yr.backward(dy)
+            yg = model(xg, is_first_microbatch=mb == 0)
+            yg.backward(dy)
+            _same(yg, yr, f"step {step}.{mb}: output")
+            _same(xg.grad, xr.grad, f"step {step}.{mb}: input grad")
+            _same(model.weight.grad, ref.weight.grad, f"step {step}.{mb}: accumulated weight grad")
+            _same_state(model, ref, step)
+        opt_g.step()
+        opt_r.step()
+        opt_g.zero_grad(set_to_none=True)
+        opt_r.zero_grad(set_to_none=True)
+
+
+@pytest.mark.cuda
+def test_grad_accumulation_without_weight_caching():
+    """Two backwards into the same .grad: the graph's static grad buffer must not become .grad."""
+    recipe = Float8CurrentScaling()
+    torch.manual_seed(0)
+    model = Linear(H, H).cuda()
+    ref = copy.deepcopy(model)
+    make_graphed_callables(model, (torch.randn(TOKENS, H, device="cuda", requires_grad=True),), recipe=recipe)
+    for mb in range(3):
+        x, dy = _data(mb)
+        with fp_recipes.autocast(recipe=recipe):
+            ref(x.clone().requires_grad_()).backward(dy)
+        model(x.clone().requires_grad_()).backward(dy)
+        _same(model.weight.grad, ref.weight.grad, f"micro-batch {mb}: accumulated weight grad")
+
+
+@pytest.mark.cuda
+def test_call_inside_the_same_recipe_is_allowed_and_another_is_refused():
+    recipe = DelayedScaling(amax_history_len=2)
+    model = make_graphed_callables(_block(), (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                   recipe=recipe)
+    x, dy = _data(0)
+    with fp_recipes.autocast(recipe=DelayedScaling(amax_history_len=2)):  # equal recipe: fine
+        model(x.clone().requires_grad_()).backward(dy)
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        with pytest.raises(RuntimeError, match="captured under"):
+            model(x.clone().requires_grad_())
+    with fp_recipes.autocast(enabled=False):
+        with pytest.raises(RuntimeError, match="captured under"):
+            model(x.clone().requires_grad_())
+
+
+@pytest.mark.cuda
+def test_bad_calls_are_refused():
+    recipe = Float8CurrentScaling()
+    model = make_graphed_callables(_block(), (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                   recipe=recipe)
+    with pytest.raises(ValueError, match="captured for"):
+        model(torch.randn(2 * TOKENS, H, device="cuda", requires_grad=True))
+    with pytest.raises(ValueError, match="captured for"):
+        model(torch.randn(TOKENS, H, device="cuda", dtype=torch.bfloat16, requires_grad=True))
+    with pytest.raises(ValueError, match="requires_grad=False, captured with True"):
+        model(torch.randn(TOKENS, H, device="cuda"))
+    with pytest.raises(TypeError, match="weight_caching=True"):
+        model(torch.randn(TOKENS, H, device="cuda", requires_grad=True), is_first_microbatch=True)
+    with pytest.raises(TypeError, match="structured"):
+        model(torch.randn(TOKENS, H, device="cuda", requires_grad=True), torch.randn(1, device="cuda"))
+
+
+@pytest.mark.cuda
+def test_refuses_a_cpu_sample_argument():
+    with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
+        make_graphed_callables(_block(), (torch.randn(TOKENS, H),), recipe=Float8CurrentScaling())
+
+
+@pytest.mark.cuda
+def test_replaced_state_and_storage_are_refused():
+    recipe = DelayedScaling(amax_history_len=2)
+    model = make_graphed_callables(_block(), (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                   recipe=recipe)
+    x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    model(x)  # fine
+    model[1].reset_quantizer_state()
+    with pytest.raises(RuntimeError, match="rebuilt after capture"):
+        model(x)
+    other = make_graphed_callables(_block(), (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                   recipe=recipe)
+    with torch.no_grad():
+        other[1].weight.data = other[1].weight.data.clone()
+    with pytest.raises(RuntimeError, match="new storage"):
+        other(x)
+
+
+@pytest.mark.cuda
+def test_eval_mode_runs_eagerly_under_the_captured_recipe():
+    recipe = Float8CurrentScaling()
+    torch.manual_seed(0)
+    model = _block()
+    ref = copy.deepcopy(model)
+    make_graphed_callables(model, (torch.randn(TOKENS, H, device="cuda", requires_grad=True),), recipe=recipe)
+    model.eval()
+    ref.eval()
+    x, _ = _data(3)
+    with torch.no_grad():
+        with fp_recipes.autocast(recipe=recipe):
+            want = ref(x)
+        got = model(x)
+    _same(got, want, "eval output")
+
+
+@pytest.mark.cuda
+def test_the_warmup_leaves_the_state_as_it_was():
+    recipe = DelayedScaling(amax_history_len=4)
+    model = _block()
+    for m in model:
+        m.init_quantizer_state(recipe)
+    before = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    make_graphed_callables(model, (torch.randn(TOKENS, H, device="cuda", requires_grad=True) * 100,),
+                           recipe=recipe, num_warmup_iters=3)
+    after = model.state_dict()
+    for k, v in before.items():
+        _same(after[k], v, k)
