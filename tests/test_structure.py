@@ -40,6 +40,8 @@ PUBLIC_API = {
     "quantize", "dequantize", "per_token_cast", "cast_back",
     # modules
     "Linear", "LayerNormLinear", "GroupedLinear", "convert_model",
+    # CUDA graphs
+    "make_graphed_callables",
     # backend
     "backend_info",
 }
