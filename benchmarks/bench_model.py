@@ -135,7 +135,23 @@ def measure(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, floa
             "peak_mib": peak / 2**20}
 
 
-def model_rows(size: str, warmup: int, iters: int, compiled: bool = True) -> List[Dict[str, Any]]:
+def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any) -> Callable[[], None]:
+    """The model captured by fp_recipes.make_graphed_callables (forward + backward graphs, the delayed
+    scaling updates inside them); the step replays them (no autocast: the graph carries the recipe)."""
+    sample = x.detach().clone().requires_grad_(x.requires_grad)
+    fwd = fp_recipes.make_graphed_callables(model, (sample,), recipe=recipe)
+
+    def step() -> None:
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        fwd(x).backward(dy)
+
+    return step
+
+
+def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
+               graphed: bool = False) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -168,6 +184,11 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True) -> Lis
             if name.startswith("FP8"):
                 add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
                     m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
+    if graphed:
+        for name, recipe in recipes().items():
+            if name in ("FP8 delayed", "FP8 current"):
+                add(f"{name} CUDA graph", lambda recipe=recipe: make_graphed_step(
+                    build(hidden, ffn, layers, True), x, dy, recipe))
     try:
         if not compiled:
             raise ImportError("skipped (--no-compiled)")
@@ -231,6 +252,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sizes", default=None, help="comma-separated size names (overrides --size): "
                    + ", ".join(SIZES))
     p.add_argument("--no-compiled", action="store_true", help="skip the torch.compile rows (compile time)")
+    p.add_argument("--graphed", action="store_true", help="add the fp_recipes.make_graphed_callables rows "
+                   "(FP8 delayed / current CUDA graph)")
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
     p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
                    help="which BF16 unit GEMM operands the NVFP4 quantize kernels write (NVFP4Quantizer.gemm_units)")
@@ -260,7 +283,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for size in names:
             hidden, ffn, tokens, layers = SIZES[size]
             print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
-            rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled)
+            rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled,
+                               graphed=args.graphed)
         result["model"] = rows
         print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
         for r in rows:
