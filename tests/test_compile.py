@@ -24,7 +24,14 @@ import torch._dynamo
 
 import fp_recipes
 from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, PerTokenScaling
+from fp_recipes.modules import base as modules_base
 from fp_recipes.modules.base import QuantizedModule
+
+# torch 2.11/2.12's Dynamo cannot trace the quantized tensors' attribute copies: fp_recipes refuses
+# with a clear error there (test_old_torch_gets_a_clear_error), so the compile tests need 2.13
+pytestmark = pytest.mark.skipif(modules_base._TORCH_VERSION < modules_base.COMPILE_MIN_TORCH,
+                                reason=f"torch.compile of fp_recipes modules needs torch >= 2.13, "
+                                       f"this is {torch.__version__}")
 
 RECIPES = {
     "delayed": lambda: DelayedScaling(amax_history_len=4),
@@ -274,3 +281,18 @@ def test_inductor_compiles_the_model_in_one_graph_and_trains_like_eager(monkeypa
         for k in s0:
             if "qstate_" in k:
                 torch.testing.assert_close(s0[k], s1[k], rtol=1e-5, atol=0)
+
+
+def test_old_torch_gets_a_clear_error(monkeypatch):
+    """Where Dynamo is too old (torch < 2.13), compiling a quantized forward names the requirement;
+    with quantization off the modules still compile."""
+    monkeypatch.setattr(modules_base, "_TORCH_VERSION", (2, 11))
+    torch._dynamo.reset()
+    model = fp_recipes.Linear(16, 16)
+    x = torch.randn(16, 16)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"needs torch >= 2\.13 \(this is torch"):
+        with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+            compiled(x)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(model, fullgraph=True, backend="eager")(x), model(x))

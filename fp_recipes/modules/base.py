@@ -635,6 +635,7 @@ class QuantizedModule(torch.nn.Module):
             group = self.amax_reduction_group
         if recipe is None:
             return None
+        _require_compile_support()
         slot = 1 if module_mode else 0
         entry = self._compile_ready[slot]
         if entry is None or entry[0] is not recipe:
@@ -968,7 +969,24 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
         setattr(module, attr, entries)
 
 
+# torch.compile traces the quantized tensors' attribute copies (``obj.__dict__``) only from torch 2.13
+COMPILE_MIN_TORCH = (2, 13)
+_TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _require_compile_support() -> None:
+    """The first thing a traced forward runs (a constant function: eager, at trace time): on a torch
+    too old to trace the rest of the path, the user learns why instead of a Dynamo internal error."""
+    if _TORCH_VERSION < COMPILE_MIN_TORCH:
+        raise RuntimeError(
+            f"fp_recipes: torch.compile of fp_recipes modules under a recipe needs torch >= "
+            f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__}, whose Dynamo cannot "
+            "trace the quantized tensors); run the model eagerly, or compile only the parts outside "
+            "fp_recipes modules")
+
+
 # what torch.compiler.assume_constant_result sets (without importing torch._dynamo at import time)
+_require_compile_support._dynamo_marked_constant = True  # type: ignore[attr-defined]
 _prepare_for_trace._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
