@@ -291,6 +291,115 @@ def test_big(shape, dtype, kw):
     torch.cuda.empty_cache()
 
 
+# ---- v7 kernels: tile2_kernel (plain row+col, 2-D, SR, RHT) and row_scaled_kernel (fused row amax) ----
+# tile2 runs a persistent grid (one wave of resident blocks, each walking many 64-column x 128-row tiles
+# for 16-bit input, 64-row tiles for FP32) with a cp.async double-buffered tile: the shapes below give
+# more tiles than resident blocks (the loop and the buffer reuse), partial tiles in both dimensions,
+# M not a multiple of 128 / 64, N not a multiple of 64, and N * sizeof % 16 != 0 (element copies).
+
+V7_TILE_KW = [
+    dict(rowwise=True, columnwise=True),
+    dict(rowwise=False, columnwise=True),
+    dict(rowwise=True, columnwise=True, block_2d=True),
+    dict(rowwise=True, columnwise=False, block_2d=True),
+    dict(rowwise=False, columnwise=True, block_2d=True),
+    dict(rowwise=True, columnwise=True, stochastic_rounding=True, seed=2**40 + 11, offset=9),
+    dict(rowwise=True, columnwise=True, block_2d=True, stochastic_rounding=True, seed=3, offset=2**35),
+    dict(rowwise=True, columnwise=True, e4m3_max=256),
+]
+V7_RHT_KW = [
+    dict(rowwise=True, columnwise=True, rht=True),
+    dict(rowwise=False, columnwise=True, rht=True),
+    dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True, seed=77, offset=5),
+]
+V7_SHAPES = [(16, 16), (128, 64), (144, 80), (272, 1040), (1, 16), (17, 48)]
+# (shape, dtype, kind): more tiles than resident thread blocks
+V7_BIG = [((2064, 4104), torch.bfloat16, "randn"), ((4096, 4160), torch.bfloat16, "special"),
+          ((2064, 2056), torch.float32, "mixed"), ((1040, 4160), torch.float16, "huge")]
+
+
+def _v7_kw_fits(shape, kw):
+    m, n = shape
+    if kw.get("rowwise", True) and n % 16:
+        return False
+    if kw.get("columnwise", False) and m % 16:
+        return False
+    return True
+
+
+@cuda
+@pytest.mark.parametrize("shape", V7_SHAPES, ids=[f"{m}x{n}" for m, n in V7_SHAPES])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("kind", ["randn", "special", "huge", "mixed", "zeros"])
+def test_v7_tile_modes(shape, dtype, kind):
+    x = make_input(shape, dtype, kind, seed=shape[0] * 3 + shape[1] + len(kind))
+    for kw in V7_TILE_KW + (V7_RHT_KW if dtype == torch.bfloat16 else []):
+        if _v7_kw_fits(shape, kw):
+            check_quantize(x, **kw)
+
+
+@cuda
+@pytest.mark.parametrize("shape,dtype,kind", V7_BIG, ids=[f"{s[0]}x{s[1]}-{k}" for s, _, k in V7_BIG])
+def test_v7_tile_many_tiles(shape, dtype, kind):
+    x = make_input(shape, dtype, kind, seed=shape[1])
+    for kw in V7_TILE_KW + (V7_RHT_KW if dtype == torch.bfloat16 else []):
+        check_quantize(x, **kw)
+
+
+@cuda
+@pytest.mark.parametrize("shape", [(16, 1), (48, 33), (160, 130), (2064, 1001)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_v7_tile_unaligned_columns(shape, dtype):
+    """Columnwise only with N * sizeof(T) % 16 != 0: tile2 copies elements one by one (no cp.async)."""
+    x = make_input(shape, dtype, "special", seed=41)
+    check_quantize(x, rowwise=False, columnwise=True)
+    check_quantize(x, rowwise=False, columnwise=True, block_2d=True, amax=torch.tensor(3.0, device="cuda"))
+    check_quantize(x, rowwise=False, columnwise=True, stochastic_rounding=True, seed=1, offset=1)
+    if dtype == torch.bfloat16:
+        check_quantize(x, rowwise=False, columnwise=True, rht=True)
+
+
+@cuda
+def test_v7_tile_nan_inf_amax():
+    """Given amaxes of 0, Inf and NaN reach every block of the persistent loop alike."""
+    x = make_input((2064, 1040), torch.bfloat16, "randn", seed=43)
+    for a in (0.0, float("inf"), float("nan"), 1e-30, 3e38):
+        amax = torch.tensor(a, device="cuda")
+        check_quantize(x, amax=amax, columnwise=True)
+        check_quantize(x, amax=amax, columnwise=True, block_2d=True)
+
+
+V7_ROW_SHAPES = [(1, 16), (3, 48), (130, 80), (64, 4096), (40, 8192), (33, 8208), (17, 16384), (5, 16400)]
+
+
+@cuda
+@pytest.mark.parametrize("shape", V7_ROW_SHAPES, ids=[f"{m}x{n}" for m, n in V7_ROW_SHAPES])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("kind", ["randn", "special", "huge", "inf", "zeros"])
+def test_v7_row_scaled(shape, dtype, kind):
+    """Row-scaled rowwise: the per-row amax computed in the quantize launch (16-bit, N <= 16384: one thread
+    block per row with 2 or 4 blocks per thread; else row_amax + quantize), and the row kernel with a given
+    amax; every 4over6 mode, both E."""
+    x = make_input(shape, dtype, kind, seed=shape[0] + shape[1] + len(kind))
+    check_quantize(x, row_scaled=True)
+    check_quantize(x, row_scaled=True, amax=x.float().abs().amax(dim=1) * 0.75)
+    for err, fast in itertools.product(("MAE", "MSE"), (False, True)):
+        check_quantize(x, row_scaled=True, four_over_six=True, err_mode=err, err_fast_math=fast, e4m3_max=256)
+    check_quantize(x, row_scaled=True, four_over_six=True, err_fast_math=True)
+    # row-scaled with a columnwise copy keeps the row_amax pass + tile kernel
+    if shape[0] % 16 == 0:
+        check_quantize(x, row_scaled=True, columnwise=True)
+
+
+@cuda
+def test_v7_row_scaled_big():
+    x = make_input((16384, 6144), torch.bfloat16, "randn", seed=47)
+    check_quantize(x, row_scaled=True)
+    check_quantize(x, row_scaled=True, four_over_six=True, err_fast_math=True)
+    del x
+    torch.cuda.empty_cache()
+
+
 # ---- amax ops and dequantize ----------------------------------------------------------------------
 
 @cuda

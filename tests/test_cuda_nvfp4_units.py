@@ -84,6 +84,21 @@ def test_units_rht_and_sr(shape, kind, sr):
 
 
 @cuda
+@pytest.mark.parametrize("shape", [(2064, 4104), (4096, 4160), (33, 8208), (17, 16384)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("kind", ["randn", "special"])
+def test_units_v7_kernels(shape, kind):
+    """v7: units from the persistent tile2 kernel (many tiles per block, partial tiles) and from the fused
+    row-scaled row kernel (2 and 4 blocks per thread)."""
+    x = make_input(shape, torch.bfloat16, kind, seed=shape[1])
+    if shape[0] % 16 == 0:
+        _check_units(x, rowwise=True, columnwise=True)
+        _check_units(x, rowwise=True, columnwise=True, block_2d=True)
+        _check_units(x, rowwise=True, columnwise=True, rht=True, stochastic_rounding=True, seed=4, offset=1)
+    _check_units(x, rowwise=True, columnwise=False, row_scaled=True)
+    _check_units(x, rowwise=True, columnwise=False, row_scaled=True, four_over_six=True, err_fast_math=True)
+
+
+@cuda
 def test_units_with_given_amax_and_large():
     x = make_input((2048, 6144), torch.bfloat16, "randn", seed=3)
     _check_units(x, rowwise=True, columnwise=True, amax=torch.tensor(7.5, device="cuda"))

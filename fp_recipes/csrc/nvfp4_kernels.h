@@ -41,6 +41,10 @@ struct QuantizeArgs {
   // the columnwise copy, 16-byte aligned. The emulated GEMM reads them without a decode pass.
   uint16_t* unit = nullptr;
   uint16_t* unit_t = nullptr;
+  // Optional (row-scaled rowwise-only quantizations): compute the per-row amax in the same launch, write
+  // it here (M floats, exactly what row_amax writes) and quantize with it; `amax` is then ignored. One
+  // read of x where the fused kernel fits (16-bit input, N <= 16384), else row_amax + quantize.
+  float* row_amax_out = nullptr;
 };
 
 // Quantize per args (rowwise if data != nullptr, columnwise if data_t != nullptr).

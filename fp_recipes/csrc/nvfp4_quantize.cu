@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "nvfp4_device.cuh"
 #include "nvfp4_kernels.h"
 
@@ -334,11 +336,386 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
   if (p.unit_t != nullptr) store_unit16(q, sf, p.unit_t + col * p.M + row16);
 }
 
+// ---- v7 tile kernel: plain (non-4over6) row + column copies at copy bandwidth (issue 13, target 2) ----
+// The same bytes as tile_kernel<T, 0> (benchmarks/nvfp4_variants/tile_main.cu checks both against each
+// other; tests/test_cuda_nvfp4_kernels.py against the reference twin), reorganised for memory-level
+// parallelism and fewer instructions per element:
+// - the mode is compile-time (2-D, stochastic rounding, RHT columnwise), so each gets its own registers;
+// - a persistent 1-D grid (one wave of resident thread blocks) walks tiles of 64 columns x kRows rows
+//   (128 for 16-bit inputs, 64 for FP32: 16 KB either way); the raw input words of the next tile are
+//   loaded into registers while the current tile is quantized (register double buffering);
+// - the tile sits in shared memory in the input's own type (BF16: half the bytes of an FP32 tile),
+//   double buffered (one __syncthreads per tile), with an XOR swizzle of its 16-byte chunks that makes
+//   both the 16-byte row stores and the 4-byte column loads conflict-free (16-bit inputs);
+// - the column pass reads one 4-byte word per row: two columns per thread for 16-bit inputs;
+// - IMAD code packing (RowPack<0>) in both passes, as the plain rowwise kernel.
+template <typename T>
+struct Tile2Cfg {
+  static constexpr int kCpt = 4 / static_cast<int>(sizeof(T));  // columns per thread, column pass
+  static constexpr int kRows = 64 * kCpt;                       // rows per tile
+  static constexpr int kRbt = kCpt;                             // 1x16 row blocks per thread
+  static constexpr int kWords = 16 * static_cast<int>(sizeof(T));  // 4-byte words per tile row
+  static constexpr int kRb = kRows / 16;                        // 16-row blocks per tile column
+  static constexpr int kTileWords = kRows * kWords;             // 4096 (16 KB)
+  static constexpr int kVec = static_cast<int>(sizeof(T));      // uint4 per 16-element block
+};
+
+// Chunk swizzle of tile row r. 16-bit: chunk ^ ((r >> 4) ^ r) & 7: the 8 lanes of a quarter warp that
+// store chunk 2cb (+1) of rows r, r+1 (r even) hit 8 distinct chunks, and the 32 lanes of a column
+// load (rows rb * 16 + k for 8 rb, 4 words of one chunk) hit 32 distinct banks. FP32: chunk ^ 2 ((r >> 4)
+// & 3): the column loads (4 rb x 8 consecutive words) are conflict-free, the row stores 2-way.
+template <typename T>
+__device__ __forceinline__ int t2_swz(int r) {
+  return sizeof(T) == 2 ? (((r >> 4) ^ r) & 7) : (((r >> 4) & 3) << 1);
+}
+template <typename T>
+__device__ __forceinline__ int t2_word(int r, int w) {
+  return r * Tile2Cfg<T>::kWords + ((((w >> 2) ^ t2_swz<T>(r))) << 2) + (w & 3);
+}
+
+// The two (16-bit) or one (FP32) column values of a tile word.
+template <typename T>
+__device__ __forceinline__ float t2_col(uint32_t w, int j);
+template <>
+__device__ __forceinline__ float t2_col<__nv_bfloat16>(uint32_t w, int j) {
+  return __uint_as_float(j == 0 ? (w << 16) : (w & 0xFFFF0000u));
+}
+template <>
+__device__ __forceinline__ float t2_col<__half>(uint32_t w, int j) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(j == 0 ? (w & 0xFFFFu) : (w >> 16))));
+}
+template <>
+__device__ __forceinline__ float t2_col<float>(uint32_t w, int) {
+  return __uint_as_float(w);
+}
+
+// cp.async (sm_80+): 16 bytes global -> shared, bypassing registers; src_bytes 0 writes 16 zero bytes.
+__device__ __forceinline__ void t2_cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void t2_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void t2_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Start the copy of this thread's row blocks of the tile at (r0, c0) into tb (rows r0 + tid / 4 + 64 i,
+// columns c0 + (tid % 4) * 16 ...). Out-of-range elements become zero (as in tile_kernel). vec_ok
+// (N * sizeof(T) % 16 == 0): each 16-byte chunk lies wholly inside or outside the tensor, and cp.async
+// copies it; otherwise the elements are copied one by one (synchronously).
+template <typename T>
+__device__ __forceinline__ void t2_issue(const KParams& p, int64_t r0, int64_t c0, int tid, bool vec_ok,
+                                         uint32_t* tb) {
+  using C = Tile2Cfg<T>;
+  const T* src = static_cast<const T*>(p.x);
+  const int cb = tid % 4;
+  const int64_t col16 = c0 + cb * 16;
+#pragma unroll
+  for (int i = 0; i < C::kRbt; ++i) {
+    const int r = tid / 4 + 64 * i;
+    const int64_t row = r0 + r;
+    uint4* dst = reinterpret_cast<uint4*>(tb + r * C::kWords);
+    if (vec_ok) {
+#pragma unroll
+      for (int v = 0; v < C::kVec; ++v) {
+        const int64_t c = col16 + v * (16 / static_cast<int>(sizeof(T)));
+        const bool in = row < p.M && c < p.N;
+        t2_cp_async16(dst + ((cb * C::kVec + v) ^ t2_swz<T>(r)), in ? static_cast<const void*>(src + row * p.N + c)
+                                                                     : p.x, in ? 16 : 0);
+      }
+    } else {
+      using U = typename std::conditional<sizeof(T) == 2, uint16_t, uint32_t>::type;
+      const U* s = reinterpret_cast<const U*>(src);
+#pragma unroll
+      for (int v = 0; v < C::kVec; ++v) {
+        constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+        U e[kPer];
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+          const int64_t c = col16 + v * kPer + k;
+          e[k] = (row < p.M && c < p.N) ? s[row * p.N + c] : U(0);
+        }
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          w[q] = sizeof(T) == 2 ? (static_cast<uint32_t>(e[2 * q]) | (static_cast<uint32_t>(e[(2 * q + 1) % kPer]) << 16))
+                                : static_cast<uint32_t>(e[q]);
+        dst[(cb * C::kVec + v) ^ t2_swz<T>(r)] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+}
+
+// Thread blocks per SM asked of ptxas (0: none, __launch_bounds__(256) alone; see tile2 notes).
+#ifndef NVFP4_TILE2_MINB
+#define NVFP4_TILE2_MINB 0
+#endif
+#if NVFP4_TILE2_MINB > 0
+#define NVFP4_TILE2_BOUNDS __launch_bounds__(kThreads, NVFP4_TILE2_MINB)
+#else
+#define NVFP4_TILE2_BOUNDS __launch_bounds__(kThreads)
+#endif
+template <typename T, bool k2D, bool kSR, bool kRHT>
+__global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
+  using C = Tile2Cfg<T>;
+  static_assert(!(k2D && kRHT), "2-D excludes RHT");
+  __shared__ __align__(16) uint32_t tile[2][C::kTileWords];
+  __shared__ uint32_t part[k2D ? C::kRows / 8 : 1][4];  // 2-D: max |x| bits of 8 rows x 16 columns
+
+  const int tid = threadIdx.x;
+  const bool do_row = p.data != nullptr, do_col = p.data_t != nullptr;
+  const int64_t gx = (p.N + 63) / 64;
+  const int64_t tiles = gx * ((p.M + C::kRows - 1) / C::kRows);
+  const bool vec_ok = (p.N * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  TensorScale t_row, t_col;
+  if (k2D || (do_row && !p.row_scaled)) t_row = make_tensor_scale(__ldg(p.amax), p.e4m3_max);
+  if (do_col) t_col = make_tensor_scale(__ldg(p.amax_t), p.e4m3_max);
+  const int cb = tid % 4;
+  // Column pass: 16-row block crb (fastest across lanes: neighbouring lanes write one data_t run),
+  // word (column unit) cu.
+  const int crb = tid % C::kRb, cu = tid / C::kRb;
+
+  int64_t t = blockIdx.x;
+  if (t < tiles) t2_issue<T>(p, (t / gx) * C::kRows, (t % gx) * 64, tid, vec_ok, tile[0]);
+  t2_cp_commit();
+  int buf = 0;
+  for (; t < tiles; t += gridDim.x, buf ^= 1) {
+    const int64_t r0 = (t / gx) * C::kRows, c0 = (t % gx) * 64;
+    uint32_t* tb = tile[buf];
+    // The next tile's copy, in flight while this one is quantized (its buffer was last read in the
+    // previous iteration, which every thread finished before the __syncthreads at its end).
+    const int64_t tn = t + gridDim.x;
+    if (tn < tiles) t2_issue<T>(p, (tn / gx) * C::kRows, (tn % gx) * 64, tid, vec_ok, tile[buf ^ 1]);
+    t2_cp_commit();
+    t2_cp_wait<1>();  // this thread's copies of the current tile have landed
+    __syncthreads();  // ... and every other thread's
+    if (k2D) {
+      // Max |x| over 16 x 16 tiles: per block, then over the 8 rows of this warp with the same cb (lanes
+      // 4 apart), then (readers below) over the two warps of a 16-row tile.
+#pragma unroll
+      for (int i = 0; i < C::kRbt; ++i) {
+        const int r = tid / 4 + 64 * i;
+        RawBlock<T> rb;
+        const uint4* s4 = reinterpret_cast<const uint4*>(tb + r * C::kWords);
+#pragma unroll
+        for (int v = 0; v < C::kVec; ++v) rb.w[v] = s4[(cb * C::kVec + v) ^ t2_swz<T>(r)];
+        float x[16];
+        widen_raw(rb, x);
+        uint32_t m = __float_as_uint(block_absmax16(x));
+        m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
+        m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 8));
+        m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 16));
+        if ((tid & 31) < 4) part[8 * i + tid / 32][cb] = m;
+      }
+      __syncthreads();
+    }
+    // Rowwise copy, from the tile (this thread's own blocks).
+    if (do_row) {
+#pragma unroll 1
+      for (int i = 0; i < C::kRbt; ++i) {
+        const int r = tid / 4 + 64 * i;
+        const int64_t row = r0 + r, col16 = c0 + cb * 16;
+        if (row >= p.M || col16 + 16 > p.N) continue;
+        RawBlock<T> rb;
+        const uint4* s4 = reinterpret_cast<const uint4*>(tb + r * C::kWords);
+#pragma unroll
+        for (int v = 0; v < C::kVec; ++v) rb.w[v] = s4[(cb * C::kVec + v) ^ t2_swz<T>(r)];
+        float x[16];
+        widen_raw(rb, x);
+        const int64_t b = row * (p.N / 16) + col16 / 16;
+        uint2 q;
+        uint32_t sf;
+        if (k2D) {
+          const float tamax = __uint_as_float(max(part[(r / 8) & ~1][cb], part[(r / 8) | 1][cb]));
+          sf = plain_scale_code(tamax, t_row);
+          const float enc = block_enc(nvfp4_e4m3_decode(sf), t_row.s_dec);
+          q = kSR ? encode16_sr(x, enc, sr_block_bits(static_cast<uint64_t>(b), p.seed, p.offset))
+                  : encode16_rn<RowPack<0>::value>(x, enc);
+        } else {
+          const TensorScale ts = p.row_scaled ? make_tensor_scale(__ldg(p.amax + row), p.e4m3_max) : t_row;
+          quantize_block_1d<0, RowPack<0>::value>(x, ts, kSR, static_cast<uint64_t>(b), p.seed, p.offset, q, sf,
+                                                  nullptr, nullptr);
+        }
+        reinterpret_cast<uint2*>(p.data)[b] = q;
+        p.scale[b] = static_cast<uint8_t>(sf);
+        if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
+      }
+    }
+    // Columnwise copy: C::kCpt columns x 16 rows per thread, one word per row.
+    if (do_col) {
+      const int64_t row16 = r0 + crb * 16;
+      if (row16 + 16 <= p.M) {
+#pragma unroll 1
+        for (int j = 0; j < C::kCpt; ++j) {
+          const int64_t col = c0 + cu * C::kCpt + j;
+          if (col >= p.N) continue;
+          float v[16];
+#pragma unroll
+          for (int k = 0; k < 16; ++k) v[k] = t2_col<T>(tb[t2_word<T>(crb * 16 + k, cu)], j);
+          if (kRHT) rht16_bf16(v);
+          const uint64_t b = static_cast<uint64_t>(col * (p.M / 16) + row16 / 16);
+          uint2 q;
+          uint32_t sf;
+          if (k2D) {
+            // The tile amax of rows crb*16.. and columns (cu*kCpt + j) / 16 of the tile.
+            const int tc = (cu * C::kCpt + j) / 16;
+            const float tamax = __uint_as_float(max(part[2 * crb][tc], part[2 * crb + 1][tc]));
+            sf = plain_scale_code(tamax, t_col);
+            const float enc = block_enc(nvfp4_e4m3_decode(sf), t_col.s_dec);
+            q = kSR ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn<RowPack<0>::value>(v, enc);
+          } else {
+            quantize_block_1d<0, RowPack<0>::value>(v, t_col, kSR, b, p.seed, p.offset, q, sf, nullptr, nullptr);
+          }
+          reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
+          p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
+          if (p.unit_t != nullptr) store_unit16(q, sf, p.unit_t + col * p.M + row16);
+        }
+      }
+    }
+    __syncthreads();  // the tile (and the 2-D partial maxima) are reused two iterations on
+  }
+  t2_cp_wait<0>();
+}
+
+// ---- v7 row-scaled rowwise: one thread block per row ------------------------------------------
+// A row's blocks are spread over the 256 threads (kPer blocks each at most: N <= 16 * 256 * kPer) and
+// all loaded before any is quantized, so the row's per-row TensorScale (two correctly rounded divisions)
+// is made once per row instead of once per 16-element block. kFused: the row amax is computed here from
+// the registers (max |x| bits over the row, NaN -> the canonical NaN, exactly what row_amax_kernel
+// writes) and written to amax_out[row]: "row amax + quantize" reads x once. The per-block math is
+// rowwise_block's (quantize_block_1d<kFos>, no scale table, no strict value table: the same bytes).
+template <typename T, int kFos, int kPer, bool kFused>
+__global__ void __launch_bounds__(kThreads) row_scaled_kernel(KParams p, float* amax_out) {
+  __shared__ uint32_t red[2][kThreads / 32];
+  const int tid = threadIdx.x;
+  const int64_t bpr = p.N / 16;
+  const T* src = static_cast<const T*>(p.x);
+  int par = 0;
+  for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, par ^= 1) {
+    RawBlock<T> raw[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = tid + u * kThreads;
+      if (j < bpr) load_raw(src + row * p.N + j * 16, raw[u]);
+    }
+    float amax;
+    if (kFused) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        if (tid + u * kThreads < bpr) {
+          float x[16];
+          widen_raw(raw[u], x);
+          m = max(m, __float_as_uint(block_absmax16(x)));
+        }
+      }
+      m = __reduce_max_sync(0xFFFFFFFFu, m);
+      if ((tid & 31) == 0) red[par][tid / 32] = m;
+      __syncthreads();
+      m = red[par][0];
+#pragma unroll
+      for (int w = 1; w < kThreads / 32; ++w) m = max(m, red[par][w]);
+      m = m > 0x7F800000u ? 0x7FC00000u : m;
+      amax = __uint_as_float(m);
+      if (tid == 0) amax_out[row] = amax;
+    } else {
+      amax = __ldg(p.amax + row);
+    }
+    const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = tid + u * kThreads;
+      if (j < bpr) {
+        float x[16];
+        widen_raw(raw[u], x);
+        const int64_t g = row * bpr + j;
+        uint2 q;
+        uint32_t sf;
+        quantize_block_1d<kFos>(x, t, false, static_cast<uint64_t>(g), 0, 0, q, sf, nullptr, nullptr);
+        reinterpret_cast<uint2*>(p.data)[g] = q;
+        p.scale[g] = static_cast<uint8_t>(sf);
+        if (p.unit != nullptr) store_unit16(q, sf, p.unit + g * 16);
+      }
+    }
+  }
+}
+
+// Whether row_scaled_kernel takes a row-scaled rowwise quantization (16-bit input, N <= 16384, the
+// hardware-free software encode path and any 4over6 mode).
+template <typename T>
+bool row_scaled_fits(const KParams& kp) {
+  return sizeof(T) == 2 && kp.N / 16 <= 4 * kThreads && kp.sr == 0;
+}
+
+template <typename T, int kFos, bool kFused>
+void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) {
+  if (kp.M == 0 || kp.N == 0) return;
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t cap = static_cast<int64_t>(sms) * 16;
+  const unsigned grid = static_cast<unsigned>(kp.M < cap ? kp.M : cap);
+  if (kp.N / 16 <= 2 * kThreads) {
+    row_scaled_kernel<T, kFos, 2, kFused><<<grid, kThreads, 0, stream>>>(kp, amax_out);
+  } else {
+    row_scaled_kernel<T, kFos, 4, kFused><<<grid, kThreads, 0, stream>>>(kp, amax_out);
+  }
+  check_launch("nvfp4 row_scaled_kernel");
+}
+
+// Persistent grid of tile2_kernel: one wave of resident thread blocks (occupancy per instantiation,
+// queried once), at most one per tile. waves > 0 (benchmarks) overrides the wave count.
+template <typename T, bool k2D, bool kSR, bool kRHT>
+void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
+  using C = Tile2Cfg<T>;
+  static int per_sm = 0;
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (per_sm == 0) {
+    int occ = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT>, kThreads, 0) !=
+            cudaSuccess || occ < 1)
+      occ = 1;
+    per_sm = occ;
+  }
+  const int64_t tiles = ((kp.N + 63) / 64) * ((kp.M + C::kRows - 1) / C::kRows);
+  const int64_t want = static_cast<int64_t>(sms) * per_sm * (waves > 0 ? waves : 1);
+  const int64_t grid = tiles < want ? tiles : want;
+  tile2_kernel<T, k2D, kSR, kRHT><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
+  check_launch("nvfp4 tile2_kernel");
+}
+
+template <typename T>
+void launch_tile2(const KParams& kp, cudaStream_t stream, int waves = 0) {
+  const bool sr = kp.sr != 0;
+  if (kp.block_2d) {
+    if (sr) launch_tile2_mode<T, true, true, false>(kp, stream, waves);
+    else launch_tile2_mode<T, true, false, false>(kp, stream, waves);
+    return;
+  }
+  if (kp.rht) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      if (sr) launch_tile2_mode<T, false, true, true>(kp, stream, waves);
+      else launch_tile2_mode<T, false, false, true>(kp, stream, waves);
+      return;
+    }
+    require(false, "nvfp4 quantize: rht needs bfloat16 input");
+  }
+  if (sr) launch_tile2_mode<T, false, true, false>(kp, stream, waves);
+  else launch_tile2_mode<T, false, false, false>(kp, stream, waves);
+}
+
 template <typename T, int kFos>
 void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
   if (!tiled) {
     const int64_t total = kp.M * (kp.N / 16);
     if (total == 0) return;
+    if constexpr (sizeof(T) == 2 && kFos == 0) {
+      if (kp.row_scaled && row_scaled_fits<T>(kp)) {
+        launch_row_scaled<T, kFos, false>(kp, nullptr, stream);
+        return;
+      }
+    }
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     constexpr int kPer = RowwiseCfg<kFos>::kU * kThreads;
@@ -348,6 +725,10 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
     check_launch("nvfp4 rowwise_kernel");
   } else {
     if (kp.M == 0 || kp.N == 0) return;
+    if constexpr (kFos == 0) {
+      launch_tile2<T>(kp, stream);
+      return;
+    }
     const int64_t gx = (kp.N + kTile - 1) / kTile, gy = (kp.M + kTile - 1) / kTile;
     require(gy <= 65535, "nvfp4 quantize: M too large for the tile grid (max 65535*64 rows)");
     tile_kernel<T, kFos><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0,
@@ -368,6 +749,19 @@ void launch_fos(const KParams& kp, FourOverSix fos, bool tiled, cudaStream_t str
   }
 }
 
+template <typename T>
+bool launch_fused_row_scaled(const KParams& kp, FourOverSix fos, float* amax_out, cudaStream_t stream) {
+  if (!row_scaled_fits<T>(kp)) return false;
+  switch (fos_mode(fos != FourOverSix::kOff, fos == FourOverSix::kFast, kp.mse != 0)) {
+    case 0: launch_row_scaled<T, 0, true>(kp, amax_out, stream); break;
+    case 1: launch_row_scaled<T, 1, true>(kp, amax_out, stream); break;
+    case 2: launch_row_scaled<T, 2, true>(kp, amax_out, stream); break;
+    case 3: launch_row_scaled<T, 3, true>(kp, amax_out, stream); break;
+    case 4: launch_row_scaled<T, 4, true>(kp, amax_out, stream); break;
+  }
+  return true;
+}
+
 }  // namespace
 
 void set_software_e2m1(bool on) {
@@ -384,7 +778,7 @@ bool software_e2m1() {
 void quantize(const QuantizeArgs& a, cudaStream_t stream) {
   const bool do_row = a.data != nullptr, do_col = a.data_t != nullptr;
   require(do_row || do_col, "nvfp4 quantize: neither rowwise nor columnwise output requested");
-  require(!do_row || (a.N % 16 == 0 && a.scale && a.amax), "nvfp4 quantize: bad rowwise arguments");
+  require(!do_row || (a.N % 16 == 0 && a.scale && (a.amax || a.row_amax_out)), "nvfp4 quantize: bad rowwise arguments");
   require(!do_col || (a.M % 16 == 0 && a.scale_t && a.amax_t), "nvfp4 quantize: bad columnwise arguments");
   require(!a.rht || a.in_dtype == DType::kBFloat16, "nvfp4 quantize: rht needs bfloat16 input");
   require((a.unit == nullptr || do_row) && (a.unit_t == nullptr || do_col),
@@ -400,6 +794,25 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
              a.rht ? 1 : 0,              a.block_2d ? 1 : 0, a.mse ? 1 : 0, a.e4m3_max,
              a.stochastic_rounding ? 1 : 0, a.seed,     a.offset,
              a.unit,   a.unit_t};
+  if (a.row_amax_out != nullptr) {
+    // Row amax + row-scaled rowwise quantization in one pass where row_scaled_kernel fits, else the
+    // row amax pass and then the quantization (the same bytes either way).
+    require(a.row_scaled && do_row && !do_col && !a.block_2d && !a.stochastic_rounding && a.unit_t == nullptr,
+            "nvfp4 quantize: row_amax_out needs a row-scaled rowwise-only quantization");
+    kp.amax = a.row_amax_out;
+    if (a.M * a.N == 0) {
+      if (a.M > 0) check_cuda(cudaMemsetAsync(a.row_amax_out, 0, a.M * sizeof(float), stream), "nvfp4 row amax memset");
+      return;
+    }
+    bool done = false;
+    switch (a.in_dtype) {
+      case DType::kBFloat16: done = launch_fused_row_scaled<__nv_bfloat16>(kp, a.four_over_six, a.row_amax_out, stream); break;
+      case DType::kFloat16: done = launch_fused_row_scaled<__half>(kp, a.four_over_six, a.row_amax_out, stream); break;
+      default: break;
+    }
+    if (done) return;
+    row_amax(a.x, a.in_dtype, a.M, a.N, a.row_amax_out, nullptr, stream);
+  }
   // The rowwise-only 1-D case reads x directly (16-byte loads need N*sizeof % 16 == 0, true for
   // N % 16 == 0); everything else goes through the tile.
   const bool tiled = do_col || a.block_2d;

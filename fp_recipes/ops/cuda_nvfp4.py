@@ -212,8 +212,12 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
     row_am: Optional[torch.Tensor] = None  # (M,) when row_scaled
     g_am: Optional[torch.Tensor] = None  # 0-dim per-tensor amax of x
     t_am: Optional[torch.Tensor] = None  # 0-dim columnwise amax
+    fused_row_amax = False  # v7: the per-row amax computed by the quantize launch itself (one read of x)
     if row_scaled:
-        if amax is not None:
+        if amax is None and rowwise and not columnwise and m * n and getattr(ext, "nvfp4_fused_row_amax", False):
+            row_am = torch.empty((m,), dtype=torch.float32, device=dev_t)
+            fused_row_amax = True
+        elif amax is not None:
             row_am = amax.reshape(m).to(torch.float32).contiguous().clone()
             if columnwise:
                 t_am = row_am.amax() if m else torch.zeros((), dtype=torch.float32, device=dev_t)
@@ -266,7 +270,7 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
             _ptr(t_am) if columnwise else 0,
             rht, block_2d, fos, mse, float(e4m3_max), stochastic_rounding,
             (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev,
-            unit=_ptr(unit), unit_t=_ptr(unit_t))
+            unit=_ptr(unit), unit_t=_ptr(unit_t), **({"row_amax_out": _ptr(row_am)} if fused_row_amax else {}))
     out_amax = rowwise_amax if rowwise else _empty_f32(dev_t)
     out_amax_t = t_am if columnwise else _empty_f32(dev_t)
     if rowwise and columnwise and out_amax_t is out_amax and not share_amax:

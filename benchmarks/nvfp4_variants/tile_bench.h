@@ -1,0 +1,28 @@
+// TU-neutral interface of tile_kernels.cu (one object per ptxas bound) for tile_main.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tb {
+enum Which { kOldTile = 0, kTile2 = 1, kRowwise = 2, kRowScaled = 3, kRowScaledFused = 4, kRowScaledFusedFast = 5 };
+struct Args {
+  const void* x = nullptr;
+  int dtype = 2;  // 0 fp32, 2 bf16 (csrc/common.h DType)
+  int64_t M = 0, N = 0;
+  uint8_t* data = nullptr;
+  uint8_t* scale = nullptr;
+  const float* amax = nullptr;
+  int row_scaled = 0;
+  uint8_t* data_t = nullptr;
+  uint8_t* scale_t = nullptr;
+  const float* amax_t = nullptr;
+  int rht = 0, block_2d = 0, sr = 0;
+  uint64_t seed = 0, offset = 0;
+  float* row_amax_out = nullptr;
+};
+void run_b0(const Args&, int which, int waves, cudaStream_t);
+void run_b4(const Args&, int which, int waves, cudaStream_t);
+void attrs_b0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+void attrs_b4(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+}  // namespace tb

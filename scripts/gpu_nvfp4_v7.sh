@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# NVFP4 v7 quantize kernels (issue 13, target 2) in one device call, after `source .device/setup.sh`:
+#   source .device/setup.sh && bash scripts/gpu_nvfp4_v7.sh
+# 1. the tile benchmark (benchmarks/nvfp4_variants/tile_main.cu) is built in the background (nvcc only);
+# 2. pytest -m cuda: quantize kernels vs the reference twin, unit operands, the fast GEMM;
+# 3. compute-sanitizer memcheck + racecheck over tests/sanitize_nvfp4.py (quick) and the v7 cases of
+#    tests/sanitize_nvfp4_v7.py;
+# 4. the tile benchmark: v6 tile kernel vs v7 tile2 kernel (bytes compared, timings at 16384x6144 and
+#    4096x4096 BF16, 4096x4096 FP32; copy bandwidth of the same run), row-scaled v6 / v7 / fused;
+# 5. bench_quantize_nvfp4.py --quick --shapes 16384x6144 (the shipped kernels through the extension).
+# Every stage runs under `timeout`; logs and JSON in $OUT; a summary table prints last.
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_nvfp4_v7_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+ARCH=${NVFP4_V7_ARCH:-90a}
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+B=${NVFP4_V7_BUILD:-/tmp/nvfp4_v7_build}
+mkdir -p "$B"
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc -Ibenchmarks/nvfp4_variants
+       "-gencode=arch=compute_${ARCH},code=sm_${ARCH}")
+S=benchmarks/nvfp4_variants
+(
+  t0=$(date +%s)
+  pids=()
+  "$NVCC" -c "$S/tile_main.cu" -o "$B/main.o" "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/b0.o" -DTB_TAG=b0 -DNVFP4_TILE2_MINB=0 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/b4.o" -DTB_TAG=b4 -DNVFP4_TILE2_MINB=4 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c fp_recipes/csrc/nvfp4_amax.cu -o "$B/amax.o" "${FLAGS[@]}" & pids+=($!)
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/amax.o" \
+      "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
+  echo "tile bench build rc=$rc in $(( $(date +%s) - t0 )) s"
+) > "$OUT/tile_build.log" 2>&1 &
+BUILD_PID=$!
+{
+  echo "== nvidia-smi -L"; nvidia-smi -L
+  git log --oneline -1 2>/dev/null || true
+  python3 -c "import fp_recipes; print(fp_recipes.backend_info()['summary'])"
+  echo "== pytest -m cuda"
+  timeout "${LIM_TEST:-120}" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 -x \
+      tests/test_cuda_nvfp4_kernels.py tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py 2>&1 | tail -n 30
+  echo "pytest rc=$?"
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool (sanitize_nvfp4_v7.py)"
+    timeout "${LIM_SAN:-35}" "$SAN" --tool "$tool" python3 tests/sanitize_nvfp4_v7.py 2>&1 \
+        | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -n 15
+    echo "$tool rc=$?"
+  done
+  echo "== tile benchmark"
+  wait "$BUILD_PID"
+  cat "$OUT/tile_build.log"
+  if [ -x "$B/nvfp4_tile_bench" ]; then
+    timeout "${LIM_TILE:-60}" "$B/nvfp4_tile_bench" "$OUT/nvfp4_tile_bench.json" --reps "${REPS:-40}" \
+        > "$OUT/tile_bench.log" 2>&1
+    echo "tile bench rc=$?"
+    grep -E "^(device|byte checks|MISMATCH)" "$OUT/tile_bench.log" | head -n 20
+  fi
+  echo "== bench_quantize_nvfp4 --quick --shapes 16384x6144"
+  timeout "${LIM_BENCH:-60}" python3 benchmarks/bench_quantize_nvfp4.py --quick --shapes 16384x6144 \
+      --json "$OUT/bench_quantize_nvfp4.json" > "$OUT/bench_quantize.log" 2>&1
+  echo "bench rc=$?"
+  grep -E "^16384x6144" "$OUT/bench_quantize.log" | head -n 40
+  echo "== tile benchmark table"
+  sed -n '/^== /,$p' "$OUT/tile_bench.log" | grep -vE "^wrote" | head -n 90
+} 2>&1 | tee "$OUT/log.txt"
