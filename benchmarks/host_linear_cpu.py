@@ -7,7 +7,16 @@ least disturbed by other load on a shared machine). On a CPU every cast is the p
 does (every forward casts the weight); ``--weights fixed`` leaves it, as for the 2nd..nth micro-batch
 of gradient accumulation, where the module reuses its cached quantized weight (docs/modules.md)::
 
-    python benchmarks/host_linear_cpu.py [--weights changing|fixed] [--m 16 --k 64 --n 64] [--json]
+    python benchmarks/host_linear_cpu.py [--weights changing|fixed] [--kernels reference|stub]
+                                         [--m 16 --k 64 --n 64] [--json]
+
+``--kernels stub`` measures what a GPU step's host runs instead: the FP8 and per-token casts go through
+the CUDA op wrappers (``ops/cuda_fp8.py``: argument checks, output allocations, the launch call) with a
+do-nothing extension in place of ``fp_recipes._C``, and the FP8 GEMMs through ``gemm/fp8.py``'s native
+branch with a ``torch._scaled_mm`` that only allocates its output. No numbers are computed, so only the
+host work of the library is timed (on a GPU each launch also costs a few microseconds of driver time).
+The delayed-scaling update still runs its torch-op twin (on CUDA: one kernel launch). NVFP4 is left out
+(its CUDA wrappers belong to ``ops/cuda_nvfp4.py`` and its Hopper GEMM is an emulation).
 """
 
 from __future__ import annotations
@@ -35,6 +44,45 @@ class _CountOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.n += 1
         return func(*args, **(kwargs or {}))
+
+
+class _StubExtension:
+    """Stands in for ``fp_recipes._C``: every launcher accepts its arguments and does nothing."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+def install_stub_kernels() -> None:
+    """Route CPU tensors through the CUDA op wrappers and the native FP8 GEMM branch (see module doc)."""
+    from fp_recipes import _extension, ops
+    from fp_recipes.gemm import fp8 as gemm_fp8
+    from fp_recipes.ops import cuda_fp8
+
+    _extension._ext, _extension._ext_loaded = _StubExtension(), True
+
+    def require(op, **tensors):  # the wrapper's checks, less "is it on a CUDA device"
+        device = None
+        for name, t in tensors.items():
+            device = t.device if device is None else device
+            if not t.is_contiguous():
+                raise ValueError(f"{op}: {name} must be contiguous")
+        return device
+
+    cuda_fp8._require_cuda = require
+    cuda_fp8._call = lambda op, impl, *args: impl(*args)
+    cuda_fp8._stream = lambda device: 0
+    for name in ("fp8_amax", "fp8_quantize", "fp8_current_scaling_quantize", "fp8_dequantize",
+                 "per_token_cast", "cast_back"):
+        setattr(ops, name, getattr(cuda_fp8, name))
+    gemm_fp8.fp8_native_gemm_available = lambda *args: True
+
+    def scaled_mm(a, b, *, scale_a, scale_b, bias=None, out_dtype=None, use_fast_accum=False):
+        return torch.empty(a.shape[0], b.shape[1], dtype=out_dtype)
+
+    torch._scaled_mm = scaled_mm
 
 
 def measure(name: str, m: int, k: int, n: int, changing: bool) -> dict:
@@ -76,17 +124,23 @@ def measure(name: str, m: int, k: int, n: int, changing: bool) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", choices=("changing", "fixed"), default="changing")
+    p.add_argument("--kernels", choices=("reference", "stub"), default="reference")
     p.add_argument("--m", type=int, default=16)
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
-    out = {name: measure(name, args.m, args.k, args.n, args.weights == "changing") for name in RECIPES}
+    names = list(RECIPES)
+    if args.kernels == "stub":
+        install_stub_kernels()
+        names.remove("nvfp4")
+    out = {name: measure(name, args.m, args.k, args.n, args.weights == "changing") for name in names}
     if args.json:
         print(json.dumps(out))
         return
-    print(f"Linear {args.m}x{args.k} @ {args.k}x{args.n}, forward + backward, weights {args.weights}, CPU")
+    print(f"Linear {args.m}x{args.k} @ {args.k}x{args.n}, forward + backward, weights {args.weights}, "
+          f"{args.kernels} kernels, CPU")
     print(f"{'recipe':<10} {'aten ops':>9} {'py calls':>9} {'us':>9}")
     for name, r in out.items():
         print(f"{name:<10} {r['aten_ops']:>9} {r['python_calls']:>9} {r['us']:>9.1f}")

@@ -53,7 +53,10 @@ def fp8_operand(t, transpose: bool) -> Fp8Operand:
         data = t.t_data() if hasattr(t, "t_data") else t.data_t
     if data.dim() != 2:
         data = data.reshape(-1, data.shape[-1])
-    return Fp8Operand(data, t.scale_inv.float().reshape(()))
+    scale_inv = t.scale_inv
+    if scale_inv.dtype != torch.float32 or scale_inv.dim() != 0:  # a Float8Tensor's already is
+        scale_inv = scale_inv.float().reshape(())
+    return Fp8Operand(data, scale_inv)
 
 
 def nvfp4_operand(t, transpose: bool) -> Nvfp4Operand:

@@ -74,6 +74,30 @@ def cuda_impl(name: str) -> Optional[Callable]:
     return impl
 
 
+_resolved: Dict[str, Callable] = {}
+_ops: Any = None
+
+
+def resolved(name: str, x: Any) -> Callable:
+    """What ``fp_recipes.ops.<name>(x, ...)`` runs for the tensor ``x``, looked up once per op: on a
+    CUDA tensor the registered kernel wrapper (or, without one, the dispatcher: its reference after
+    the one warning), elsewhere the dispatcher. For per-call hot paths (the quantizers): the dispatcher
+    scans the arguments and looks the implementation up on every call."""
+    global _ops
+    if x.is_cuda:
+        fn = _resolved.get(name)
+        if fn is not None:
+            return fn
+    if _ops is None:
+        import fp_recipes.ops as ops  # the package that imports this module: loaded by now
+
+        _ops = ops
+    if not x.is_cuda:
+        return getattr(_ops, name)
+    fn = _resolved[name] = cuda_impl(name) or getattr(_ops, name)
+    return fn
+
+
 def registered_cuda_ops() -> list[str]:
     if extension() is None:
         return []

@@ -84,10 +84,13 @@ def _require_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
     return device
 
 
+_SAME_DEVICE = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
 def _on(device: torch.device):
     """The device's context only when it is not already current (the switch costs microseconds)."""
     if device.index is None or device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
+        return _SAME_DEVICE
     return torch.cuda.device(device)
 
 
@@ -177,18 +180,37 @@ def _(x):
     return x.new_empty((), dtype=torch.float32)
 
 
-def _fp8_quantize_impl(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
-                     columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    device = _require_cuda("fp8_quantize", x=x, scale=scale)
+def _fp8_copies_or_none(x: torch.Tensor, fmt: str, rowwise: bool,
+                        columnwise: bool) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """The eager launch's outputs: the (M, N) rowwise and (N, M) columnwise copies, None when unwanted
+    (no empty placeholder tensors: each allocation is host time)."""
     m, n = x.shape
     dt = FP8_DTYPE[fmt]
-    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
+    return (x.new_empty((m, n), dtype=dt) if rowwise else None,
+            x.new_empty((n, m), dtype=dt) if columnwise else None)
+
+
+def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool):
+    """The eager cast: (data or None, data_t or None, scale_inv, amax)."""
+    device = _require_cuda("fp8_quantize", x=x, scale=scale)
+    m, n = x.shape
+    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     with _on(device):
-        _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[dt],
-                            _ptr(data) if rowwise else 0, _ptr(data_t) if columnwise else 0,
-                            scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+        _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[FP8_DTYPE[fmt]],
+                            _ptr(data), _ptr(data_t), scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax
+
+
+def _with_placeholders(x: torch.Tensor, fmt: str, out: tuple) -> tuple:
+    """A custom op returns tensors only: an unwanted copy comes back as an empty tensor."""
+    dt = FP8_DTYPE[fmt]
+    return tuple(x.new_empty(_EMPTY_SHAPE, dtype=dt) if t is None else t for t in out[:2]) + tuple(out[2:])
+
+
+def _fp8_quantize_impl(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool,
+                     columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _with_placeholders(x, fmt, _fp8_quantize_launch(x, scale, fmt, rowwise, columnwise))
 
 
 _fp8_quantize_op = torch.library.custom_op("fp_recipes::fp8_quantize", mutates_args=())(_fp8_quantize_impl)
@@ -200,20 +222,26 @@ def _(x, scale, fmt, rowwise, columnwise):
     return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
 
 
-def _fp8_current_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
-                    columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                               torch.Tensor]:
+def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
+                        columnwise: bool):
+    """The eager cast: (data or None, data_t or None, scale_inv, amax, scale)."""
     device = _require_cuda("fp8_current_scaling_quantize", x=x)
     m, n = x.shape
-    dt = FP8_DTYPE[fmt]
-    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
+    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
     with _on(device):
         _ext().fp8_current_scaling_quantize(
-            _ptr(x), DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[dt], bool(use_power_2_scales), float(amax_epsilon),
-            _ptr(data) if rowwise else 0, _ptr(data_t) if columnwise else 0, scale.data_ptr(),
-            scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+            _ptr(x), DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
+            float(amax_epsilon), _ptr(data), _ptr(data_t), scale.data_ptr(), scale_inv.data_ptr(),
+            amax.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax, scale
+
+
+def _fp8_current_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
+                    columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                               torch.Tensor]:
+    return _with_placeholders(x, fmt, _fp8_current_launch(x, fmt, use_power_2_scales, amax_epsilon, rowwise,
+                                                          columnwise))
 
 
 _fp8_current_op = torch.library.custom_op("fp_recipes::fp8_current_scaling_quantize", mutates_args=())(_fp8_current_impl)
@@ -536,8 +564,8 @@ def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: boo
                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_quantize"
     fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
-    data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_impl, 
-        _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
+    data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_launch,
+                                          _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
 
@@ -548,9 +576,9 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
                                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_current_scaling_quantize"
     fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
-    data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_impl, 
-        _contiguous(x, what, "x"), fmt, bool(use_power_2_scales), float(amax_epsilon), bool(rowwise),
-        bool(columnwise))
+    data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_launch,
+                                                 _contiguous(x, what, "x"), fmt, bool(use_power_2_scales),
+                                                 float(amax_epsilon), bool(rowwise), bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .. import formats, ops
+from ..ops.backend import resolved
 from ..ops.ref_fp8 import current_scale
 from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
                          dtype_from_name, dtype_name, move, resolve_out_dtype)
@@ -148,7 +149,20 @@ def _rebuild_float8_tensor(state: Dict[str, Any]) -> Float8Tensor:
 
 
 def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
-    return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
+    """A quantizer's own op result as a Float8Tensor, without the constructor's checks: the op made
+    the copies in ``fmt`` from ``x`` flattened to 2-D, and FP32 0-dim scale_inv/amax (the checks cost a
+    few microseconds per cast, on the step's host path). Traced code builds it as usual."""
+    if torch.compiler.is_compiling():
+        return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
+    t = object.__new__(Float8Tensor)
+    t.data = res.data
+    t.data_t = res.data_t
+    t.scale_inv = res.scale_inv
+    t.amax = res.amax
+    t.fmt = fmt
+    t.orig_dtype = x.dtype
+    t._shape = x.shape
+    return t
 
 
 class NonFiniteAmaxWarning(RuntimeWarning):
@@ -306,21 +320,40 @@ class Float8Quantizer(Quantizer):
             raise ValueError(f"Float8Quantizer: input is on {x.device} but the scaling state is on "
                              f"{self.scale.device}; move the state with .to(device) or bind_state()")
 
+    def _slot0(self) -> torch.Tensor:
+        """``amax_history[0]``, the view made once per history tensor and storage (a view costs about a
+        microsecond; the history is rebound by ``.to()``/``bind_state`` and a module's ``_apply``)."""
+        h = self.amax_history
+        cached = self.__dict__.get("_slot0_of")
+        if cached is not None and cached[0] is h and cached[1] == h.data_ptr():
+            return cached[2]
+        slot = h[0]
+        self._slot0_of = (h, h.data_ptr(), slot)
+        return slot
+
     def record_amax(self, amax: torch.Tensor) -> None:
         """amax_history[0] = max(amax_history[0], amax), in place (NaN propagates)."""
-        slot = self.amax_history[0]
-        torch.maximum(slot, amax.to(slot.device), out=slot)  # one kernel, in place
+        slot = self.amax_history[0] if torch.compiler.is_compiling() else self._slot0()
+        if amax.device != slot.device:
+            amax = amax.to(slot.device)
+        torch.maximum(slot, amax, out=slot)  # one kernel, in place
 
     def quantize(self, x: torch.Tensor) -> Float8Tensor:
         check_input(x, "Float8Quantizer.quantize")
         self._check_device(x)
         x2 = flatten_2d(x, "Float8Quantizer.quantize")
-        # The kernel reads the scale in stream order, before any later in-place update: no copy needed.
-        # A traced graph copies it (see state_snapshot).
-        scale = state_snapshot(self.scale) if torch.compiler.is_compiling() else self.scale
-        res = ops.fp8_quantize(x2, scale, self.fmt, rowwise=self.spec.rowwise,
-                               columnwise=self.spec.columnwise)
-        self.record_amax(res.amax)
+        spec = self.spec
+        if torch.compiler.is_compiling():
+            # The kernel reads the scale in stream order, before any later in-place update: no copy
+            # needed eagerly. A traced graph copies it (see state_snapshot).
+            res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=spec.rowwise,
+                                   columnwise=spec.columnwise)
+            slot = self.amax_history[0]
+        else:
+            res = resolved("fp8_quantize", x2)(x2, self.scale, self.fmt, rowwise=spec.rowwise,
+                                                   columnwise=spec.columnwise)
+            slot = self._slot0()
+        torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
         return _wrap(res, x, self.fmt)
 
     def compute_scale(self) -> torch.Tensor:
@@ -373,9 +406,10 @@ class Float8CurrentScalingQuantizer(Quantizer):
         x2 = flatten_2d(x, "Float8CurrentScalingQuantizer.quantize")
         s = self.spec
         if amax is None:
-            res = ops.fp8_current_scaling_quantize(
-                x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
-                rowwise=s.rowwise, columnwise=s.columnwise)
+            op = ops.fp8_current_scaling_quantize if torch.compiler.is_compiling() else \
+                resolved("fp8_current_scaling_quantize", x2)
+            res = op(x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
+                     rowwise=s.rowwise, columnwise=s.columnwise)
             return _wrap(res, x, self.fmt)
         if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32 or amax.numel() != 1:
             raise TypeError("Float8CurrentScalingQuantizer.quantize: amax must be an FP32 tensor with one element")
