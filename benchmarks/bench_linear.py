@@ -132,7 +132,7 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
 
     cases.append(("bf16 GroupedLinear (no autocast: loop of F.linear)", loop_step))
 
-    from fp_recipes.modules import grouped_fp8 as GF
+    from fp_recipes.gemm import grouped as GF
     from fp_recipes.modules import grouped_linear as GL
 
     for name, recipe in recipes.items():
@@ -142,7 +142,7 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
                                 if fp8 else []) + (["generic"] if fp8 and with_generic else [])
         for path in paths:
             def step(mod=mod, recipe=recipe, path=path):
-                GL.FP8_FAST_PATH = path != "generic"
+                GL.MULTI_CAST = path != "generic"
                 GF.USE_CUBLASLT = "_scaled_mm" not in path
                 cublaslt.WORKSPACE_BYTES = 0 if "no cuBLASLt workspace" in path else 32 * 2**20
                 x.grad = None
@@ -172,9 +172,9 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
             rows.append({"case": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
         finally:
-            from fp_recipes.modules import grouped_fp8 as GF
+            from fp_recipes.gemm import grouped as GF
             from fp_recipes.modules import grouped_linear as GL
-            GL.FP8_FAST_PATH = True
+            GL.MULTI_CAST = True
             GF.USE_CUBLASLT = True
             cublaslt.WORKSPACE_BYTES = 32 * 2**20
         if label == baseline_label:

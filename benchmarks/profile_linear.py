@@ -182,8 +182,8 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
     """Host microseconds per GroupedLinear step and per piece of it at tiny shapes (GPU work negligible,
     so wall time per call is the host's cost to enqueue): where a host-bound step's time goes."""
     from fp_recipes.gemm import cublaslt
-    from fp_recipes.modules import grouped_fp8 as GF
     from fp_recipes.ops import cuda_fp8
+    from fp_recipes.quantizers.grouped import Fp8MultiCast
 
     dev = torch.device("cuda")
     splits = [m] * experts
@@ -228,9 +228,9 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
     print(f"    multi-cast delayed (buffers)   {per_call_us(lambda: mc(parts, 'e4m3', scales=scales)):7.1f}")
     print(f"    multi-cast current (buffers)   {per_call_us(lambda: mc(parts, 'e4m3')):7.1f}")
     data, data_t, f32, starts = mc(parts, 'e4m3', scales=scales)
-    casts = GF._Casts(data, data_t, f32, data.dtype, splits, k, starts)
+    casts = Fp8MultiCast(data, data_t, f32, data.dtype, splits, k, starts)
     w8 = torch.randn(n * experts, k, device=dev).to(torch.float8_e4m3fn)
-    wc = GF._Casts(w8, w8.view(-1), f32, w8.dtype, [n] * experts, k, [n * g for g in range(experts + 1)])
+    wc = Fp8MultiCast(w8, w8.view(-1), f32, w8.dtype, [n] * experts, k, [n * g for g in range(experts + 1)])
     y = torch.empty(m * experts, n, device=dev, dtype=torch.bfloat16)
     gs = list(range(experts))
     ptrs = [y.data_ptr() + g * m * n * 2 for g in gs]

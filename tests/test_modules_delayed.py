@@ -337,10 +337,10 @@ def test_delayed_step_assigns_no_host_scalars(monkeypatch):
     assert seen == []
 
 
-def test_checkpoint_continuity_grouped_fp8_fast_path(monkeypatch):
+def test_checkpoint_continuity_grouped_fp8_multi_cast(monkeypatch):
     from fp_recipes.modules import grouped_linear as GL
 
-    monkeypatch.setattr(GL, "FP8_FAST_PATH", True)
+    monkeypatch.setattr(GL, "MULTI_CAST", True)
     test_checkpoint_continuity_bit_identical(lambda: DelayedScaling(amax_history_len=4))
 
 

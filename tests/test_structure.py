@@ -194,8 +194,8 @@ def test_the_graph_sees_the_package():
     graph = import_graph(deferred=False)
     assert len(graph) > 50
     assert "fp_recipes.gemm.cublaslt" in graph and "fp_recipes._extension" in graph
-    assert "fp_recipes.gemm.cublaslt" in graph["fp_recipes.modules.grouped_fp8"]
-    assert "fp_recipes.gemm" in graph["fp_recipes.modules.grouped_fp8"]  # the package __init__ it enters
+    assert "fp_recipes.gemm.cublaslt" in graph["fp_recipes.gemm.grouped"]
+    assert "fp_recipes.gemm" in graph["fp_recipes.modules.grouped_linear"]  # the package __init__ it enters
     assert "fp_recipes._extension" in graph["fp_recipes.ops.backend"]
     assert {"fp_recipes.gemm", "fp_recipes.gemm.cublaslt", "fp_recipes.ops.backend"} <= \
         import_graph(deferred=True)["fp_recipes._info"]  # backend_info: above both layers

@@ -2,8 +2,8 @@
 by the first micro-batch's forward and the cached quantized copy is reused until the weight changes
 (its version counter, its storage, the quantizer, and for delayed scaling the scale it was quantized
 with), automatically; TransformerEngine's ``is_first_microbatch`` forward argument forces a refresh
-(True) or a reuse (False). Casts are counted at the quantizers' ``quantize`` seam (and at the grouped
-FP8 path's one multi-tensor cast of all experts' weights).
+(True) or a reuse (False). Casts are counted at the quantizers' ``quantize`` seam (and at GroupedLinear's
+FP8 multi-cast of all experts' weights).
 
 What "identical" means: every forward, output, gradient, parameter and quantizer state equals a copy of
 the model with the cache off, bit for bit. For delayed scaling this includes the amax histories and
@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 import fp_recipes
 from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, PerTokenScaling
-from fp_recipes.modules import grouped_fp8, grouped_linear
+from fp_recipes.modules import grouped_linear
 from fp_recipes.modules.base import QuantizedModule
 from fp_recipes.quantizers import float8, nvfp4, per_token
 from fp_recipes.quantizers.roles import TensorKind
@@ -57,7 +57,7 @@ class Model(torch.nn.Module):
 @pytest.fixture
 def weight_casts(monkeypatch):
     """Counts weight casts per quantizer role name, at the quantize seam of every quantizer class and
-    at the grouped FP8 path's multi-tensor cast (one count per expert)."""
+    at GroupedLinear's FP8 multi-cast (one count per expert)."""
     casts: Counter = Counter()
 
     def wrap(cls):
@@ -72,14 +72,14 @@ def weight_casts(monkeypatch):
     for cls in (float8.Float8Quantizer, float8.Float8CurrentScalingQuantizer, nvfp4.NVFP4Quantizer,
                 per_token.PerTokenQuantizer):
         wrap(cls)
-    orig_cast_all = grouped_fp8._cast_all
+    orig_multi_cast = grouped_linear.fp8_multi_cast
 
-    def cast_all(quantizers, *args, **kwargs):
+    def multi_cast(quantizers, *args, **kwargs):
         for q in quantizers:
             if q.spec.role.tensor is TensorKind.WEIGHT:
                 casts[str(q.spec.role)] += 1
-        return orig_cast_all(quantizers, *args, **kwargs)
-    monkeypatch.setattr(grouped_fp8, "_cast_all", cast_all)
+        return orig_multi_cast(quantizers, *args, **kwargs)
+    monkeypatch.setattr(grouped_linear, "fp8_multi_cast", multi_cast)
     return casts
 
 
@@ -131,11 +131,11 @@ def n_weights(model) -> int:
     return sum(1 for name, _ in model.named_parameters() if "weight" in name and "layer_norm" not in name)
 
 
-@pytest.mark.parametrize("grouped_fast_path", [True, False])
+@pytest.mark.parametrize("grouped_multi_cast", [True, False])
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_later_microbatches_cast_no_weight_and_change_nothing(name, grouped_fast_path, weight_casts,
+def test_later_microbatches_cast_no_weight_and_change_nothing(name, grouped_multi_cast, weight_casts,
                                                               monkeypatch):
-    monkeypatch.setattr(grouped_linear, "FP8_FAST_PATH", grouped_fast_path)
+    monkeypatch.setattr(grouped_linear, "MULTI_CAST", grouped_multi_cast)
     torch.manual_seed(0)
     recipe = RECIPES[name]()
     reference = Model()

@@ -12,111 +12,132 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..gemm import gemm, grouped_gemm
-from ..quantizers.grouped import split_sizes
-from ..quantizers.roles import ModuleKind
+from ..gemm import grouped_gemm
+from ..quantizers.grouped import fp8_multi_cast, fp8_multi_cast_fits, split_sizes
+from ..quantizers.roles import ModuleKind, ScalingKind, TensorKind
 from . import replay
+from .amax_reduction import reducer
 from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, amp_cast, backward_operands,
                    pad_tokens, quantize_operand, quantize_weight, start_backward, token_multiple,
                    torch_autocast_backward, torch_autocast_forward)
 from .weight_cache import WeightCache
-from .grouped_fp8 import GroupedFP8Function, fast_path_eligible
 from .linear import _factory, check_features, new_linear_parameters
 
 __all__ = ["GroupedLinear"]
 
-# FP8 per-tensor recipes run through modules/grouped_fp8.py (one cast per expert and operand with
-# both copies, per-expert GEMMs written into their output rows: the least host work and no copies).
-# It is tested bit-identical to the generic path below on CPU. Set False to force the generic path.
-FP8_FAST_PATH = True
+# FP8 per-tensor recipes (delayed or current scaling, one rule per operand, no backward_override) cast
+# each operand of ALL experts in one multi-tensor cast (quantizers/grouped.py: fp8_multi_cast, both
+# copies, one kernel launch for delayed scaling, two for current, whatever the number of experts), and
+# the grouped GEMMs then take addresses into its buffers (gemm/grouped.py: one cuBLASLt call per pass,
+# written into the output rows). A MoE layer's step is bound by host time; this is the least host work
+# per expert. The same bits as one quantization per expert (tested on CPU). Not traced by torch.compile
+# (host-side work that a graph replaces). Set False to quantize expert by expert.
+MULTI_CAST = True
+
+_PARAMS = 6  # apply(x, m_splits, sets, cache, mode, multi, *weights, *biases): where the parameters start
+_ROLES = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
 
 
-_PARAMS = 5  # apply(x, m_splits, sets, cache, mode, *weights, *biases): where the parameters start
+def _quantize_experts(multi: bool, quantizers: list, parts: Sequence[torch.Tensor], splits: Optional[Sequence[int]],
+                      group, *, backward: bool = False, record: bool = True):
+    """One operand of every expert: an Fp8MultiCast (``multi``), else a list (one quantization per expert
+    with rows; an expert without rows keeps its empty slice). A delayed quantizer whose expert got no
+    rows (``splits[g] == 0``; ``splits=None``: every expert, the weights) saw no tensor this step: it is
+    not handed to the reducer. ``record=False``: a checkpoint recompute, which records nothing."""
+    if not multi:
+        return [quantize_operand(q, p, group, backward=backward, record=record) if m else p
+                for q, p, m in zip(quantizers, parts, splits)]
+    casts = fp8_multi_cast(quantizers, parts, record=record)
+    if record and quantizers[0].spec.scaling is ScalingKind.DELAYED:
+        seen = quantizers if splits is None else [q for q, m in zip(quantizers, splits) if m > 0]
+        (reducer.record_backward_many if backward else reducer.record_forward_many)(seen, group)
+    return casts
+
+
+def _quantize_weights(multi: bool, quantizers: list, weights: Sequence[torch.Tensor], group, record: bool,
+                      cache: Optional[WeightCache], mode: str, amp: Optional[torch.dtype]):
+    """The experts' weights, through the module's weight cache (weight_cache.py): per expert, or (``multi``)
+    the one multi-cast of all of them, kept whole. A reuse still records every delayed-scaling weight amax
+    and hands the quantizers to the reducer, as a cast would."""
+    if not multi:
+        return [quantize_weight(q, w if q is not None else amp_cast(w, amp), group, record=record, cache=cache,
+                                mode=mode) for q, w in zip(quantizers, weights)]
+    hit = None if cache is None else cache.lookup(quantizers, weights, mode)
+    if hit is None:
+        casts = _quantize_experts(True, quantizers, weights, None, group, record=record)
+        if cache is not None and record:
+            cache.store(quantizers, weights, casts)
+        return casts
+    if record and quantizers[0].spec.scaling is ScalingKind.DELAYED:
+        hit.record_amaxes(quantizers)
+        reducer.record_forward_many(quantizers, group)
+    return hit
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, m_splits: tuple, sets: List[GemmQuantizers], cache: Optional[WeightCache],
-                mode: str, *params):
+                mode: str, multi: bool, *params):
         num = len(m_splits)
         weights, biases = params[:num], params[num:]
-        k = x.shape[1]
-        n = weights[0].shape[0]
-        amp = ctx.amp_dtype  # torch.autocast: see base.py
-        in_dtype = x.dtype
-        x = amp_cast(x, amp)
-        biases_c = [amp_cast(b, amp) for b in biases]
+        k, n = x.shape[1], weights[0].shape[0]
+        group, record, amp = sets[0].amax_reduction_group, not sets[0].replay, ctx.amp_dtype
+        for qs, m in zip(sets, m_splits):
+            _check_nvfp4_shapes(qs, m, k, n)
+        ctx.meta = (k, n, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases], x.dtype)
+        # torch.autocast (see base.py): x and the biases in its dtype; quantized weights from the masters
+        x = amp_cast(x, amp).contiguous()
         xs = torch.split(x, list(m_splits), dim=0)
-        qxs, qws, x_ops, w_ops = [], [], [], []
-        for g in range(num):
-            qs = sets[g]
-            _check_nvfp4_shapes(qs, m_splits[g], k, n)
-            record = not qs.replay
-            qx = quantize_operand(qs.activation, xs[g], qs.amax_reduction_group, record=record) \
-                if m_splits[g] else xs[g]
-            w = weights[g] if qs.weight is not None else amp_cast(weights[g], amp)
-            qw = quantize_weight(qs.weight, w, qs.amax_reduction_group, record=record, cache=cache, mode=mode)
-            qxs.append(qx)
-            qws.append(qw)
-            x_op, w_op = backward_operands(qs, xs[g], weights[g], qx, qw, amp)
-            x_ops.append(x_op)
-            w_ops.append(w_op)
+        qx = _quantize_experts(multi, [qs.activation for qs in sets], xs, m_splits, group, record=record)
+        qw = _quantize_weights(multi, [qs.weight for qs in sets], weights, group, record, cache, mode, amp)
         live = [g for g in range(num) if m_splits[g] > 0]
-        if live:
-            y = grouped_gemm([qxs[g] for g in live], [qws[g] for g in live], out_dtype=x.dtype,
-                             biases=[biases_c[g] for g in live], use_fast_accum=True)
+        y = grouped_gemm(qx, qw, out_dtype=x.dtype, biases=[amp_cast(b, amp) for b in biases],
+                         use_fast_accum=True, groups=live) if live else x.new_zeros(0, n)
+        ctx.sets, ctx.m_splits, ctx.multi, ctx.compute_dtype = sets, m_splits, multi, x.dtype
+        # what the backward GEMMs read (the columnwise copies, or by backward_override), as saved
+        # tensors: freed after a backward that does not retain the graph (they can be most of a step's
+        # memory), kept for retain_graph=True, dropped and recomputed under activation checkpointing
+        if multi:
+            operands = (qx.columnwise_only(), qw.columnwise_only())
         else:
-            y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
-        ctx.sets = sets
-        ctx.m_splits = m_splits
-        # saved tensors: freed after a backward that does not retain the graph, dropped and recomputed
-        # under activation checkpointing
-        tensors, ctx.shells = replay.pack(x_ops + w_ops)
+            pairs = [backward_operands(qs, xs[g], weights[g], qx[g], qw[g], amp) for g, qs in enumerate(sets)]
+            operands = [p[0] for p in pairs] + [p[1] for p in pairs]
+        tensors, ctx.shells = replay.pack(operands)
         ctx.save_for_backward(*tensors)
-        ctx.meta = (k, n, x.dtype, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases],
-                    in_dtype)
         return y
 
     @staticmethod
     @torch_autocast_backward
     def backward(ctx, dy: torch.Tensor):
-        sets, m_splits = ctx.sets, ctx.m_splits
+        sets, m_splits, multi = ctx.sets, ctx.m_splits, ctx.multi
         num = len(m_splits)
-        ops_ = replay.unpack(ctx.shells, ctx.saved_tensors)
-        x_ops, w_ops = ops_[:num], ops_[num:]
+        operands = replay.unpack(ctx.shells, ctx.saved_tensors)
+        x_op, w_op = operands if multi else (operands[:num], operands[num:])
         start_backward(sets[0], dy)
-        k, n, x_dtype, w_dtypes, b_dtypes, in_dtype = ctx.meta
+        k, n, w_dtypes, b_dtypes, in_dtype = ctx.meta
         need = ctx.needs_input_grad
-        need_dx = need[0]
+        need_dw = [need[_PARAMS + g] for g in range(num)]
+        live = [g for g in range(num) if m_splits[g] > 0]
         dy = dy.contiguous()
         dys = torch.split(dy, list(m_splits), dim=0)
-        live = [g for g in range(num) if m_splits[g] > 0]
-        qdys = {g: quantize_operand(sets[g].grad_output, dys[g], sets[g].amax_reduction_group,
-                                    backward=True) for g in live}
-        dx = None
-        if need_dx:
-            if live:
-                dx = grouped_gemm([qdys[g] for g in live], [w_ops[g] for g in live], transpose_b=True,
-                                  out_dtype=x_dtype)
-            else:
-                dx = torch.zeros(0, k, dtype=x_dtype, device=dy.device)
-            if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
-                dx = dx.to(in_dtype)
-        dws: List[Optional[torch.Tensor]] = []
-        dbs: List[Optional[torch.Tensor]] = []
-        for g in range(num):
-            dw = db = None
-            if need[_PARAMS + g]:
-                if m_splits[g]:
-                    dw = gemm(qdys[g], x_ops[g], transpose_a=True, transpose_b=True, out_dtype=w_dtypes[g])
-                else:
-                    dw = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
-            if b_dtypes[g] is not None and need[_PARAMS + num + g]:
-                db = dys[g].float().sum(0).to(b_dtypes[g])
-            dws.append(dw)
-            dbs.append(db)
-        return (dx, None, None, None, None, *dws, *dbs)
+        dx, dws = None, [None] * num
+        if need[0] or any(need_dw):
+            qdy = _quantize_experts(multi, [qs.grad_output for qs in sets], dys, m_splits, sets[0].amax_reduction_group,
+                                    backward=True)
+            if need[0]:
+                dx = grouped_gemm(qdy, w_op, transpose_b=True, out_dtype=ctx.compute_dtype, groups=live) \
+                    if live else dy.new_zeros(0, k, dtype=ctx.compute_dtype)
+                if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
+                    dx = dx.to(in_dtype)
+            dws = grouped_gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtypes, concat=False,
+                               groups=[g for g in live if need_dw[g]])
+            for g in range(num):  # an expert without rows: a zero gradient
+                if need_dw[g] and dws[g] is None:
+                    dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
+        dbs = [dys[g].float().sum(0).to(b_dtypes[g]) if b_dtypes[g] is not None and need[_PARAMS + num + g] else None
+               for g in range(num)]
+        return (dx, None, None, None, None, None, *dws, *dbs)
 
 
 class GroupedLinear(QuantizedModule):
@@ -180,29 +201,25 @@ class GroupedLinear(QuantizedModule):
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
             return torch.cat(outs, dim=0)
-        # traced by torch.compile: the generic path (the fast path's multi-tensor casts and cuBLASLt
-        # launches are host-side work that a graph replaces; both compute the same bits on CPU)
         cache, mode = self.weight_cache_for(is_first_microbatch)
-        if FP8_FAST_PATH and not torch.compiler.is_compiling() and self._fp8_path_ok(sets):
-            return GroupedFP8Function.apply(x, splits, sets, cache, mode, *weights, *biases)
+        multi = MULTI_CAST and not torch.compiler.is_compiling() and self._multi_cast_fits(sets)
         multiple = max(token_multiple(qs) for qs in sets)
         if multiple == 1 or all(m % multiple == 0 for m in splits):
-            return _GroupedLinearFunction.apply(x, splits, sets, cache, mode, *weights, *biases)
+            return _GroupedLinearFunction.apply(x, splits, sets, cache, mode, multi, *weights, *biases)
         # NVFP4 blocks the tokens of each expert in 16s: pad every expert's rows, slice them off after
-        parts = torch.split(x, list(splits))
-        padded = [pad_tokens(p, multiple) for p in parts]
+        padded = [pad_tokens(p, multiple) for p in torch.split(x, list(splits))]
         y = _GroupedLinearFunction.apply(torch.cat(padded), tuple(p.shape[0] for p in padded), sets, cache, mode,
-                                         *weights, *biases)
+                                         multi, *weights, *biases)
         outs = torch.split(y, [p.shape[0] for p in padded])
         return torch.cat([o[:m] for o, m in zip(outs, splits)])
 
-    def _fp8_path_ok(self, sets: List[GemmQuantizers]) -> bool:
-        """fast_path_eligible(sets), computed once per recipe's quantizer sets (it reads every spec;
-        per-call variants of one recipe's sets share its specs)."""
-        cached = getattr(self, "_fp8_path_cache", None)
+    def _multi_cast_fits(self, sets: List[GemmQuantizers]) -> bool:
+        """Whether every operand's experts fit one multi-cast (fp8_multi_cast_fits), computed once per
+        recipe's quantizer sets (per-call variants of one recipe's sets share its specs)."""
+        cached = self.__dict__.get("_multi_cast_cache")
         if cached is None or cached[0] is not sets[0].specs:
-            cached = (sets[0].specs, fast_path_eligible(sets))
-            self._fp8_path_cache = cached
+            cached = (sets[0].specs, all(fp8_multi_cast_fits([qs.specs[t] for qs in sets]) for t in _ROLES))
+            self.__dict__["_multi_cast_cache"] = cached
         return cached[1]
 
     def extra_repr(self) -> str:

@@ -6,11 +6,18 @@ bit-identical to quantizing that tensor alone with its own scale (the grouped op
 ``member(i)`` returns an ordinary :class:`~fp_recipes.quantizers.float8.Float8Tensor` view (no copy).
 Members may be empty (0 rows). Only the rowwise buffer is stored: a member's columnwise copy is its
 byte transpose (``member(i).t_data()``), which is exact for per-tensor scaling.
+
+:func:`fp8_multi_cast` is the other grouped FP8 quantization, the one ``GroupedLinear`` uses for its
+operands: G separate 2-D members (one per expert), BOTH copies (rowwise for fprop/dgrad, the
+transposed copy for wgrad) in one multi-tensor cast (one kernel launch for delayed scaling, two for
+current scaling, whatever G), kept as an :class:`Fp8MultiCast` whose GEMMs take addresses into its
+buffers (:func:`fp_recipes.gemm.grouped.grouped_gemm`).
 """
 
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -270,6 +277,175 @@ class GroupedQuantizer(Quantizer):
             q.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
 
 
+
+# -- the multi-cast: both copies of G members in one launch (GroupedLinear's FP8 operands) ----------
+
+_MULTI_KEYS = ("fmt", "scaling", "use_power_2_scales", "amax_epsilon", "rowwise", "columnwise")
+
+
+def fp8_multi_cast_fits(specs: Sequence[QuantizerSpec]) -> bool:
+    """Whether :func:`fp8_multi_cast` can quantize members planned by ``specs``: FP8 per-tensor scaling
+    (delayed or current), one format and rule for all, both copies, no backward_override."""
+    first = tuple(getattr(specs[0], k) for k in _MULTI_KEYS)
+    return specs[0].scaling in (ScalingKind.DELAYED, ScalingKind.CURRENT) and \
+        specs[0].rowwise and specs[0].columnwise and \
+        all(s.backward_override is None and tuple(getattr(s, k) for k in _MULTI_KEYS) == first for s in specs)
+
+
+class Fp8MultiCast:
+    """One operand of every member as one multi-tensor cast wrote it.
+
+    On CUDA (:func:`cuda_fp8.fp8_multi_cast_buffers`): the rowwise data of all members in one
+    (total, cols) buffer, the transposed copies (cols, rows_g) one after another in one flat buffer, and
+    the FP32 scalars in one vector with member g's scale_inv at ``[4 g]`` (a 16-byte aligned address:
+    cuBLASLt refuses scale pointers into a packed vector). The GEMMs take addresses (integer arithmetic,
+    no tensor per member); tensor views are made only for GEMMs that take the portable path.
+    Elsewhere the reference twin's per-member views are kept as they are (``f32`` is then its (G,)
+    amaxes)."""
+
+    __slots__ = ("data_buf", "data_t_buf", "f32", "dtype", "rows", "cols", "starts", "_views")
+
+    def __init__(self, data_buf: Optional[torch.Tensor], data_t_buf: Optional[torch.Tensor], f32: torch.Tensor,
+                 dtype: torch.dtype, rows: Sequence[int], cols: int, starts: Sequence[int],
+                 views: Optional[tuple] = None) -> None:
+        self.data_buf, self.data_t_buf, self.f32, self.dtype = data_buf, data_t_buf, f32, dtype
+        self.rows, self.cols, self.starts = rows, cols, starts
+        self._views = views  # reference path: (data views, data_t views, scale_inv (G,))
+
+    @property
+    def addressable(self) -> bool:
+        """Made by the CUDA multi-cast (buffers with addresses), not by the reference twin."""
+        return self._views is None
+
+    @property
+    def device(self) -> torch.device:
+        return self.f32.device
+
+    def data(self, g: int) -> torch.Tensor:
+        if self._views is not None:
+            return self._views[0][g]
+        return self.data_buf[self.starts[g]:self.starts[g + 1]]
+
+    def data_t(self, g: int) -> torch.Tensor:
+        if self._views is not None:
+            return self._views[1][g]
+        s, e = self.starts[g] * self.cols, self.starts[g + 1] * self.cols
+        return self.data_t_buf[s:e].view(self.cols, self.rows[g])
+
+    def scale_inv(self, g: int) -> torch.Tensor:
+        return self._views[2][g] if self._views is not None else self.f32[4 * g]
+
+    def amaxes(self) -> List[torch.Tensor]:
+        if self._views is not None:
+            return list(self.f32.unbind(0))
+        g = len(self.rows)
+        return list(self.f32[4 * g:5 * g].unbind(0))
+
+    def record_amaxes(self, quantizers: Sequence[Any]) -> None:
+        """Delayed scaling: ``amax_history[0] = max(amax_history[0], amax)`` of every member, one kernel."""
+        torch._foreach_maximum_([_slot0(q) for q in quantizers], self.amaxes())
+
+    def data_ptrs(self, gs: Sequence[int]) -> List[int]:
+        base, c = self.data_buf.data_ptr(), self.cols  # FP8: one byte per element
+        return [base + self.starts[g] * c for g in gs]
+
+    def data_t_ptrs(self, gs: Sequence[int]) -> List[int]:
+        base, c = self.data_t_buf.data_ptr(), self.cols
+        return [base + self.starts[g] * c for g in gs]
+
+    def scale_ptrs(self, gs: Sequence[int]) -> List[int]:
+        base = self.f32.data_ptr()
+        return [base + 16 * g for g in gs]
+
+    def columnwise_only(self) -> "Fp8MultiCast":
+        """A copy (the same tensors) without the rowwise copy: all the backward GEMMs read."""
+        views = None if self._views is None else (None, self._views[1], self._views[2])
+        return Fp8MultiCast(None, self.data_t_buf, self.f32, self.dtype, self.rows, self.cols, self.starts, views)
+
+    def split_saved(self) -> "tuple[list, Fp8MultiCast]":
+        """(its tensors, a shell without them) for ``ctx.save_for_backward`` (see ``replay.pack``)."""
+        views = self._views
+        tensors = [self.data_buf, self.data_t_buf, self.f32]
+        shell = Fp8MultiCast(None, None, None, self.dtype, self.rows, self.cols, self.starts)
+        if views is not None:
+            tensors += (list(views[0]) if views[0] is not None else []) + list(views[1]) + [views[2]]
+            shell._views = (views[0] is not None, len(views[1]))  # their structure, for with_saved_tensors
+        return tensors, shell
+
+    def with_saved_tensors(self, tensors: list) -> "Fp8MultiCast":
+        views = None
+        if self._views is not None:
+            has_rowwise, g = self._views
+            rest = tensors[3:]
+            data = rest[:g] if has_rowwise else None
+            rest = rest[g:] if has_rowwise else rest
+            views = (data, rest[:g], rest[g])
+        return Fp8MultiCast(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views)
+
+
+def _slot0(q: Any) -> torch.Tensor:
+    """``q.amax_history[0]`` as a view, made once per history tensor (a view costs microseconds of host
+    time; a rebound history, e.g. after ``module.to()``, gets a new one)."""
+    cached = getattr(q, "_fpr_slot0", None)
+    if cached is None or cached[0] is not q.amax_history:
+        cached = (q.amax_history, q.amax_history[0])
+        q._fpr_slot0 = cached
+    return cached[1]
+
+
+def _kernel_ready(parts: Sequence[torch.Tensor], quantizers: Sequence[Any], delayed: bool) -> bool:
+    """What the multi-cast kernel takes on trust: members of one dtype and device, each contiguous,
+    and (delayed scaling) FP32 scales on that device. Anything else (an expert's weight cast or moved
+    on its own, say) goes through the dispatched ops, which check, copy or say what is wrong."""
+    dtype, device = parts[0].dtype, parts[0].device
+    if any(p.dtype != dtype or p.device != device or not p.is_contiguous() for p in parts):
+        return False
+    return not delayed or all(q.scale.device == device and q.scale.dtype == torch.float32 for q in quantizers)
+
+
+def _cuda_lane(x: torch.Tensor):
+    """The CUDA multi-cast's buffer-level entry point (no per-member views: the GEMMs take addresses)
+    for a CUDA input with the extension, else None (the dispatched ops run)."""
+    if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return None
+    from ..ops import backend
+    if backend.cuda_impl("fp8_multi_quantize") is None:
+        return None
+    from ..ops import cuda_fp8
+    return cuda_fp8.fp8_multi_cast_buffers
+
+
+def fp8_multi_cast(quantizers: Sequence[FP8MemberQuantizer], parts: Sequence[torch.Tensor], *,
+                   record: bool = True) -> Fp8MultiCast:
+    """Cast every ``parts[g]`` (2-D, one cols) by ``quantizers[g]`` (one spec that
+    :func:`fp8_multi_cast_fits`), both copies, in one multi-tensor cast; delayed scaling records every
+    member's amax into its history (members with no rows too: an amax of 0; ``record=False``: none).
+    Each member is bit-identical to ``quantizers[g].quantize(parts[g])``."""
+    spec, fmt = quantizers[0].spec, quantizers[0].fmt
+    delayed = spec.scaling is ScalingKind.DELAYED
+    lane = _cuda_lane(parts[0]) if _kernel_ready(parts, quantizers, delayed) else None
+    rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
+    if lane is not None:
+        data, data_t, f32, starts = lane(
+            parts, fmt, scales=[q.scale for q in quantizers] if delayed else None,
+            power_2=bool(spec.use_power_2_scales), amax_epsilon=float(spec.amax_epsilon))
+        casts = Fp8MultiCast(data, data_t, f32, data.dtype, rows, cols, starts)
+    else:
+        if delayed:
+            res = ops.fp8_multi_quantize(parts, [q.scale for q in quantizers], fmt, rowwise=True, columnwise=True)
+        else:
+            res = ops.fp8_multi_current_scaling_quantize(parts, fmt, use_power_2_scales=bool(spec.use_power_2_scales),
+                                                         amax_epsilon=float(spec.amax_epsilon), rowwise=True,
+                                                         columnwise=True)
+        dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+        casts = Fp8MultiCast(None, None, res.amax, dtype, rows, cols, list(accumulate(rows, initial=0)),
+                             (res.data, res.data_t, res.scale_inv))
+    if delayed and record:
+        casts.record_amaxes(quantizers)
+    return casts
+
+
 register_weights_only_types()  # this type and every other quantized tensor type
 
-__all__ = ["GroupedQuantizer", "GroupedTensor", "offsets_from_m_splits", "offsets_from_numels"]
+__all__ = ["Fp8MultiCast", "GroupedQuantizer", "GroupedTensor", "fp8_multi_cast", "fp8_multi_cast_fits",
+           "offsets_from_m_splits", "offsets_from_numels"]
