@@ -343,7 +343,7 @@ class Fp8MultiCast:
 
     def record_amaxes(self, quantizers: Sequence[Any]) -> None:
         """Delayed scaling: ``amax_history[0] = max(amax_history[0], amax)`` of every member, one kernel."""
-        torch._foreach_maximum_([_slot0(q) for q in quantizers], self.amaxes())
+        torch._foreach_maximum_([q._slot0() for q in quantizers], self.amaxes())
 
     def data_ptrs(self, gs: Sequence[int]) -> List[int]:
         base, c = self.data_buf.data_ptr(), self.cols  # FP8: one byte per element
@@ -381,16 +381,6 @@ class Fp8MultiCast:
             rest = rest[g:] if has_rowwise else rest
             views = (data, rest[:g], rest[g])
         return Fp8MultiCast(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views)
-
-
-def _slot0(q: Any) -> torch.Tensor:
-    """``q.amax_history[0]`` as a view, made once per history tensor (a view costs microseconds of host
-    time; a rebound history, e.g. after ``module.to()``, gets a new one)."""
-    cached = getattr(q, "_fpr_slot0", None)
-    if cached is None or cached[0] is not q.amax_history:
-        cached = (q.amax_history, q.amax_history[0])
-        q._fpr_slot0 = cached
-    return cached[1]
 
 
 def _kernel_ready(parts: Sequence[torch.Tensor], quantizers: Sequence[Any], delayed: bool) -> bool:
