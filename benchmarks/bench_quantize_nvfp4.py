@@ -53,7 +53,10 @@ KERNEL_VARIANTS = [
 OP_VARIANTS = [
     ("op: nvfp4_amax", None),
     ("op: plain rowwise (amax computed)", dict()),
-    ("op: row-scaled rowwise (row amaxes)", dict(row_scaled=True)),
+    ("op: row-scaled rowwise (row amaxes)", dict(row_scaled=True)),  # v7: row amax fused into the quantize launch
+    ("op: row-scaled 4over6 fast MAE (row amaxes)", dict(row_scaled=True, four_over_six=True, err_fast_math=True)),
+    ("op: rowwise+columnwise (amax computed)", dict(columnwise=True)),
+    ("op: 2D rowwise+columnwise (amax computed)", dict(columnwise=True, block_2d=True)),
     ("op: rowwise + RHT columnwise", dict(columnwise=True, rht=True)),
     ("op: 4over6 fast MAE rowwise", dict(four_over_six=True, err_fast_math=True)),
     ("op: 4over6 strict MAE rowwise", dict(four_over_six=True)),

@@ -25,4 +25,7 @@ void run_b0(const Args&, int which, int waves, cudaStream_t);
 void run_b4(const Args&, int which, int waves, cudaStream_t);
 void attrs_b0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 void attrs_b4(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// m0: b0 with the compare-and-select E2M1 binade magic (NVFP4_TILE2_EXP_MAGIC=0)
+void run_m0(const Args&, int which, int waves, cudaStream_t);
+void attrs_m0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

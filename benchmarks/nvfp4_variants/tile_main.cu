@@ -1,7 +1,7 @@
 // NVFP4 v7 tile benchmark (issue 13, target 2), standalone (no torch): the v6 tile kernel (tile_kernel<T, 0>,
 // "old") against the v7 tile2_kernel (persistent grid, cp.async double-buffered native-type tile) at two
-// ptxas bounds (b0: __launch_bounds__(256); b4: (256, 4)) and grid sizes (waves of resident blocks; 1000 =
-// one block per tile), plus the row-scaled rowwise kernels (v6 rowwise_kernel, v7 row_scaled_kernel, and
+// ptxas bounds (b0: __launch_bounds__(256), shipped; b4: (256, 4)), grid sizes (waves of resident blocks;
+// 1000 = one block per tile) and with the v6 compare/select E2M1 magic (cmpmagic, object m0), plus the row-scaled rowwise kernels (v6 rowwise_kernel, v7 row_scaled_kernel, and
 // fused row amax + quantize). Byte checks of every variant against "old" (randn and a specials input on
 // tail shapes), CUDA-event timing (median of --reps, 3 rotating inputs), D2D copy bandwidth of the same run.
 // Usage: nvfp4_tile_bench [out.json] [--reps N]   (scripts/gpu_nvfp4_v7.sh)
@@ -138,12 +138,13 @@ static const Case kCases[] = {
 
 struct Var {
   const char* name;
-  int obj;  // 0: b0, 4: b4
+  int obj;  // 0: b0, 4: b4, 1: m0 (b0 with the compare/select magic)
   int which, waves;
 };
 
 static void run(const Var& v, const tb::Args& a, cudaStream_t s) {
   if (v.obj == 0) tb::run_b0(a, v.which, v.waves, s);
+  else if (v.obj == 1) tb::run_m0(a, v.which, v.waves, s);
   else tb::run_b4(a, v.which, v.waves, s);
 }
 
@@ -152,7 +153,8 @@ static std::vector<Var> vars_for(const Case& c) {
     return {{"old rowwise_kernel", 0, tb::kRowwise, 0}, {"v7 row_scaled", 0, tb::kRowScaled, 0},
             {"v7 fused amax+q", 0, tb::kRowScaledFused, 0}};
   return {{"old tile", 0, tb::kOldTile, 0},    {"v7 b0 w1", 0, tb::kTile2, 1}, {"v7 b0 w2", 0, tb::kTile2, 2},
-          {"v7 b0 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1}, {"v7 b4 w2", 4, tb::kTile2, 2}};
+          {"v7 b0 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1}, {"v7 b4 w2", 4, tb::kTile2, 2},
+          {"v7 b0 w1 cmpmagic", 1, tb::kTile2, 1}};
 }
 
 int main(int argc, char** argv) {
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
       if (dt == 0 && (c.rht || c.rs)) continue;
       for (const Var& v : vars_for(c)) {
         int r, l, o;
-        (v.obj == 0 ? tb::attrs_b0 : tb::attrs_b4)(dt, v.which, c.d2, c.sr, c.rht, &r, &l, &o);
+        (v.obj == 0 ? tb::attrs_b0 : v.obj == 1 ? tb::attrs_m0 : tb::attrs_b4)(dt, v.which, c.d2, c.sr, c.rht, &r, &l, &o);
         std::printf("%-22s %-22s %5s %4d %6d %4d\n", c.name, v.name, dt == 2 ? "bf16" : "fp32", r, l, o);
       }
     }

@@ -142,16 +142,41 @@ __device__ __forceinline__ uint32_t pack8(const uint32_t* s, const float* x) {
   return hi * pack_k4096() + (lo | e2m1_signs8(x));
 }
 
+// e2m1_round_magic with the binade magic taken from the exponent e of max(a, 1) (e2m1_magic3_exp's
+// formula, the same magic for every a in [0, 6]): 0x4A800000 + (e - 127) * 0x800002, with e from an
+// integer multiply-high by 512 (= bits >> 23) whose multiplier comes from constant memory so that ptxas
+// keeps it on the FMA pipe (IMAD.HI) instead of a shift. Two ALU ops (the clamp and max(a, 1)) and two
+// IMADs per element in place of two compares and two selects (four ALU ops): the tile kernels, which
+// quantize every element twice, are bound by the ALU pipe.
+#if defined(__CUDACC__)
+static __constant__ uint32_t c_exp_k512 = 512u;
+#endif
+__device__ __forceinline__ uint32_t exp_k512() {
+#if defined(__CUDA_ARCH__)
+  return c_exp_k512;
+#else
+  return 512u;
+#endif
+}
+__device__ __forceinline__ float e2m1_round_magic_exp(float y, float& m) {
+  const float a = fminf(fabsf(y), 6.0f);
+  const uint32_t e = __umulhi(__float_as_uint(fmaxf(a, 1.0f)), exp_k512());
+  m = __uint_as_float(e * 0x800002u + (0x4A800000u - 127u * 0x800002u));
+  return __fadd_rn(a, m);
+}
+
 // Step 5, round to nearest, in software: magic-add rounding, then byte permutes (or IMADs) gather the
-// 16 codes into 8 bytes (two little-endian words). What every arch below sm_100 runs.
-template <int kPack = 0>
+// 16 codes into 8 bytes (two little-endian words). What every arch below sm_100 runs. kExpMagic:
+// e2m1_round_magic_exp instead of e2m1_round_magic (the same sums).
+template <int kPack = 0, bool kExpMagic = false>
 __device__ __forceinline__ uint2 encode16_rn_sw(const float (&x)[16], float enc) {
   uint2 out;
   uint32_t s[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     float m;
-    s[j] = __float_as_uint(e2m1_round_magic(__fmul_rn(x[j], enc), m));
+    s[j] = __float_as_uint(kExpMagic ? e2m1_round_magic_exp(__fmul_rn(x[j], enc), m)
+                                     : e2m1_round_magic(__fmul_rn(x[j], enc), m));
   }
   out.x = pack8<kPack>(s, x);
   out.y = pack8<kPack>(s + 8, x + 8);
@@ -167,7 +192,7 @@ static __constant__ int c_e2m1_software = 0;
 #endif
 
 // Step 5, round to nearest: 16 codes packed into 8 bytes (two little-endian words).
-template <int kPack = 0>
+template <int kPack = 0, bool kExpMagic = false>
 __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000)
   if (!c_e2m1_software) {
@@ -182,7 +207,7 @@ __device__ __forceinline__ uint2 encode16_rn(const float (&x)[16], float enc) {
     return make_uint2(w0, w1);
   }
 #endif
-  return encode16_rn_sw<kPack>(x, enc);
+  return encode16_rn_sw<kPack, kExpMagic>(x, enc);
 }
 
 // Philox4x32-10 (Salmon et al.; the same rounds and constants as Random123 / curand).
@@ -480,7 +505,7 @@ struct RowPack<3> {
 // One 1x16 block of 16 FP32 values -> 8 packed bytes + 1 scale code (1-D; any mode).
 // tab: the 4over6 scale table of t (fill_enc_table) or nullptr; vt: the strict value scratch of
 // fos_encode16 or nullptr. kPack: pack8 (the same bytes either way).
-template <int kFos, int kPack = RowPack<kFos>::value>
+template <int kFos, int kPack = RowPack<kFos>::value, bool kExpMagic = false>
 __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const TensorScale& t, bool sr,
                                                   uint64_t b, uint64_t seed, uint64_t offset, uint2& q,
                                                   uint32_t& sf, const float2* tab, float* vt) {
@@ -491,7 +516,7 @@ __device__ __forceinline__ void quantize_block_1d(const float (&x)[16], const Te
     if (sr) {
       q = encode16_sr(x, enc, sr_block_bits(b, seed, offset));
     } else {
-      q = encode16_rn<kPack>(x, enc);
+      q = encode16_rn<kPack, kExpMagic>(x, enc);
     }
   } else {
     const FosCandidates c = fos_candidates(bamax, t, tab);

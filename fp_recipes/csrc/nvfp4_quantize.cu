@@ -349,6 +349,12 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
 //   both the 16-byte row stores and the 4-byte column loads conflict-free (16-bit inputs);
 // - the column pass reads one 4-byte word per row: two columns per thread for 16-bit inputs;
 // - IMAD code packing (RowPack<0>) in both passes, as the plain rowwise kernel.
+// RN encode of the tile2 kernel: the exponent-based binade magic (nvfp4_device.cuh, e2m1_round_magic_exp).
+#ifndef NVFP4_TILE2_EXP_MAGIC
+#define NVFP4_TILE2_EXP_MAGIC 1
+#endif
+constexpr bool kT2ExpMagic = NVFP4_TILE2_EXP_MAGIC != 0;
+
 template <typename T>
 struct Tile2Cfg {
   static constexpr int kCpt = 4 / static_cast<int>(sizeof(T));  // columns per thread, column pass
@@ -360,13 +366,14 @@ struct Tile2Cfg {
   static constexpr int kVec = static_cast<int>(sizeof(T));      // uint4 per 16-element block
 };
 
-// Chunk swizzle of tile row r. 16-bit: chunk ^ ((r >> 4) ^ r) & 7: the 8 lanes of a quarter warp that
-// store chunk 2cb (+1) of rows r, r+1 (r even) hit 8 distinct chunks, and the 32 lanes of a column
-// load (rows rb * 16 + k for 8 rb, 4 words of one chunk) hit 32 distinct banks. FP32: chunk ^ 2 ((r >> 4)
-// & 3): the column loads (4 rb x 8 consecutive words) are conflict-free, the row stores 2-way.
+// Chunk swizzle of tile row r, a function of the 16-row block r >> 4 only, so that a thread's 16 column
+// loads are one base address plus immediate row offsets. 16-bit: chunk ^ (r >> 4): the 32 lanes of a
+// column load (8 row blocks x 4 words of one chunk) hit 32 distinct banks; the row blocks' 16-byte
+// copies and loads (two rows of one row block per quarter warp) are 2-way. FP32: chunk ^ 2 ((r >> 4) & 3):
+// column loads (4 row blocks x 8 consecutive words) conflict-free, row accesses 2-way.
 template <typename T>
 __device__ __forceinline__ int t2_swz(int r) {
-  return sizeof(T) == 2 ? (((r >> 4) ^ r) & 7) : (((r >> 4) & 3) << 1);
+  return sizeof(T) == 2 ? ((r >> 4) & 7) : (((r >> 4) & 3) << 1);
 }
 template <typename T>
 __device__ __forceinline__ int t2_word(int r, int w) {
@@ -447,7 +454,9 @@ __device__ __forceinline__ void t2_issue(const KParams& p, int64_t r0, int64_t c
   }
 }
 
-// Thread blocks per SM asked of ptxas (0: none, __launch_bounds__(256) alone; see tile2 notes).
+// Thread blocks per SM asked of ptxas (0: none, __launch_bounds__(256) alone). Unbounded, sm_90a: 64
+// registers for plain / RHT (4 thread blocks per SM), 59 for 2-D, 73-79 with stochastic rounding (3 per
+// SM); (256, 4) spills 32-44 bytes in the SR modes (benchmarks/nvfp4_variants/tile_main.cu: b0 vs b4).
 #ifndef NVFP4_TILE2_MINB
 #define NVFP4_TILE2_MINB 0
 #endif
@@ -531,10 +540,10 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
           sf = plain_scale_code(tamax, t_row);
           const float enc = block_enc(nvfp4_e4m3_decode(sf), t_row.s_dec);
           q = kSR ? encode16_sr(x, enc, sr_block_bits(static_cast<uint64_t>(b), p.seed, p.offset))
-                  : encode16_rn<RowPack<0>::value>(x, enc);
+                  : encode16_rn<RowPack<0>::value, kT2ExpMagic>(x, enc);
         } else {
           const TensorScale ts = p.row_scaled ? make_tensor_scale(__ldg(p.amax + row), p.e4m3_max) : t_row;
-          quantize_block_1d<0, RowPack<0>::value>(x, ts, kSR, static_cast<uint64_t>(b), p.seed, p.offset, q, sf,
+          quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(x, ts, kSR, static_cast<uint64_t>(b), p.seed, p.offset, q, sf,
                                                   nullptr, nullptr);
         }
         reinterpret_cast<uint2*>(p.data)[b] = q;
@@ -546,13 +555,18 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
     if (do_col) {
       const int64_t row16 = r0 + crb * 16;
       if (row16 + 16 <= p.M) {
-#pragma unroll 1
+        // One word per row for all kCpt columns: a base address and immediate offsets (t2_swz).
+        const uint32_t* cw = tb + t2_word<T>(crb * 16, cu);
+        uint32_t w[16];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) w[k] = cw[k * C::kWords];
+#pragma unroll
         for (int j = 0; j < C::kCpt; ++j) {
           const int64_t col = c0 + cu * C::kCpt + j;
           if (col >= p.N) continue;
           float v[16];
 #pragma unroll
-          for (int k = 0; k < 16; ++k) v[k] = t2_col<T>(tb[t2_word<T>(crb * 16 + k, cu)], j);
+          for (int k = 0; k < 16; ++k) v[k] = t2_col<T>(w[k], j);
           if (kRHT) rht16_bf16(v);
           const uint64_t b = static_cast<uint64_t>(col * (p.M / 16) + row16 / 16);
           uint2 q;
@@ -563,9 +577,9 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
             const float tamax = __uint_as_float(max(part[2 * crb][tc], part[2 * crb + 1][tc]));
             sf = plain_scale_code(tamax, t_col);
             const float enc = block_enc(nvfp4_e4m3_decode(sf), t_col.s_dec);
-            q = kSR ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn<RowPack<0>::value>(v, enc);
+            q = kSR ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn<RowPack<0>::value, kT2ExpMagic>(v, enc);
           } else {
-            quantize_block_1d<0, RowPack<0>::value>(v, t_col, kSR, b, p.seed, p.offset, q, sf, nullptr, nullptr);
+            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(v, t_col, kSR, b, p.seed, p.offset, q, sf, nullptr, nullptr);
           }
           reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
           p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
