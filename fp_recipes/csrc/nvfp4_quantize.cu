@@ -380,6 +380,39 @@ __device__ __forceinline__ int t2_word(int r, int w) {
   return r * Tile2Cfg<T>::kWords + ((((w >> 2) ^ t2_swz<T>(r))) << 2) + (w & 3);
 }
 
+// rht16_bf16 (nvfp4_device.cuh) with each pair's BF16 rounding in one cvt.rn.bf16x2.f32 and the NaN sign
+// fix as one max.NaN.bf16x2 of the pair with itself (a NaN becomes the canonical, positive BF16 NaN;
+// every other value, -0 included, is unchanged), where rht16_bf16 spends a conversion, a compare and a
+// select per element. The values are rht16_bf16's but for a NaN's payload (0x7FFF0000 instead of
+// 0x7FC00000), which no byte of the quantization reads: the block amax (max.NaN) makes any NaN the
+// canonical one, RN(NaN * enc) clamps to 6 (code 7) whatever the payload, and the code's sign bit is the
+// element's sign bit, positive either way.
+__device__ __forceinline__ void rht16_bf16_pk(float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+    if (kRhtSignMask & (1u << i)) v[i] = -v[i];
+#pragma unroll
+  for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if ((i & h) == 0) {
+        const float a = v[i], b = v[i + h];
+        v[i] = __fadd_rn(a, b);
+        v[i + h] = __fsub_rn(a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(v[2 * i], 0.25f), __fmul_rn(v[2 * i + 1], 0.25f));
+    p = __hmax2_nan(p, p);
+    uint32_t w;
+    memcpy(&w, &p, 4);
+    v[2 * i] = __uint_as_float(w << 16);
+    v[2 * i + 1] = __uint_as_float(w & 0xFFFF0000u);
+  }
+}
+
 // The two (16-bit) or one (FP32) column values of a tile word.
 template <typename T>
 __device__ __forceinline__ float t2_col(uint32_t w, int j);
@@ -567,7 +600,7 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
           float v[16];
 #pragma unroll
           for (int k = 0; k < 16; ++k) v[k] = t2_col<T>(w[k], j);
-          if (kRHT) rht16_bf16(v);
+          if (kRHT) rht16_bf16_pk(v);
           const uint64_t b = static_cast<uint64_t>(col * (p.M / 16) + row16 / 16);
           uint2 q;
           uint32_t sf;
