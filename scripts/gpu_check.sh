@@ -21,8 +21,8 @@ stage() { echo; echo "== $* ($(date +%T))"; }
   if [ -n "${TESTS-tests}" ]; then
     stage "pytest -m cuda ${TESTS-tests}"
     timeout "${LIM_TEST:-240}" python3 -m pytest -q -m cuda -p no:cacheprovider --tb=short --durations=8 \
-        ${TESTS-tests} 2>&1 | tail -n 60
-    echo "pytest rc=$?"
+        ${TESTS-tests} > "$OUT/pytest.txt" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -n 30; tail -n 3 "$OUT/pytest.txt"
   fi
   if [ -n "${LINEAR:-}" ]; then
     stage "bench_model --linear"
@@ -53,8 +53,10 @@ stage() { echo; echo "== $* ($(date +%T))"; }
   fi
   if [ -n "${EXTRA:-}" ]; then
     stage "$EXTRA"
-    timeout "${LIM_EXTRA:-120}" bash -c "$EXTRA" 2>&1 | tail -n 60
-    echo "extra rc=$?"
+    # its own $OUT: a script it runs may write log.txt too
+    mkdir -p "$OUT/extra"
+    OUT="$OUT/extra" timeout "${LIM_EXTRA:-120}" bash -c "$EXTRA" > "$OUT/extra.txt" 2>&1
+    echo "extra rc=$?"; tail -n 60 "$OUT/extra.txt"
   fi
   stage "done"
 } 2>&1 | tee "$OUT/log.txt"
