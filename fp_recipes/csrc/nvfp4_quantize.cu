@@ -451,6 +451,20 @@ __device__ __forceinline__ void t2_issue(const KParams& p, int64_t r0, int64_t c
   const T* src = static_cast<const T*>(p.x);
   const int cb = tid % 4;
   const int64_t col16 = c0 + cb * 16;
+  constexpr int kPerChunk = 16 / static_cast<int>(sizeof(T));
+  if (vec_ok && r0 + C::kRows <= p.M && c0 + 64 <= p.N) {
+    // A whole tile: one base pointer, no range tests.
+    const T* g = src + (r0 + tid / 4) * p.N + col16;
+#pragma unroll
+    for (int i = 0; i < C::kRbt; ++i) {
+      const int r = tid / 4 + 64 * i;
+      uint4* dst = reinterpret_cast<uint4*>(tb + r * C::kWords);
+#pragma unroll
+      for (int v = 0; v < C::kVec; ++v)
+        t2_cp_async16(dst + ((cb * C::kVec + v) ^ t2_swz<T>(r)), g + i * 64 * p.N + v * kPerChunk, 16);
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < C::kRbt; ++i) {
     const int r = tid / 4 + 64 * i;
@@ -518,17 +532,25 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
   // word (column unit) cu.
   const int crb = tid % C::kRb, cu = tid / C::kRb;
 
-  int64_t t = blockIdx.x;
-  if (t < tiles) t2_issue<T>(p, (t / gx) * C::kRows, (t % gx) * 64, tid, vec_ok, tile[0]);
+  // Tile t = ty * gx + tx; the grid stride G = gridDim.x advances (ty, tx) by (G / gx, G % gx) with a carry
+  // (no 64-bit division per tile).
+  const int64_t dq = gridDim.x / gx, dr = gridDim.x % gx;
+  int64_t t = blockIdx.x, ty = t / gx, tx = t % gx;
+  if (t < tiles) t2_issue<T>(p, ty * C::kRows, tx * 64, tid, vec_ok, tile[0]);
   t2_cp_commit();
   int buf = 0;
   for (; t < tiles; t += gridDim.x, buf ^= 1) {
-    const int64_t r0 = (t / gx) * C::kRows, c0 = (t % gx) * 64;
+    const int64_t r0 = ty * C::kRows, c0 = tx * 64;
     uint32_t* tb = tile[buf];
     // The next tile's copy, in flight while this one is quantized (its buffer was last read in the
     // previous iteration, which every thread finished before the __syncthreads at its end).
-    const int64_t tn = t + gridDim.x;
-    if (tn < tiles) t2_issue<T>(p, (tn / gx) * C::kRows, (tn % gx) * 64, tid, vec_ok, tile[buf ^ 1]);
+    tx += dr;
+    ty += dq;
+    if (tx >= gx) {
+      tx -= gx;
+      ++ty;
+    }
+    if (t + gridDim.x < tiles) t2_issue<T>(p, ty * C::kRows, tx * 64, tid, vec_ok, tile[buf ^ 1]);
     t2_cp_commit();
     t2_cp_wait<1>();  // this thread's copies of the current tile have landed
     __syncthreads();  // ... and every other thread's
