@@ -649,14 +649,16 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
 
 // ---- v7 row-scaled rowwise: one thread block per row ------------------------------------------
 // A row's blocks are spread over the 256 threads (kPer blocks each at most: N <= 16 * 256 * kPer) and
-// all loaded before any is quantized, so the row's per-row TensorScale (two correctly rounded divisions)
-// is made once per row instead of once per 16-element block. kFused: the row amax is computed here from
+// all loaded before any is quantized; the row's TensorScale (two correctly rounded divisions) is made
+// once per row by thread 0 and shared through shared memory, where rowwise_kernel makes it per 16-element
+// block after a 64-bit division (block -> row). kFused: the row amax is computed here from
 // the registers (max |x| bits over the row, NaN -> the canonical NaN, exactly what row_amax_kernel
 // writes) and written to amax_out[row]: "row amax + quantize" reads x once. The per-block math is
 // rowwise_block's (quantize_block_1d<kFos>, no scale table, no strict value table: the same bytes).
 template <typename T, int kFos, int kPer, bool kFused>
 __global__ void __launch_bounds__(kThreads) row_scaled_kernel(KParams p, float* amax_out) {
   __shared__ uint32_t red[2][kThreads / 32];
+  __shared__ TensorScale ts[2];  // the row's scale, made once by thread 0 (two correctly rounded divisions)
   const int tid = threadIdx.x;
   const int64_t bpr = p.N / 16;
   const T* src = static_cast<const T*>(p.x);
@@ -668,7 +670,6 @@ __global__ void __launch_bounds__(kThreads) row_scaled_kernel(KParams p, float* 
       const int64_t j = tid + u * kThreads;
       if (j < bpr) load_raw(src + row * p.N + j * 16, raw[u]);
     }
-    float amax;
     if (kFused) {
       uint32_t m = 0;
 #pragma unroll
@@ -682,16 +683,20 @@ __global__ void __launch_bounds__(kThreads) row_scaled_kernel(KParams p, float* 
       m = __reduce_max_sync(0xFFFFFFFFu, m);
       if ((tid & 31) == 0) red[par][tid / 32] = m;
       __syncthreads();
-      m = red[par][0];
+      if (tid == 0) {
+        m = red[par][0];
 #pragma unroll
-      for (int w = 1; w < kThreads / 32; ++w) m = max(m, red[par][w]);
-      m = m > 0x7F800000u ? 0x7FC00000u : m;
-      amax = __uint_as_float(m);
-      if (tid == 0) amax_out[row] = amax;
-    } else {
-      amax = __ldg(p.amax + row);
+        for (int w = 1; w < kThreads / 32; ++w) m = max(m, red[par][w]);
+        m = m > 0x7F800000u ? 0x7FC00000u : m;
+        amax_out[row] = __uint_as_float(m);
+        ts[par] = make_tensor_scale(__uint_as_float(m), p.e4m3_max);
+      }
+    } else if (tid == 0) {
+      ts[par] = make_tensor_scale(__ldg(p.amax + row), p.e4m3_max);
     }
-    const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
+    // ts[par] is rewritten two rows on, after every thread has passed the next row's barrier.
+    __syncthreads();
+    const TensorScale t = ts[par];
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       const int64_t j = tid + u * kThreads;
