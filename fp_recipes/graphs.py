@@ -117,6 +117,11 @@ def _check_sample_args(args: Any, index: int) -> Tuple[List[Any], Any]:
     devices = set()
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
+            if leaf.requires_grad and not leaf.is_leaf:
+                # its autograd history (made outside the capture, on another stream) would be part of
+                # the captured backward
+                raise ValueError(f"{_WHO}: sample argument {i} of callable {index} requires grad but is not a "
+                                 "leaf (it has a grad_fn): pass a leaf, e.g. x.detach().requires_grad_()")
             if leaf.device.type != "cuda":
                 raise ValueError(f"{_WHO}: sample argument {i} of callable {index} is a {_where(leaf)}; "
                                  "CUDA graphs need CUDA tensors (x.cuda())")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fp_recipes
+from fp_recipes import graphs as graphs_module
 from fp_recipes import (DelayedScaling, Float8CurrentScaling, LayerNormLinear, Linear, NVFP4BlockScaling,
                         make_graphed_callables)
 
@@ -65,6 +66,12 @@ def test_te_aliases_conflict_and_calibrate():
     with pytest.raises(ValueError, match="on cpu"):
         make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), fp8_enabled=True,
                                fp8_recipe=DelayedScaling())
+
+
+def test_refuses_a_sample_argument_with_autograd_history():
+    x = torch.randn(TOKENS, H, requires_grad=True) * 2  # not a leaf
+    with pytest.raises(ValueError, match=r"requires grad but is not a leaf.*detach\(\)\.requires_grad_\(\)"):
+        graphs_module._check_sample_args((x,), 0)
 
 
 def test_refuses_stochastic_rounding():
@@ -329,7 +336,7 @@ def test_the_warmup_leaves_the_state_as_it_was():
     for m in model:
         m.init_quantizer_state(recipe)
     before = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
-    make_graphed_callables(model, (torch.randn(TOKENS, H, device="cuda", requires_grad=True) * 100,),
+    make_graphed_callables(model, ((torch.randn(TOKENS, H, device="cuda") * 100).requires_grad_(),),
                            recipe=recipe, num_warmup_iters=3)
     after = model.state_dict()
     for k, v in before.items():
