@@ -27,12 +27,13 @@ S=benchmarks/nvfp4_variants
   "$NVCC" -c "$S/tile_main.cu" -o "$B/main.o" "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/b0.o" -DTB_TAG=b0 -DNVFP4_TILE2_MINB=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/b4.o" -DTB_TAG=b4 -DNVFP4_TILE2_MINB=4 "${FLAGS[@]}" & pids+=($!)
-  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/m0.o" -DTB_TAG=m0 -DNVFP4_TILE2_MINB=0 -DNVFP4_TILE2_EXP_MAGIC=0 \
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/m0.o" -DTB_TAG=m0 -DNVFP4_TILE2_EXP_MAGIC=0 -DNVFP4_TILE2_SHORT=0 \
       "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/s0.o" -DTB_TAG=s0 -DNVFP4_TILE2_SHORT=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c fp_recipes/csrc/nvfp4_amax.cu -o "$B/amax.o" "${FLAGS[@]}" & pids+=($!)
   rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/m0.o" "$B/amax.o" \
+  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/m0.o" "$B/s0.o" "$B/amax.o" \
       "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
   echo "tile bench build rc=$rc in $(( $(date +%s) - t0 )) s"
 ) > "$OUT/tile_build.log" 2>&1 &

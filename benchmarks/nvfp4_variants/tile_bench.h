@@ -25,7 +25,10 @@ void run_b0(const Args&, int which, int waves, cudaStream_t);
 void run_b4(const Args&, int which, int waves, cudaStream_t);
 void attrs_b0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 void attrs_b4(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
-// m0: b0 with the compare-and-select E2M1 binade magic (NVFP4_TILE2_EXP_MAGIC=0)
+// m0: b0 with v6's compare-and-select E2M1 binade magic and no short path (EXP_MAGIC=0, SHORT=0)
 void run_m0(const Args&, int which, int waves, cudaStream_t);
 void attrs_m0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// s0: b0 without the short (clamp-free) encode path (NVFP4_TILE2_SHORT=0)
+void run_s0(const Args&, int which, int waves, cudaStream_t);
+void attrs_s0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

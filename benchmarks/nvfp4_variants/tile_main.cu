@@ -1,7 +1,8 @@
 // NVFP4 v7 tile benchmark (issue 13, target 2), standalone (no torch): the v6 tile kernel (tile_kernel<T, 0>,
 // "old") against the v7 tile2_kernel (persistent grid, cp.async double-buffered native-type tile) at two
-// ptxas bounds (b0: __launch_bounds__(256), shipped; b4: (256, 4)), grid sizes (waves of resident blocks;
-// 1000 = one block per tile) and with the v6 compare/select E2M1 magic (cmpmagic, object m0), plus the row-scaled rowwise kernels (v6 rowwise_kernel, v7 row_scaled_kernel, and
+// builds (b0 = shipped: (256, 4) for RN modes, (256, 3) with SR; b4: (256, 4) for all; m0: v6's compare/select
+// E2M1 magic without the short path; s0: no short path), grid sizes (waves of resident blocks; 1000 = one
+// block per tile), plus the row-scaled rowwise kernels (v6 rowwise_kernel, v7 row_scaled_kernel, and
 // fused row amax + quantize). Byte checks of every variant against "old" (randn and a specials input on
 // tail shapes), CUDA-event timing (median of --reps, 3 rotating inputs), D2D copy bandwidth of the same run.
 // Usage: nvfp4_tile_bench [out.json] [--reps N]   (scripts/gpu_nvfp4_v7.sh)
@@ -138,13 +139,14 @@ static const Case kCases[] = {
 
 struct Var {
   const char* name;
-  int obj;  // 0: b0, 4: b4, 1: m0 (b0 with the compare/select magic)
+  int obj;  // 0: b0 (shipped), 4: b4 ((256, 4) for every mode), 1: m0 (v6 magic, no short path), 2: s0 (no short path)
   int which, waves;
 };
 
 static void run(const Var& v, const tb::Args& a, cudaStream_t s) {
   if (v.obj == 0) tb::run_b0(a, v.which, v.waves, s);
   else if (v.obj == 1) tb::run_m0(a, v.which, v.waves, s);
+  else if (v.obj == 2) tb::run_s0(a, v.which, v.waves, s);
   else tb::run_b4(a, v.which, v.waves, s);
 }
 
@@ -152,9 +154,9 @@ static std::vector<Var> vars_for(const Case& c) {
   if (c.rs)
     return {{"old rowwise_kernel", 0, tb::kRowwise, 0}, {"v7 row_scaled", 0, tb::kRowScaled, 0},
             {"v7 fused amax+q", 0, tb::kRowScaledFused, 0}};
-  return {{"old tile", 0, tb::kOldTile, 0},    {"v7 b0 w1", 0, tb::kTile2, 1}, {"v7 b0 w2", 0, tb::kTile2, 2},
-          {"v7 b0 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1}, {"v7 b4 w2", 4, tb::kTile2, 2},
-          {"v7 b0 w1 cmpmagic", 1, tb::kTile2, 1}};
+  return {{"old tile", 0, tb::kOldTile, 0},    {"v7 w1", 0, tb::kTile2, 1}, {"v7 w2", 0, tb::kTile2, 2},
+          {"v7 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1},
+          {"v7 w1 cmpmagic", 1, tb::kTile2, 1}, {"v7 w1 noshort", 2, tb::kTile2, 1}};
 }
 
 int main(int argc, char** argv) {
@@ -177,7 +179,8 @@ int main(int argc, char** argv) {
       if (dt == 0 && (c.rht || c.rs)) continue;
       for (const Var& v : vars_for(c)) {
         int r, l, o;
-        (v.obj == 0 ? tb::attrs_b0 : v.obj == 1 ? tb::attrs_m0 : tb::attrs_b4)(dt, v.which, c.d2, c.sr, c.rht, &r, &l, &o);
+        (v.obj == 0 ? tb::attrs_b0 : v.obj == 1 ? tb::attrs_m0 : v.obj == 2 ? tb::attrs_s0 : tb::attrs_b4)(
+            dt, v.which, c.d2, c.sr, c.rht, &r, &l, &o);
         std::printf("%-22s %-22s %5s %4d %6d %4d\n", c.name, v.name, dt == 2 ? "bf16" : "fp32", r, l, o);
       }
     }

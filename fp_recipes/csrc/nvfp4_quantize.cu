@@ -355,6 +355,32 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
 #endif
 constexpr bool kT2ExpMagic = NVFP4_TILE2_EXP_MAGIC != 0;
 
+// Short path of the tile2 RN encode (per warp): when RN(bamax * enc) < 7 for every active lane's block,
+// every |RN(x_i * enc)| < 7 (RN is monotone), where the exponent magic rounds exactly like the clamped
+// encode (a in [6, 7) rounds to 6 at quantum 2, as the clamp to 6 would), so the clamp to 6 is left out:
+// one ALU op per element fewer. A NaN or Inf element makes bamax NaN / Inf and fails the test; a zero scale
+// (enc = FLT_MAX) fails it too. Software encode only (sm_100a keeps encode16_rn's hardware conversion).
+#ifndef NVFP4_TILE2_SHORT
+#define NVFP4_TILE2_SHORT 1
+#endif
+constexpr bool kT2Short = NVFP4_TILE2_SHORT != 0;
+
+__device__ __forceinline__ uint2 t2_encode16_short(const float (&x)[16], float enc) {
+  uint32_t s[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float a = fabsf(__fmul_rn(x[j], enc));
+    const uint32_t e = __umulhi(__float_as_uint(fmaxf(a, 1.0f)), exp_k512());
+    s[j] = __float_as_uint(__fadd_rn(a, __uint_as_float(e * 0x800002u + (0x4A800000u - 127u * 0x800002u))));
+  }
+  return make_uint2(pack8<RowPack<0>::value>(s, x), pack8<RowPack<0>::value>(s + 8, x + 8));
+}
+
+// Plain RN quantization of one block whose scale comes from `bamax` (the block's own max |x|, or the 2-D
+// tile's): quantize_block_1d<0>'s bytes.
+__device__ __forceinline__ void t2_quant_rn(const float (&x)[16], float bamax, const TensorScale& t, uint2& q,
+                                            uint32_t& sf);
+
 template <typename T>
 struct Tile2Cfg {
   static constexpr int kCpt = 4 / static_cast<int>(sizeof(T));  // columns per thread, column pass
@@ -501,19 +527,29 @@ __device__ __forceinline__ void t2_issue(const KParams& p, int64_t r0, int64_t c
   }
 }
 
-// Thread blocks per SM asked of ptxas (0: none, __launch_bounds__(256) alone). Unbounded, sm_90a: 64
-// registers for plain / RHT (4 thread blocks per SM), 59 for 2-D, 73-79 with stochastic rounding (3 per
-// SM); (256, 4) spills 32-44 bytes in the SR modes (benchmarks/nvfp4_variants/tile_main.cu: b0 vs b4).
+__device__ __forceinline__ void t2_quant_rn(const float (&x)[16], float bamax, const TensorScale& t, uint2& q,
+                                            uint32_t& sf) {
+  sf = plain_scale_code(bamax, t);
+  const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
+  if (kT2Short && !kHwE2M1 && __all_sync(__activemask(), __fmul_rn(bamax, enc) < 7.0f)) {
+    q = t2_encode16_short(x, enc);
+  } else {
+    q = encode16_rn<RowPack<0>::value, kT2ExpMagic>(x, enc);
+  }
+}
+
+// Thread blocks per SM asked of ptxas. Default (0): 4 for the RN modes (64 registers, no spill; unbounded
+// the short/general encode pair takes 80 = 3 blocks/SM) and 3 with stochastic rounding (70-80 registers, no
+// spill; (256, 4) spills 32-80 bytes there). NVFP4_TILE2_MINB > 0 asks that for every mode (benchmarks).
 #ifndef NVFP4_TILE2_MINB
 #define NVFP4_TILE2_MINB 0
 #endif
-#if NVFP4_TILE2_MINB > 0
-#define NVFP4_TILE2_BOUNDS __launch_bounds__(kThreads, NVFP4_TILE2_MINB)
-#else
-#define NVFP4_TILE2_BOUNDS __launch_bounds__(kThreads)
-#endif
+template <bool kSR>
+constexpr int tile2_min_blocks() {
+  return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kSR ? 3 : 4);
+}
 template <typename T, bool k2D, bool kSR, bool kRHT>
-__global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
+__global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR>()) tile2_kernel(KParams p) {
   using C = Tile2Cfg<T>;
   static_assert(!(k2D && kRHT), "2-D excludes RHT");
   __shared__ __align__(16) uint32_t tile[2][C::kTileWords];
@@ -592,14 +628,21 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
         uint32_t sf;
         if (k2D) {
           const float tamax = __uint_as_float(max(part[(r / 8) & ~1][cb], part[(r / 8) | 1][cb]));
-          sf = plain_scale_code(tamax, t_row);
-          const float enc = block_enc(nvfp4_e4m3_decode(sf), t_row.s_dec);
-          q = kSR ? encode16_sr(x, enc, sr_block_bits(static_cast<uint64_t>(b), p.seed, p.offset))
-                  : encode16_rn<RowPack<0>::value, kT2ExpMagic>(x, enc);
+          if (kSR) {
+            sf = plain_scale_code(tamax, t_row);
+            const float enc = block_enc(nvfp4_e4m3_decode(sf), t_row.s_dec);
+            q = encode16_sr(x, enc, sr_block_bits(static_cast<uint64_t>(b), p.seed, p.offset));
+          } else {
+            t2_quant_rn(x, tamax, t_row, q, sf);
+          }
         } else {
           const TensorScale ts = p.row_scaled ? make_tensor_scale(__ldg(p.amax + row), p.e4m3_max) : t_row;
-          quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(x, ts, kSR, static_cast<uint64_t>(b), p.seed, p.offset, q, sf,
-                                                  nullptr, nullptr);
+          if (kSR) {
+            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(x, ts, true, static_cast<uint64_t>(b), p.seed,
+                                                                 p.offset, q, sf, nullptr, nullptr);
+          } else {
+            t2_quant_rn(x, block_absmax16(x), ts, q, sf);
+          }
         }
         reinterpret_cast<uint2*>(p.data)[b] = q;
         p.scale[b] = static_cast<uint8_t>(sf);
@@ -630,11 +673,18 @@ __global__ void NVFP4_TILE2_BOUNDS tile2_kernel(KParams p) {
             // The tile amax of rows crb*16.. and columns (cu*kCpt + j) / 16 of the tile.
             const int tc = (cu * C::kCpt + j) / 16;
             const float tamax = __uint_as_float(max(part[2 * crb][tc], part[2 * crb + 1][tc]));
-            sf = plain_scale_code(tamax, t_col);
-            const float enc = block_enc(nvfp4_e4m3_decode(sf), t_col.s_dec);
-            q = kSR ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn<RowPack<0>::value, kT2ExpMagic>(v, enc);
+            if (kSR) {
+              sf = plain_scale_code(tamax, t_col);
+              const float enc = block_enc(nvfp4_e4m3_decode(sf), t_col.s_dec);
+              q = encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset));
+            } else {
+              t2_quant_rn(v, tamax, t_col, q, sf);
+            }
+          } else if (kSR) {
+            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(v, t_col, true, b, p.seed, p.offset, q, sf, nullptr,
+                                                                 nullptr);
           } else {
-            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(v, t_col, kSR, b, p.seed, p.offset, q, sf, nullptr, nullptr);
+            t2_quant_rn(v, block_absmax16(v), t_col, q, sf);
           }
           reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
           p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
