@@ -377,7 +377,7 @@ V7_ROW_SHAPES = [(1, 16), (3, 48), (130, 80), (64, 4096), (40, 8192), (33, 8208)
 @cuda
 @pytest.mark.parametrize("shape", V7_ROW_SHAPES, ids=[f"{m}x{n}" for m, n in V7_ROW_SHAPES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("kind", ["randn", "special", "huge", "inf", "zeros"])
+@pytest.mark.parametrize("kind", ["randn", "special", "huge", "zeros"])
 def test_v7_row_scaled(shape, dtype, kind):
     """Row-scaled rowwise: the per-row amax computed in the quantize launch (16-bit, N <= 16384: one thread
     block per row with 2 or 4 blocks per thread; else row_amax + quantize), and the row kernel with a given
