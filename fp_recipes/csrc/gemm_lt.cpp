@@ -97,9 +97,10 @@ struct Plan {
 // beta read from device memory (the emulated NVFP4 GEMM's alpha, written by the kernel before it).
 enum class PlanMode : int { kFp8Scales = 0, kDeviceAlpha = 1 };
 
-// (device, m, n, k, dtypes a/b/d, bias dtype, fast accum, workspace, alignments of cuBLASLt's A/B/D, mode)
+// (device, m, n, k, dtypes a/b/d, bias dtype, fast accum, workspace, alignments of cuBLASLt's A/B/D, mode,
+// row strides (leading dims) of our A and B)
 using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int, int, int, int, bool, size_t, uint32_t, uint32_t,
-                           uint32_t, int>;
+                           uint32_t, int, int64_t, int64_t>;
 std::map<PlanKey, Plan> g_plans;
 // Token-routed experts see a new m almost every step; the cache is bounded so that a long run cannot
 // grow it without limit (dropping it costs one heuristic query per shape seen again).
@@ -137,9 +138,12 @@ uint32_t alignment_of(std::uintptr_t ptr) {
 
 Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t, DType d_t, int bias_t,
                bool fast_accum, size_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_d,
-               PlanMode mode = PlanMode::kFp8Scales) {
+               PlanMode mode = PlanMode::kFp8Scales, int64_t lda = 0, int64_t ldb = 0) {
+  // lda / ldb: the row strides (in elements) of our A (m x k) and B (n x k); 0 = dense (k)
+  if (lda <= 0) lda = k;
+  if (ldb <= 0) ldb = k;
   PlanKey key{device, m, n, k, static_cast<int>(a_t), static_cast<int>(b_t), static_cast<int>(d_t), bias_t,
-              fast_accum, workspace, align_a, align_b, align_d, static_cast<int>(mode)};
+              fast_accum, workspace, align_a, align_b, align_d, static_cast<int>(mode), lda, ldb};
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return it->second;
   if (g_plans.size() >= kMaxPlans) drop_plans();  // descriptors are only read during cublasLtMatmul
@@ -166,9 +170,9 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t
     cudaDataType_t bt = lt_type(static_cast<DType>(bias_t));
     check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)), "BIAS_DATA_TYPE");
   }
-  check_lt(g_api.layout_create(&p.lay_a, lt_type(b_t), static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+  check_lt(g_api.layout_create(&p.lay_a, lt_type(b_t), static_cast<uint64_t>(k), static_cast<uint64_t>(n), ldb),
            "layout A");
-  check_lt(g_api.layout_create(&p.lay_b, lt_type(a_t), static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+  check_lt(g_api.layout_create(&p.lay_b, lt_type(a_t), static_cast<uint64_t>(k), static_cast<uint64_t>(m), lda),
            "layout B");
   check_lt(g_api.layout_create(&p.lay_d, lt_type(d_t), static_cast<uint64_t>(n), static_cast<uint64_t>(m), n),
            "layout D");
@@ -193,6 +197,47 @@ Plan& plan_for(int device, int64_t m, int64_t n, int64_t k, DType a_t, DType b_t
 }
 
 bool aligned16(std::uintptr_t ptr) { return ptr % 16 == 0; }
+
+// One FP8 GEMM through its cached plan (caller holds g_mutex). lda / ldb: row strides of our A and B in
+// elements (FP8: bytes). Returns false, having launched nothing, where cuBLASLt's FP8 kernels cannot
+// take the problem (the caller's fallback then runs it).
+bool run_fp8_gemm(std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t scale_a,
+                  std::uintptr_t scale_b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,
+                  DType at, DType bt, DType dt, int bias_dtype, bool fast_accum, std::uintptr_t workspace,
+                  int64_t workspace_size, int device, std::uintptr_t stream) {
+  const int bias_code = bias != 0 ? bias_dtype : -1;
+  // cuBLASLt's FP8 kernels need K and N in multiples of 16 and 16-byte aligned operands, rows and
+  // scale pointers (a scale inside a packed FP32 vector is refused as NOT_SUPPORTED); any other GEMM
+  // (and K == 0, whose output is the bias or zeros) is left to the caller.
+  if (k == 0 || k % 16 != 0 || n % 16 != 0 || lda < k || ldb < k || lda % 16 != 0 || ldb % 16 != 0 ||
+      !aligned16(a) || !aligned16(b) || !aligned16(d) || (bias != 0 && !aligned16(bias)) || !aligned16(scale_a) ||
+      !aligned16(scale_b) || scale_a == 0 || scale_b == 0)
+    return false;
+  // cuBLASLt's A is our B, its B our A
+  Plan& p = plan_for(device, m, n, k, at, bt, dt, bias_code, fast_accum, static_cast<size_t>(workspace_size),
+                     alignment_of(b), alignment_of(a), alignment_of(d), PlanMode::kFp8Scales, lda, ldb);
+  if (!p.ok) return false;
+  const void* sa = reinterpret_cast<const void*>(scale_b);  // cuBLASLt's A is our B
+  const void* sb = reinterpret_cast<const void*>(scale_a);
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A_SCALE");
+  check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B_SCALE");
+  if (bias != 0) {
+    const void* bp = reinterpret_cast<const void*>(bias);
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  void* dp = reinterpret_cast<void*>(d);
+  const cublasStatus_t st =
+      g_api.matmul(handle_for(device), p.desc, &alpha, reinterpret_cast<const void*>(b), p.lay_a,
+                   reinterpret_cast<const void*>(a), p.lay_b, &beta, dp, p.lay_d, dp, p.lay_d, &p.algo,
+                   reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size), as_stream(stream));
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before any launch: the caller's fallback runs it
+    p.ok = false;
+    return false;
+  }
+  check_lt(st, "cublasLtMatmul");
+  return true;
+}
 
 }  // namespace
 #endif  // FPR_HAVE_CUBLASLT
@@ -266,50 +311,15 @@ void register_gemm_lt(py::module_& m) {
         require(g_api.lib != nullptr, "lt_fp8_gemms: cuBLASLt is not loaded (call lt_load first)");
         const DType at = static_cast<DType>(a_dtype), bt = static_cast<DType>(b_dtype),
                     dt = static_cast<DType>(d_dtype);
-        cublasLtHandle_t handle = handle_for(device);
-        const float alpha = 1.0f, beta = 0.0f;
         std::vector<int64_t> skipped;
         for (size_t i = 0; i < num; ++i) {
           const int64_t m = ms[i], n = ns[i], k = ks[i];
           require(m >= 0 && n >= 0 && k >= 0, "lt_fp8_gemms: negative GEMM size");
           if (m == 0 || n == 0) continue;  // an empty output: nothing to write
           const std::uintptr_t bias_i = bias.empty() ? 0 : bias[i];
-          const int bias_code = bias_i != 0 ? bias_dtype : -1;
-          // cuBLASLt's FP8 kernels need K and N in multiples of 16 and 16-byte aligned operands and
-          // scale pointers (a scale inside a packed FP32 vector is refused as NOT_SUPPORTED); any other
-          // GEMM (and K == 0, whose output is the bias or zeros) is left to the caller.
-          if (k == 0 || k % 16 != 0 || n % 16 != 0 || !aligned16(a[i]) || !aligned16(b[i]) || !aligned16(d[i]) ||
-              (bias_i != 0 && !aligned16(bias_i)) || !aligned16(scale_a[i]) || !aligned16(scale_b[i]) ||
-              scale_a[i] == 0 || scale_b[i] == 0) {
+          if (!run_fp8_gemm(a[i], k, b[i], k, scale_a[i], scale_b[i], d[i], bias_i, m, n, k, at, bt, dt, bias_dtype,
+                            fast_accum, workspace, workspace_size, device, stream))
             skipped.push_back(static_cast<int64_t>(i));
-            continue;
-          }
-          // cuBLASLt's A is our B, its B our A
-          Plan& p = plan_for(device, m, n, k, at, bt, dt, bias_code, fast_accum, static_cast<size_t>(workspace_size),
-                             alignment_of(b[i]), alignment_of(a[i]), alignment_of(d[i]));
-          if (!p.ok) {
-            skipped.push_back(static_cast<int64_t>(i));
-            continue;
-          }
-          const void* sa = reinterpret_cast<const void*>(scale_b[i]);  // cuBLASLt's A is our B
-          const void* sb = reinterpret_cast<const void*>(scale_a[i]);
-          check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A_SCALE");
-          check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B_SCALE");
-          if (bias_i != 0) {
-            const void* bp = reinterpret_cast<const void*>(bias_i);
-            check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
-          }
-          void* dp = reinterpret_cast<void*>(d[i]);
-          const cublasStatus_t st =
-              g_api.matmul(handle, p.desc, &alpha, reinterpret_cast<const void*>(b[i]), p.lay_a,
-                           reinterpret_cast<const void*>(a[i]), p.lay_b, &beta, dp, p.lay_d, dp, p.lay_d, &p.algo,
-                           reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size), as_stream(stream));
-          if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused before any launch: the caller's fallback runs it
-            p.ok = false;
-            skipped.push_back(static_cast<int64_t>(i));
-            continue;
-          }
-          check_lt(st, "cublasLtMatmul");
         }
         return skipped;
 #else
@@ -327,6 +337,36 @@ void register_gemm_lt(py::module_& m) {
       "each operand contiguous, FP8 per-tensor scales as device FP32 pointers. Returns the indices of the "
       "GEMMs it did not run (shapes or alignment cuBLASLt's FP8 kernels cannot take, K == 0), for the caller's "
       "fallback.");
+  m.def(
+      "lt_fp8_gemm",
+      [](std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t scale_a, std::uintptr_t scale_b,
+         std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k, int a_dtype, int b_dtype, int d_dtype,
+         int bias_dtype, bool fast_accum, std::uintptr_t workspace, int64_t workspace_size, int device,
+         std::uintptr_t stream) -> bool {
+#if FPR_HAVE_CUBLASLT
+        require(m >= 0 && n >= 0 && k >= 0, "lt_fp8_gemm: negative GEMM size");
+        require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
+                "lt_fp8_gemm: workspace must be a device buffer of workspace_size bytes");
+        if (m == 0 || n == 0) return false;  // the caller makes the empty / bias-only output
+        std::lock_guard<std::mutex> lock(g_mutex);
+        require(g_api.lib != nullptr, "lt_fp8_gemm: cuBLASLt is not loaded (call lt_load first)");
+        return run_fp8_gemm(a, lda, b, ldb, scale_a, scale_b, d, bias, m, n, k, static_cast<DType>(a_dtype),
+                            static_cast<DType>(b_dtype), static_cast<DType>(d_dtype), bias_dtype, fast_accum,
+                            workspace, workspace_size, device, stream);
+#else
+        (void)a; (void)lda; (void)b; (void)ldb; (void)scale_a; (void)scale_b; (void)d; (void)bias; (void)m; (void)n;
+        (void)k; (void)a_dtype; (void)b_dtype; (void)d_dtype; (void)bias_dtype; (void)fast_accum; (void)workspace;
+        (void)workspace_size; (void)device; (void)stream;
+        throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
+#endif
+      },
+      py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"), py::arg("scale_a"), py::arg("scale_b"), py::arg("d"),
+      py::arg("bias"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a_dtype"), py::arg("b_dtype"),
+      py::arg("d_dtype"), py::arg("bias_dtype"), py::arg("fast_accum"), py::arg("workspace"),
+      py::arg("workspace_size"), py::arg("device"), py::arg("stream"),
+      "One dense FP8 GEMM through the cached plan of its shape: D (m x n, row-major, dense) = A (m x k, row "
+      "stride lda) @ B^T (B: n x k, row stride ldb) * scale_a * scale_b (+ bias). Returns False without "
+      "launching where cuBLASLt's FP8 kernels cannot take it (the caller's fallback then runs it).");
   m.def(
       "lt_bf16_gemm",
       [](std::uintptr_t a, std::uintptr_t b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,

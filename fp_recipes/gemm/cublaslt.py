@@ -24,7 +24,7 @@ import torch
 
 from .. import _extension
 
-__all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemms", "fp8_gemms_ptr", "status"]
+__all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemm", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
 # What torch gives cuBLASLt on Hopper; enough for every split-K / stream-K algorithm. Smaller values
 # restrict the algorithms cuBLASLt may choose (benchmarks compare).
@@ -72,6 +72,8 @@ def _load() -> bool:
                     warnings.simplefilter("ignore")
                     torch.cuda.current_blas_handle()  # makes torch map its cuBLAS / cuBLASLt
                 _state["version"] = ext.lt_load(_loaded_cublaslt_path())
+                # the one-GEMM entry point of the dense FP8 GEMM (an extension built before it lacks it)
+                _state["single"] = hasattr(ext, "lt_fp8_gemm")
             except RuntimeError as exc:
                 _state["error"] = str(exc)
         _state["loaded"] = _state["error"] is None
@@ -104,6 +106,40 @@ def _workspace(device: torch.device, stream: int) -> torch.Tensor:
             _workspaces.pop(next(iter(_workspaces)))
         ws = _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return ws
+
+
+def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             out_dtype: torch.dtype, bias: Optional[torch.Tensor] = None,
+             fast_accum: bool = False) -> Optional[torch.Tensor]:
+    """``a @ b.T * scale_a * scale_b (+ bias)`` as a new (m, n) ``out_dtype`` tensor through the cached
+    cuBLASLt plan of its shape (the dense FP8 GEMM of a Linear: ``torch._scaled_mm``'s math without its
+    per-call heuristic query), or None, having launched nothing, when this path cannot run it (cuBLASLt
+    not loadable, K or N not a multiple of 16, an operand, row stride or scale pointer not 16-byte
+    aligned, no algorithm, another device current): the caller then runs ``torch._scaled_mm``.
+
+    ``a`` (m, k) and ``b`` (n, k) FP8 on one CUDA device with unit column stride (rows may be strided),
+    ``scale_*`` FP32 one-element device tensors, ``bias`` an (n,) vector of ``out_dtype`` or None; enqueued
+    on the current stream."""
+    if not _load() or not _state.get("single", False):
+        return None
+    device = a.device
+    index = device.index
+    current = torch.cuda.current_device()
+    if index is not None and index != current:
+        return None  # torch._scaled_mm switches devices itself: rare, left to it
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        return None
+    stream = _extension.current_stream(device)
+    ws = _workspace(device, stream)
+    m, k = a.shape
+    n = b.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=device)
+    ok = _extension.extension().lt_fp8_gemm(
+        a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), scale_a.data_ptr(), scale_b.data_ptr(),
+        out.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n, k, _DTYPE_CODE[a.dtype],
+        _DTYPE_CODE[b.dtype], _DTYPE_CODE[out_dtype], -1 if bias is None else _DTYPE_CODE[bias.dtype],
+        bool(fast_accum), ws.data_ptr(), ws.numel(), current, stream)
+    return out if ok else None
 
 
 def fp8_gemms(a: Sequence[torch.Tensor], scale_a: Sequence[torch.Tensor], b: Sequence[torch.Tensor],

@@ -1,8 +1,15 @@
 """FP8 x FP8 with per-tensor scales.
 
-``torch._scaled_mm`` on CUDA sm_89+, any pair except E5M2 x E5M2 (which cuBLASLt does not support);
+On CUDA sm_89+, any pair except E5M2 x E5M2 (which cuBLASLt does not support): cuBLASLt through the
+cached plan of the problem's shape (``cublaslt.fp8_gemm``: descriptors and algorithm chosen once per
+shape, one ``cublasLtMatmul`` per call), else ``torch._scaled_mm`` (cuBLASLt not loadable, a problem
+its FP8 kernels refuse, torch.compile tracing), which runs the same library's heuristic on every call
+(~70 us of host time per GEMM on an H100 host; issue 14). Both compute the same math (FP32 accumulation,
+per-tensor FP32 scales, the bias added in the FP32 epilogue, one rounding to the output dtype); the
+results differ at most by the algorithm the heuristic picks.
+
 K and N are zero-padded to multiples of 16 when needed (zeros add nothing to a dot product, so the
-result is unchanged). Elsewhere an exact emulation: the FP8 values are exact in FP32, the FP32 matmul
+result is unchanged; a fused bias is zero-padded with N). Elsewhere an exact emulation: the FP8 values are exact in FP32, the FP32 matmul
 accumulates, and the product of the two dequantization scales is applied in the FP32 epilogue, as the
 hardware does."""
 
@@ -12,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from . import _common
+from . import _common, cublaslt
 from ._common import finish, gemm_ready, mm_fp32, pad_to
 from .operands import Fp8Operand
 
@@ -43,9 +50,17 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
         fuse_bias = bias is not None and bias.dtype == out_dtype and out_dtype in (torch.bfloat16,
                                                                                    torch.float16)
         mm_dtype = out_dtype if (bias is None or fuse_bias) else torch.float32
-        out = torch._scaled_mm(a_data, b_data.t(), scale_a=a.scale_inv,
-                               scale_b=b.scale_inv, bias=bias if fuse_bias else None, out_dtype=mm_dtype,
-                               use_fast_accum=use_fast_accum)
+        mm_bias = bias if fuse_bias else None
+        if mm_bias is not None and b_data.shape[0] != n:
+            # N padded to a multiple of 16: the epilogue reads a bias of the padded width (zeros for the
+            # padding columns, which are sliced off)
+            mm_bias = pad_to(mm_bias, 0, 16)
+        out = None
+        if not torch.compiler.is_compiling():
+            out = cublaslt.fp8_gemm(a_data, b_data, a.scale_inv, b.scale_inv, mm_dtype, mm_bias, use_fast_accum)
+        if out is None:
+            out = torch._scaled_mm(a_data, b_data.t(), scale_a=a.scale_inv, scale_b=b.scale_inv, bias=mm_bias,
+                                   out_dtype=mm_dtype, use_fast_accum=use_fast_accum)
         if out.shape[1] != n:
             out = out[:, :n]
         if bias is not None and not fuse_bias:

@@ -1,0 +1,136 @@
+"""The FP8 Linear hot path's host-time work (issue 14): the dense FP8 GEMM through cuBLASLt's cached plan
+(torch._scaled_mm as the fallback), the amax recorded into the delayed-scaling history by the cast
+kernel itself, the cached one-launch scale update and its non-finite flags read without a copy.
+
+GPU tests compare against what ran before (torch._scaled_mm, the torch-op record and update) bit for
+bit; the CPU tests check the fallbacks and the Python plumbing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp_recipes
+from fp_recipes.gemm import cublaslt
+from fp_recipes.gemm import fp8 as gemm_fp8
+from fp_recipes.gemm.operands import Fp8Operand
+
+cuda = pytest.mark.cuda
+
+
+def _fp8(shape, dtype, seed, device="cuda"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 2).to(dtype).to(device)
+
+
+def _scale(v, device="cuda"):
+    return torch.tensor(v, dtype=torch.float32, device=device)
+
+
+def _scaled_mm_path(monkeypatch):
+    """gemm_fp8_fp8 with the cached-plan path turned off (what ran before)."""
+    monkeypatch.setattr(cublaslt, "fp8_gemm", lambda *a, **k: None)
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+@cuda
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bias_kind", ["none", "fused", "fp32"])
+@pytest.mark.parametrize("shape", [(64, 128, 256), (333, 48, 96), (7, 40, 24), (256, 4096, 512)])
+@pytest.mark.parametrize("b_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_dense_gemm_through_plan_equals_scaled_mm(out_dtype, bias_kind, shape, b_dtype, monkeypatch):
+    assert cublaslt.available(), cublaslt.status()
+    m, n, k = shape  # (7, 40, 24): N and K padded to 16, a fused bias padded with them
+    a = Fp8Operand(_fp8((m, k), torch.float8_e4m3fn, 1), _scale(0.75))
+    b = Fp8Operand(_fp8((n, k), b_dtype, 2), _scale(1.5))
+    bias = None
+    if bias_kind == "fused":
+        bias = torch.randn(n, device="cuda").to(out_dtype)
+    elif bias_kind == "fp32":
+        bias = torch.randn(n, device="cuda")
+    calls = []
+    real = cublaslt.fp8_gemm
+
+    def counting(*args, **kw):
+        out = real(*args, **kw)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(cublaslt, "fp8_gemm", counting)
+    for fast in (False, True):
+        got = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=out_dtype, bias=bias, use_fast_accum=fast)
+        with monkeypatch.context() as mp:
+            _scaled_mm_path(mp)
+            want = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=out_dtype, bias=bias, use_fast_accum=fast)
+        assert got.shape == want.shape == (m, n) and got.dtype == want.dtype == out_dtype
+        # the same library and problem: the same algorithm, the same bits (as tests/test_gemm_lt.py)
+        assert torch.equal(got, want), (shape, out_dtype, bias_kind, fast)
+    assert calls and all(calls)  # the cached-plan path ran every time
+
+
+@cuda
+def test_dense_gemm_strided_rows_and_refused_cases_fall_back(monkeypatch):
+    a_full = _fp8((64, 96), torch.float8_e4m3fn, 3)
+    a = Fp8Operand(a_full[:, :64], _scale(1.0))  # rows of 96 bytes: a strided view read in place
+    b = Fp8Operand(_fp8((32, 64), torch.float8_e4m3fn, 4), _scale(2.0))
+    got = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=torch.bfloat16)
+    want = torch._scaled_mm(a_full[:, :64].contiguous(), b.data.t(), scale_a=a.scale_inv, scale_b=b.scale_inv,
+                            out_dtype=torch.bfloat16)
+    assert torch.equal(got, want)
+    # an unaligned scale pointer (a scale inside a packed vector): refused, torch._scaled_mm runs it
+    packed = torch.tensor([0.0, 1.0, 2.0], device="cuda")
+    odd = Fp8Operand(b.data, packed[1])
+    assert cublaslt.fp8_gemm(a.data.contiguous(), b.data, a.scale_inv, odd.scale_inv, torch.bfloat16) is None
+    out = gemm_fp8.gemm_fp8_fp8(Fp8Operand(a.data.contiguous(), a.scale_inv), odd, out_dtype=torch.bfloat16)
+    assert torch.equal(out, torch._scaled_mm(a.data.contiguous(), b.data.t(), scale_a=a.scale_inv,
+                                             scale_b=packed[1], out_dtype=torch.bfloat16))
+
+
+@cuda
+def test_linear_step_runs_no_scaled_mm(monkeypatch):
+    """A Linear fwd+bwd at aligned sizes: the three GEMMs go through the cached plans."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch._scaled_mm called on the hot path")
+
+    layer = fp_recipes.Linear(128, 64, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    for recipe in (fp_recipes.DelayedScaling(), fp_recipes.Float8CurrentScaling()):
+        with fp_recipes.autocast(recipe=recipe):
+            layer(x).sum().backward()  # first step: plans made
+        monkeypatch.setattr(torch, "_scaled_mm", refuse)
+        with fp_recipes.autocast(recipe=recipe):
+            layer(x).sum().backward()
+        monkeypatch.undo()
+
+
+# ------------------------------------------------------------------------------------------- CPU
+
+def test_fallback_pads_a_fused_bias_with_n(monkeypatch):
+    """N padded to 16 with a fused bias: torch._scaled_mm (here an FP32 emulation) gets a bias of the
+    padded width, and the padding columns are sliced off."""
+    seen = {}
+
+    def fake_scaled_mm(a, b, *, scale_a, scale_b, bias=None, out_dtype=None, use_fast_accum=False):
+        seen["bias"] = None if bias is None else tuple(bias.shape)
+        out = (a.float() @ b.float()) * (scale_a * scale_b)
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(out_dtype)
+
+    monkeypatch.setattr(gemm_fp8, "fp8_native_gemm_available", lambda *a: True)
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    a = Fp8Operand(_fp8((5, 32), torch.float8_e4m3fn, 5, "cpu"), _scale(0.5, "cpu"))
+    b = Fp8Operand(_fp8((20, 32), torch.float8_e4m3fn, 6, "cpu"), _scale(2.0, "cpu"))
+    bias = torch.randn(20).to(torch.bfloat16)
+    out = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=torch.bfloat16, bias=bias)
+    assert seen["bias"] == (32,) and out.shape == (5, 20)
+    want = ((a.data.float() @ b.data.float().t()) * 1.0 + bias.float()).to(torch.bfloat16)
+    assert torch.equal(out, want)
+
+
+def test_plan_path_declines_without_cublaslt():
+    if cublaslt.available():
+        pytest.skip("cuBLASLt is loaded here")
+    a = _fp8((16, 16), torch.float8_e4m3fn, 7, "cpu")
+    assert cublaslt.fp8_gemm(a, a, _scale(1.0, "cpu"), _scale(1.0, "cpu"), torch.float32) is None
