@@ -377,7 +377,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         if need_dw:
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db:
-            db = dy.float().sum(0).to(b_dtype)
+            db = dy.sum(0, dtype=torch.float32).to(b_dtype)  # FP32 accumulation without an FP32 copy of dy
         return dx, dw, db, None, None, None
 
 

@@ -135,7 +135,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
             for g in range(num):  # an expert without rows: a zero gradient
                 if need_dw[g] and dws[g] is None:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
-        dbs = [dys[g].float().sum(0).to(b_dtypes[g]) if b_dtypes[g] is not None and need[_PARAMS + num + g] else None
+        dbs = [dys[g].sum(0, dtype=torch.float32).to(b_dtypes[g]) if b_dtypes[g] is not None and need[_PARAMS + num + g] else None
                for g in range(num)]
         return (dx, None, None, None, None, None, *dws, *dbs)
 
