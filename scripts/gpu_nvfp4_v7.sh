@@ -56,7 +56,8 @@ BUILD_PID=$!
     echo "$tool rc=$?"
   done
   echo "== tile benchmark"
-  wait "$BUILD_PID"
+  # the build runs outside this piped block (not its child: `wait` cannot see it): poll its log
+  for _ in $(seq 1 120); do grep -q "tile bench build rc=" "$OUT/tile_build.log" 2>/dev/null && break; sleep 1; done
   cat "$OUT/tile_build.log"
   if [ -x "$B/nvfp4_tile_bench" ]; then
     timeout "${LIM_TILE:-40}" "$B/nvfp4_tile_bench" "$OUT/nvfp4_tile_bench.json" --reps "${REPS:-40}" \

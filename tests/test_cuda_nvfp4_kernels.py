@@ -314,8 +314,8 @@ V7_RHT_KW = [
 ]
 V7_SHAPES = [(16, 16), (128, 64), (144, 80), (272, 1040), (1, 16), (17, 48)]
 # (shape, dtype, kind): more tiles than resident thread blocks
-V7_BIG = [((2064, 4104), torch.bfloat16, "randn"), ((4096, 4160), torch.bfloat16, "special"),
-          ((2064, 2056), torch.float32, "mixed"), ((1040, 4160), torch.float16, "huge")]
+V7_BIG = [((2064, 4112), torch.bfloat16, "randn"), ((4096, 4160), torch.bfloat16, "special"),
+          ((2064, 2064), torch.float32, "mixed"), ((1040, 4160), torch.float16, "huge")]
 
 
 def _v7_kw_fits(shape, kw):
