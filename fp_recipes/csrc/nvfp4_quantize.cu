@@ -787,24 +787,29 @@ void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) 
   check_launch("nvfp4 row_scaled_kernel");
 }
 
-// Persistent grid of tile2_kernel: one wave of resident thread blocks (occupancy per instantiation,
-// queried once), at most one per tile. waves > 0 (benchmarks) overrides the wave count.
+// Grid of tile2_kernel: one thread block per tile by default (measured fastest on an H100 at 16384x6144
+// BF16: row+col 154 us against 172 us for one persistent wave, 2-D and RHT likewise; within 2 % at
+// 4096x4096: benchmarks/RESULTS.md, v7 tile table). waves > 0 (benchmarks) asks for that many waves of
+// resident thread blocks (occupancy per instantiation, queried once) walking the tiles instead.
 template <typename T, bool k2D, bool kSR, bool kRHT>
 void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
   using C = Tile2Cfg<T>;
-  static int per_sm = 0;
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (per_sm == 0) {
-    int occ = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT>, kThreads, 0) !=
-            cudaSuccess || occ < 1)
-      occ = 1;
-    per_sm = occ;
-  }
   const int64_t tiles = ((kp.N + 63) / 64) * ((kp.M + C::kRows - 1) / C::kRows);
-  const int64_t want = static_cast<int64_t>(sms) * per_sm * (waves > 0 ? waves : 1);
-  const int64_t grid = tiles < want ? tiles : want;
+  int64_t grid = tiles < 2147483647 ? tiles : 2147483647;  // the kernel's loop takes any grid size
+  if (waves > 0) {
+    static int per_sm = 0;
+    int dev = 0, sms = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (per_sm == 0) {
+      int occ = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT>, kThreads, 0) !=
+              cudaSuccess || occ < 1)
+        occ = 1;
+      per_sm = occ;
+    }
+    const int64_t want = static_cast<int64_t>(sms) * per_sm * waves;
+    if (want < grid) grid = want;
+  }
   tile2_kernel<T, k2D, kSR, kRHT><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
   check_launch("nvfp4 tile2_kernel");
 }
