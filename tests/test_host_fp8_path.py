@@ -78,13 +78,14 @@ def test_dense_gemm_strided_rows_and_refused_cases_fall_back(monkeypatch):
     want = torch._scaled_mm(a_full[:, :64].contiguous(), b.data.t(), scale_a=a.scale_inv, scale_b=b.scale_inv,
                             out_dtype=torch.bfloat16)
     assert torch.equal(got, want)
-    # an unaligned scale pointer (a scale inside a packed vector): refused, torch._scaled_mm runs it
+    # an unaligned scale pointer (a scale inside a packed vector): the binding refuses it (cuBLASLt
+    # would, torch._scaled_mm's too); the GEMM runs on an aligned copy of the scale
     packed = torch.tensor([0.0, 1.0, 2.0], device="cuda")
     odd = Fp8Operand(b.data, packed[1])
     assert cublaslt.fp8_gemm(a.data.contiguous(), b.data, a.scale_inv, odd.scale_inv, torch.bfloat16) is None
     out = gemm_fp8.gemm_fp8_fp8(Fp8Operand(a.data.contiguous(), a.scale_inv), odd, out_dtype=torch.bfloat16)
     assert torch.equal(out, torch._scaled_mm(a.data.contiguous(), b.data.t(), scale_a=a.scale_inv,
-                                             scale_b=packed[1], out_dtype=torch.bfloat16))
+                                             scale_b=packed[1].clone(), out_dtype=torch.bfloat16))
 
 
 @cuda

@@ -56,10 +56,14 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
             # padding columns, which are sliced off)
             mm_bias = pad_to(mm_bias, 0, 16)
         out = None
+        scale_a, scale_b = a.scale_inv, b.scale_inv
         if not torch.compiler.is_compiling():
-            out = cublaslt.fp8_gemm(a_data, b_data, a.scale_inv, b.scale_inv, mm_dtype, mm_bias, use_fast_accum)
+            # cuBLASLt (ours and torch._scaled_mm's) refuses a scale that is not 16-byte aligned, e.g. one
+            # element of a packed vector: a fresh 0-dim copy is aligned
+            scale_a, scale_b = _aligned_scale(scale_a), _aligned_scale(scale_b)
+            out = cublaslt.fp8_gemm(a_data, b_data, scale_a, scale_b, mm_dtype, mm_bias, use_fast_accum)
         if out is None:
-            out = torch._scaled_mm(a_data, b_data.t(), scale_a=a.scale_inv, scale_b=b.scale_inv, bias=mm_bias,
+            out = torch._scaled_mm(a_data, b_data.t(), scale_a=scale_a, scale_b=scale_b, bias=mm_bias,
                                    out_dtype=mm_dtype, use_fast_accum=use_fast_accum)
         if out.shape[1] != n:
             out = out[:, :n]
@@ -68,3 +72,7 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
         return out
     acc = mm_fp32(a.data.float(), b.data.float())
     return finish(acc * (a.scale_inv * b.scale_inv), bias, out_dtype)
+
+
+def _aligned_scale(scale: torch.Tensor) -> torch.Tensor:
+    return scale if scale.data_ptr() % 16 == 0 else scale.clone()
