@@ -190,44 +190,16 @@ def _fp8_copies_or_none(x: torch.Tensor, fmt: str, rowwise: bool,
             x.new_empty((n, m), dtype=dt) if columnwise else None)
 
 
-def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
-                         record: Optional[torch.Tensor] = None):
-    """The eager cast: (data or None, data_t or None, scale_inv, amax). ``record``: see
-    :func:`fp8_quantize_recording`."""
+def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool):
+    """The eager cast: (data or None, data_t or None, scale_inv, amax)."""
     device = _require_cuda("fp8_quantize", x=x, scale=scale)
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     with _on(device):
-        if record is None:
-            _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[FP8_DTYPE[fmt]],
-                                _ptr(data), _ptr(data_t), scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
-        else:
-            _ext().fp8_quantize_record(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-                                       DTYPE_CODE[FP8_DTYPE[fmt]], _ptr(data), _ptr(data_t), scale_inv.data_ptr(),
-                                       amax.data_ptr(), record.data_ptr(), _stream(device))
+        _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[FP8_DTYPE[fmt]],
+                            _ptr(data), _ptr(data_t), scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax
-
-
-def can_record_amax() -> bool:
-    """Whether the loaded extension has the cast that records into a history slot (one built before it
-    has not: the quantizer then records with a torch.maximum)."""
-    ext = backend.extension()
-    return ext is not None and hasattr(ext, "fp8_quantize_record")
-
-
-def fp8_quantize_recording(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
-                           record: torch.Tensor) -> FP8Quantized:
-    """:func:`fp8_quantize` (eager, CUDA) that also does ``torch.maximum(record, amax, out=record)`` inside
-    the cast kernel: ``record`` is a delayed-scaling ``amax_history[0]`` (an FP32 device value on x's
-    device), so recording the amax costs no launch of its own (issue 14). The caller checks that the
-    extension has it (:func:`can_record_amax`) and that ``record`` is an FP32 value on ``scale``'s device."""
-    what = "fp8_quantize"
-    fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
-    data, data_t, scale_inv, amax = _fp8_quantize_launch(_contiguous(x, what, "x"), scale, fmt, bool(rowwise),
-                                                         bool(columnwise), record)
-    return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
-                        scale_inv=scale_inv, amax=amax, scale=scale)
 
 
 def _with_placeholders(x: torch.Tensor, fmt: str, out: tuple) -> tuple:

@@ -6,7 +6,6 @@ state and shapes. Quantizers always go through the op dispatcher, so a CUDA tens
 
 from __future__ import annotations
 
-import ctypes
 import math
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
@@ -166,27 +165,6 @@ def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     return t
 
 
-# (whether the loaded extension records into a history slot, fp8_quantize_recording): set by _cuda_quantize
-_RECORDING: List[Any] = [lambda: False, None]
-_CUDA_QUANTIZE: List[Any] = []
-
-
-def _cuda_quantize() -> Any:
-    """The CUDA implementation of ``fp8_quantize`` (the object ``resolved`` returns for a CUDA tensor), or
-    None; looked up once."""
-    if not _CUDA_QUANTIZE:
-        from ..ops import backend
-
-        impl = None
-        if backend.extension() is not None:
-            from ..ops import cuda_fp8
-
-            impl = cuda_fp8.fp8_quantize
-            _RECORDING[:] = [cuda_fp8.can_record_amax, cuda_fp8.fp8_quantize_recording]
-        _CUDA_QUANTIZE.append(impl)
-    return _CUDA_QUANTIZE[0]
-
-
 class NonFiniteAmaxWarning(RuntimeWarning):
     """A delayed-scaling quantizer saw a NaN or +-Inf amax (shown once per quantizer)."""
 
@@ -205,45 +183,14 @@ def _warn_nonfinite(flags: Sequence[bool], quantizers: Sequence[Any]) -> None:
                 "per tensor.", NonFiniteAmaxWarning, stacklevel=2)
 
 
-# Slabs of page-locked, device-mapped host memory for the flags of NonfiniteWatch.mapped_flags: [host address,
-# device address, bytes left]. Never freed (a few bytes per quantizer list, for the life of the process).
-_MAPPED_SLAB: List[int] = [0, 0, 0]
-_MAPPED_SLAB_BYTES = 1 << 16
-
-
-def _mapped_bytes(count: int) -> Optional[tuple]:
-    """(host address, device address) of ``count`` zeroed bytes of mapped host memory, or None (no
-    extension with the allocator, or a stream is capturing: no allocation there)."""
-    from ..ops import backend
-
-    ext = backend.extension()
-    if ext is None or not hasattr(ext, "mapped_host_alloc") or count > _MAPPED_SLAB_BYTES:
-        return None
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    if _MAPPED_SLAB[2] < count:
-        try:
-            host, dev = ext.mapped_host_alloc(_MAPPED_SLAB_BYTES)
-        except (RuntimeError, ValueError):
-            return None
-        _MAPPED_SLAB[:] = [int(host), int(dev), _MAPPED_SLAB_BYTES]
-    used = _MAPPED_SLAB_BYTES - _MAPPED_SLAB[2]
-    _MAPPED_SLAB[2] -= (count + 15) // 16 * 16
-    return _MAPPED_SLAB[0] + used, _MAPPED_SLAB[1] + used
-
-
 class NonfiniteWatch:
     """Sticky per-quantizer flags, set on the device by a scale update that found a non-finite value in
     a history, and turned into one :class:`NonFiniteAmaxWarning` per quantizer without a host sync.
 
-    On CPU the flags are read at once. On CUDA, where the updating kernel writes them into host memory
-    mapped into the device's address space (:meth:`mapped_flags`, the one-launch update), each
-    :meth:`report` reads that memory directly: no copy, no event; a flag is seen as soon as its update
-    has run (at the latest by the first report after a sync). Otherwise each report first reads the
-    pinned host copy made by an earlier report if its copy has landed (``Event.query()``, no wait), then
-    starts a new non-blocking copy: a warning comes one or two updates after the step that saw the value,
-    and the step never waits for the GPU. The flags are never cleared (a copy in flight cannot lose a
-    flag)."""
+    On CPU the flags are read at once. On CUDA each :meth:`report` first reads the pinned host copy
+    made by an earlier report if its copy has landed (``Event.query()``, no wait), then starts a new
+    non-blocking copy: a warning comes one or two updates after the step that saw the value, and the
+    step never waits for the GPU. The flags are never cleared (a copy in flight cannot lose a flag)."""
 
     def __init__(self, count: int, device: torch.device) -> None:
         self.flags = torch.zeros(count, dtype=torch.bool, device=device)
@@ -251,25 +198,9 @@ class NonfiniteWatch:
         self._event: Any = None
         self._copying = False
         self._all_warned = False
-        self._mapped: Optional[tuple] = None  # (host address, device address, zero bytes) or ()
-
-    def mapped_flags(self) -> int:
-        """The device address of ``count`` mapped host bytes the updating kernel sets instead of
-        :attr:`flags` (0: none to be had; the kernel then sets :attr:`flags`). Asked once."""
-        if self._mapped is None:
-            n = self.flags.numel()
-            got = _mapped_bytes(n) if self.flags.device.type == "cuda" and n else None
-            self._mapped = (got[0], got[1], bytes(n)) if got is not None else ()
-        return self._mapped[1] if self._mapped else 0
 
     def report(self, quantizers: Sequence[Any]) -> None:
         if self._all_warned:
-            return
-        mapped = self._mapped
-        if mapped:
-            raw = ctypes.string_at(mapped[0], len(mapped[2]))
-            if raw != mapped[2]:
-                self._warn([b != 0 for b in raw], quantizers)
             return
         if self.flags.device.type != "cuda":
             if bool(self.flags.any()):
@@ -419,13 +350,9 @@ class Float8Quantizer(Quantizer):
                                    columnwise=spec.columnwise)
             slot = self.amax_history[0]
         else:
-            fn = resolved("fp8_quantize", x2)
+            res = resolved("fp8_quantize", x2)(x2, self.scale, self.fmt, rowwise=spec.rowwise,
+                                                   columnwise=spec.columnwise)
             slot = self._slot0()
-            if fn is _cuda_quantize() and slot.dtype == torch.float32 and _RECORDING[0]():
-                # the CUDA cast records the amax into amax_history[0] itself (one launch, not two)
-                res = _RECORDING[1](x2, self.scale, self.fmt, spec.rowwise, spec.columnwise, slot)
-                return _wrap(res, x, self.fmt)
-            res = fn(x2, self.scale, self.fmt, rowwise=spec.rowwise, columnwise=spec.columnwise)
         torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
         return _wrap(res, x, self.fmt)
 
