@@ -67,6 +67,7 @@ def collect() -> Dict[str, Any]:
 
     import fp_recipes
     from fp_recipes.gemm import fp8_native_gemm_available
+    from fp_recipes.gemm.fp8 import fp8_gemm_engine
     from fp_recipes._info import backend_info
 
     from .env_cmd import recipe_errors
@@ -89,7 +90,7 @@ def collect() -> Dict[str, Any]:
     for kind, cls in _recipes().items():
         quant = "CUDA kernels (fp_recipes._C)" if kernels else "reference (pure torch)"
         if kind in ("delayed", "current"):
-            gemm = "native (torch._scaled_mm)" if fp8_native_gemm_available(device) else "emulated"
+            gemm = f"native ({fp8_gemm_engine(device)})" if fp8_native_gemm_available(device) else "emulated"
         elif kind == "nvfp4":
             gemm = ("native (torch._scaled_mm, FP4 tensor cores)" if report["nvfp4"]["gemm"] == "native"
                     else "emulated (exact products, BF16 GEMM)")

@@ -99,12 +99,13 @@ def build_recipe(name: str):
 def gemm_path(name: str, recipe: Any, device: torch.device) -> str:
     """native | emulated, with what runs the GEMM."""
     from ..gemm import fp8_native_gemm_available, nvfp4_native_gemm_available
+    from ..gemm.fp8 import fp8_gemm_engine
 
     if recipe is None:
         return "native (torch matmul)"
     if name in ("delayed", "current"):
         if fp8_native_gemm_available(device):
-            return "native (torch._scaled_mm)"
+            return f"native ({fp8_gemm_engine(device)})"
         return "emulated (exact FP8 values, FP32 matmul)"
     if name.startswith("nvfp4"):
         if nvfp4_native_gemm_available(device):

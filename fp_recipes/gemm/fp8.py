@@ -23,7 +23,7 @@ from . import _common, cublaslt
 from ._common import finish, gemm_ready, mm_fp32, pad_to
 from .operands import Fp8Operand
 
-__all__ = ["fp8_native_gemm_available", "gemm_fp8_fp8"]
+__all__ = ["fp8_gemm_engine", "fp8_native_gemm_available", "gemm_fp8_fp8"]
 
 
 def fp8_native_gemm_available(device: torch.device, a_dtype: torch.dtype = torch.float8_e4m3fn,
@@ -34,6 +34,11 @@ def fp8_native_gemm_available(device: torch.device, a_dtype: torch.dtype = torch
     if a_dtype == torch.float8_e5m2 and b_dtype == torch.float8_e5m2:
         return False
     return _common.device_capability(device) >= (8, 9)
+
+
+def fp8_gemm_engine(device: torch.device) -> str:
+    """What runs a native FP8 GEMM on ``device`` (for reports: doctor, the demo's table)."""
+    return "cuBLASLt, cached plans" if cublaslt.available() else "torch._scaled_mm"
 
 
 def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
