@@ -545,9 +545,8 @@ __device__ __forceinline__ float tree16(const float* r, int stride) {
 constexpr uint32_t kRhtSignMask = (1u << 3) | (1u << 5) | (1u << 6) | (1u << 7) | (1u << 8) |
                                   (1u << 9) | (1u << 10) | (1u << 12) | (1u << 14) | (1u << 15);
 
-// y = (H16 diag(s) x) * 0.25 with the fixed butterfly order of the reference, each output rounded to
-// BF16 and returned as FP32.
-__device__ __forceinline__ void rht16_bf16(float (&v)[16]) {
+// v = H16 diag(s) v in FP32, the fixed butterfly order of the reference (not yet scaled or rounded).
+__device__ __forceinline__ void rht16_butterfly(float (&v)[16]) {
 #pragma unroll
   for (int i = 0; i < 16; ++i)
     if (kRhtSignMask & (1u << i)) v[i] = -v[i];
@@ -562,6 +561,12 @@ __device__ __forceinline__ void rht16_bf16(float (&v)[16]) {
       }
     }
   }
+}
+
+// y = (H16 diag(s) x) * 0.25 with the fixed butterfly order of the reference, each output rounded to
+// BF16 and returned as FP32.
+__device__ __forceinline__ void rht16_bf16(float (&v)[16]) {
+  rht16_butterfly(v);
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float y = __bfloat162float(__float2bfloat16_rn(__fmul_rn(v[i], 0.25f)));

@@ -405,6 +405,16 @@ template <typename T>
 __device__ __forceinline__ int t2_word(int r, int w) {
   return r * Tile2Cfg<T>::kWords + ((((w >> 2) ^ t2_swz<T>(r))) << 2) + (w & 3);
 }
+// Block cb (16 elements) of tile row r, read back through the swizzle and widened to FP32.
+template <typename T>
+__device__ __forceinline__ void t2_row_block(const uint32_t* tb, int r, int cb, float (&x)[16]) {
+  using C = Tile2Cfg<T>;
+  RawBlock<T> rb;
+  const uint4* s4 = reinterpret_cast<const uint4*>(tb + r * C::kWords);
+#pragma unroll
+  for (int v = 0; v < C::kVec; ++v) rb.w[v] = s4[(cb * C::kVec + v) ^ t2_swz<T>(r)];
+  widen_raw(rb, x);
+}
 
 // rht16_bf16 (nvfp4_device.cuh) with each pair's BF16 rounding in one cvt.rn.bf16x2.f32 and the NaN sign
 // fix as one max.NaN.bf16x2 of the pair with itself (a NaN becomes the canonical, positive BF16 NaN;
@@ -414,20 +424,7 @@ __device__ __forceinline__ int t2_word(int r, int w) {
 // canonical one, RN(NaN * enc) clamps to 6 (code 7) whatever the payload, and the code's sign bit is the
 // element's sign bit, positive either way.
 __device__ __forceinline__ void rht16_bf16_pk(float (&v)[16]) {
-#pragma unroll
-  for (int i = 0; i < 16; ++i)
-    if (kRhtSignMask & (1u << i)) v[i] = -v[i];
-#pragma unroll
-  for (int h = 1; h < 16; h <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      if ((i & h) == 0) {
-        const float a = v[i], b = v[i + h];
-        v[i] = __fadd_rn(a, b);
-        v[i + h] = __fsub_rn(a, b);
-      }
-    }
-  }
+  rht16_butterfly(v);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(v[2 * i], 0.25f), __fmul_rn(v[2 * i + 1], 0.25f));
@@ -596,12 +593,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR>()) tile2_kerne
 #pragma unroll
       for (int i = 0; i < C::kRbt; ++i) {
         const int r = tid / 4 + 64 * i;
-        RawBlock<T> rb;
-        const uint4* s4 = reinterpret_cast<const uint4*>(tb + r * C::kWords);
-#pragma unroll
-        for (int v = 0; v < C::kVec; ++v) rb.w[v] = s4[(cb * C::kVec + v) ^ t2_swz<T>(r)];
         float x[16];
-        widen_raw(rb, x);
+        t2_row_block<T>(tb, r, cb, x);
         uint32_t m = __float_as_uint(block_absmax16(x));
         m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 4));
         m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 8));
@@ -617,12 +610,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR>()) tile2_kerne
         const int r = tid / 4 + 64 * i;
         const int64_t row = r0 + r, col16 = c0 + cb * 16;
         if (row >= p.M || col16 + 16 > p.N) continue;
-        RawBlock<T> rb;
-        const uint4* s4 = reinterpret_cast<const uint4*>(tb + r * C::kWords);
-#pragma unroll
-        for (int v = 0; v < C::kVec; ++v) rb.w[v] = s4[(cb * C::kVec + v) ^ t2_swz<T>(r)];
         float x[16];
-        widen_raw(rb, x);
+        t2_row_block<T>(tb, r, cb, x);
         const int64_t b = row * (p.N / 16) + col16 / 16;
         uint2 q;
         uint32_t sf;
