@@ -127,6 +127,14 @@ def accumulate(model, recipe, step, *, one_autocast=True, flags=None, casts=None
     return outs, per_micro
 
 
+def set_cache(model: torch.nn.Module, on: bool) -> torch.nn.Module:
+    """Every fp_recipes module of ``model`` with the weight cache forced on or off; returns ``model``."""
+    for m in model.modules():
+        if isinstance(m, QuantizedModule):
+            m.cache_quantized_weights = on
+    return model
+
+
 def n_weights(model) -> int:
     return sum(1 for name, _ in model.named_parameters() if "weight" in name and "layer_norm" not in name)
 
@@ -140,9 +148,7 @@ def test_later_microbatches_cast_no_weight_and_change_nothing(name, grouped_mult
     recipe = RECIPES[name]()
     reference = Model()
     model = copy.deepcopy(reference)
-    for m in reference.modules():
-        if isinstance(m, QuantizedModule):
-            m.cache_quantized_weights = False
+    set_cache(reference, False)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (reference, model)]
     for step in range(3):
         want, _ = accumulate(reference, recipe, step)
@@ -171,14 +177,8 @@ def test_delayed_scaling_across_autocast_exits(weight_casts):
     result."""
     torch.manual_seed(0)
     recipe = RECIPES["delayed"]()
-    reference = Model()
-    for m in reference.modules():
-        if isinstance(m, QuantizedModule):
-            m.cache_quantized_weights = False
-    auto = copy.deepcopy(reference)
-    for q in auto.modules():
-        if isinstance(q, QuantizedModule):
-            q.cache_quantized_weights = True
+    reference = set_cache(Model(), False)
+    auto = set_cache(copy.deepcopy(reference), True)
     nw = n_weights(reference)
     explicit = None
     for step in range(3):
@@ -199,10 +199,7 @@ def test_delayed_scaling_across_autocast_exits(weight_casts):
                 assert torch.equal(a, b)
             assert_same(state(reference), state(explicit), f"explicit, step {step}")
         else:  # from the reference after its first step (the scales settled)
-            explicit = copy.deepcopy(reference)
-            for q in explicit.modules():
-                if isinstance(q, QuantizedModule):
-                    q.cache_quantized_weights = True
+            explicit = set_cache(copy.deepcopy(reference), True)
         for m in (reference, auto, explicit):
             for p in m.parameters():
                 p.grad = None  # no optimizer step: the weights stay as they are
@@ -320,14 +317,8 @@ def test_activation_checkpointing_with_the_cache():
 
     torch.manual_seed(0)
     recipe = RECIPES["delayed"]()
-    reference = Model()
-    for m in reference.modules():
-        if isinstance(m, QuantizedModule):
-            m.cache_quantized_weights = False
-    model = copy.deepcopy(reference)
-    for m in model.modules():
-        if isinstance(m, QuantizedModule):
-            m.cache_quantized_weights = True
+    reference = set_cache(Model(), False)
+    model = set_cache(copy.deepcopy(reference), True)
     for reentrant in (False, True):
         for step in range(2):
             ys = []
