@@ -177,8 +177,8 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             build(hidden, ffn, layers, False)))
     for name, recipe in recipes().items():
         add(name, lambda recipe=recipe: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
-    from fp_recipes.modules.base import _TORCH_VERSION, COMPILE_MIN_TORCH
-    if compiled and _TORCH_VERSION < COMPILE_MIN_TORCH:
+    from fp_recipes.modules.base import compile_supported
+    if compiled and not compile_supported():
         print(f"  fp_recipes torch.compile rows skipped: they need torch >= 2.13 (this is {torch.__version__})")
     elif compiled:
         # fp_recipes modules under torch.compile (fullgraph: a graph break would be an error, not a

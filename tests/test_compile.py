@@ -29,7 +29,7 @@ from fp_recipes.modules.base import QuantizedModule
 
 # torch 2.11/2.12's Dynamo cannot trace the quantized tensors' attribute copies: fp_recipes refuses
 # with a clear error there (test_old_torch_gets_a_clear_error), so the compile tests need 2.13
-pytestmark = pytest.mark.skipif(modules_base._TORCH_VERSION < modules_base.COMPILE_MIN_TORCH,
+pytestmark = pytest.mark.skipif(not modules_base.compile_supported(),
                                 reason=f"torch.compile of fp_recipes modules needs torch >= 2.13, "
                                        f"this is {torch.__version__}")
 

@@ -13,8 +13,8 @@ Convention (TN, as cuBLAS): both operands have the contraction dimension LAST; `
 * ``scale_layout.py``    the swizzled block-scale layout cuBLAS reads
 * ``dense.py``           high-precision and mixed-format operands
 * ``grouped.py``         one GEMM per group (``torch._scaled_grouped_mm`` where it applies)
-* ``cublaslt.py``        cuBLASLt called directly: many FP8 GEMMs in one host call, BF16 GEMM with a
-  device-side alpha
+* ``cublaslt.py``        cuBLASLt called directly: FP8 GEMMs through cached plans (dense, and many in
+  one host call), BF16 GEMM with a device-side alpha
 * ``_common.py``         capability query, FP32 matmuls, epilogue, padding
 """
 

@@ -1,5 +1,6 @@
-"""cuBLASLt called directly: many FP8 GEMMs from one host call (the launch path of grouped (MoE) layers
-on CUDA) and the BF16 GEMM with a device-side alpha of the emulated NVFP4 path.
+"""cuBLASLt called directly: FP8 GEMMs through plans cached per shape (the dense GEMM of a Linear, and
+many from one host call: the launch path of grouped (MoE) layers on CUDA), and the BF16 GEMM with a
+device-side alpha of the emulated NVFP4 path.
 
 A grouped layer runs one GEMM per expert and pass. ``torch._scaled_mm`` spends tens of microseconds of
 host time per call (argument checks, descriptors and an algorithm query every time), which at MoE sizes
@@ -88,7 +89,7 @@ def available() -> bool:
 def status() -> str:
     """One line for ``fp_recipes.backend_info()`` / diagnostics."""
     if _load():
-        return f"cuBLASLt {_state['version']} (grouped FP8 GEMMs in one host call)"
+        return f"cuBLASLt {_state['version']} (FP8 GEMMs through cached plans: dense and grouped)"
     return f"unavailable: {_state['error']}"
 
 

@@ -587,7 +587,7 @@ class QuantizedModule(torch.nn.Module):
             if record is not None:
                 return replay.replay_sets(record, lambda qs, quantizers: qs.variant(quantizers, replay=True,
                                                                                     record=None))
-        state = _autocast_state()
+        state = get_autocast_state()
         if state.depth:
             recipe = state.recipe if state.enabled else None
             module_mode = False
@@ -930,15 +930,6 @@ class QuantizedModule(torch.nn.Module):
         self._pending = None
 
 
-def _autocast_state() -> Any:
-    """``fp_recipes.autocast.get_autocast_state()`` (imported on first use: autocast imports nothing of
-    the modules, and this saves an import statement per call)."""
-    global _autocast_state
-
-    _autocast_state = get_autocast_state
-    return get_autocast_state()
-
-
 def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, ready: bool = False) -> None:
     """Runs eagerly while torch.compile traces ``module``'s forward (marked as a constant function:
     torch.compile calls it with the real objects, guarding on their identity): build or find the
@@ -974,10 +965,15 @@ COMPILE_MIN_TORCH = (2, 13)
 _TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
+def compile_supported() -> bool:
+    """Whether this torch can compile fp_recipes modules under a recipe (torch >= 2.13)."""
+    return _TORCH_VERSION >= COMPILE_MIN_TORCH
+
+
 def _require_compile_support() -> None:
     """The first thing a traced forward runs (a constant function: eager, at trace time): on a torch
     too old to trace the rest of the path, the user learns why instead of a Dynamo internal error."""
-    if _TORCH_VERSION < COMPILE_MIN_TORCH:
+    if not compile_supported():
         raise RuntimeError(
             f"fp_recipes: torch.compile of fp_recipes modules under a recipe needs torch >= "
             f"{'.'.join(map(str, COMPILE_MIN_TORCH))} (this is torch {torch.__version__}, whose Dynamo cannot "
