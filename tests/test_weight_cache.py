@@ -15,6 +15,7 @@ re-quantizing would have left.
 from __future__ import annotations
 
 import copy
+import datetime
 from collections import Counter
 
 import pytest
@@ -345,7 +346,8 @@ def _fsdp_worker(rank: int, world: int, init_file: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     # a file rendezvous: no TCP port that another job on the machine could take in between
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a hung collective fails the test
     try:
         torch.manual_seed(0)
         recipe = RECIPES["current"]()
@@ -385,6 +387,10 @@ def _fsdp_worker(rank: int, world: int, init_file: str) -> None:
                 opt.zero_grad()
             for p, q in zip(plain.parameters(), sharded.parameters()):
                 assert torch.equal(p, q.full_tensor()), step
+        # both ranks done with every collective before either tears gloo down (a rank destroying its
+        # group while the peer still talks to it aborted a worker once: "terminate called without an
+        # active exception", SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
