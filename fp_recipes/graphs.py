@@ -18,7 +18,8 @@ node, with static input/output buffers. What is particular to quantized training
   ``weight_caching=True``: then a second graph pair reuses the weights quantized by the last
   ``is_first_microbatch=True`` replay (TransformerEngine's ``fp8_weight_caching``).
 * **Host syncs are deferred.** The non-finite amax warning reads a device flag: during capture the
-  report is skipped and, after each replay, made eagerly from the flags the graph set (no wait).
+  report is deferred (registered for the capture's own stream only, so other threads and streams report
+  as usual) and, after each replay, made eagerly from the flags the graph set (no wait).
 
 Refused with a message: CPU tensors or modules, stochastic rounding (its Philox counter lives on the
 host), an amax reduction over a non-NCCL group, calls under another recipe than the captured one,
@@ -38,7 +39,7 @@ from .autocast import _resolve_recipe, autocast, get_autocast_state
 from .modules import amax_reduction
 from .modules.base import QuantizedModule
 from .modules.weight_cache import AUTO
-from .quantizers.float8 import NonfiniteWatch
+from .quantizers.nonfinite import DeferredReports, NonfiniteWatch
 from .quantizers.roles import ModuleKind, QuantizerRole, ScalingKind, TensorKind
 
 __all__ = ["make_graphed_callables"]
@@ -167,7 +168,7 @@ def _check_reduction(group: Any) -> str:
     """The capture mode for the amax all-reduce the delayed update issues: none, or NCCL (capturable);
     anything else (gloo syncs with the host) is refused."""
     target = amax_reduction.reduction_group(group)
-    if target is amax_reduction._NO_REDUCTION:
+    if target is amax_reduction.NO_REDUCTION:
         return "global"
     import torch.distributed as dist
 
@@ -210,43 +211,14 @@ class _StateSnapshot:
                 t.copy_(saved)
 
 
-class _ReportSink:
-    """Non-finite amax reports that arrive while a stream captures (deferred to after each replay)."""
-
-    def __init__(self) -> None:
-        self.captured: List[Tuple[NonfiniteWatch, list]] = []
-        self.outside = 0
-
-    def take(self, what: str) -> List[Tuple[NonfiniteWatch, list]]:
-        if self.outside:
-            raise RuntimeError(
-                f"{_WHO}: a delayed-scaling update of the {what} ran outside the CUDA graph being captured "
-                "(the autograd engine did not run its final callback on the capturing stream); the replay "
-                "would not update the scales. Please report this with your torch version")
-        out, self.captured = self.captured, []
-        return out
-
-
-@contextlib.contextmanager
-def _deferred_reports(sink: _ReportSink) -> Iterator[None]:
-    """``NonfiniteWatch.report`` skipped on a capturing stream (it records an event and copies to the
-    host: an event recorded in capture cannot be queried later). The flags are still set by the captured
-    update; :meth:`_GraphPair.after` reports them eagerly after each replay."""
-    original = NonfiniteWatch.report
-
-    def report(self: NonfiniteWatch, quantizers: Sequence[Any]) -> None:
-        if torch.cuda.is_current_stream_capturing():
-            if not any(w is self for w, _ in sink.captured):
-                sink.captured.append((self, list(quantizers)))
-            return None
-        sink.outside += 1
-        return original(self, quantizers)
-
-    NonfiniteWatch.report = report  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        NonfiniteWatch.report = original  # type: ignore[method-assign]
+def _take_reports(reports: DeferredReports, what: str) -> List[Tuple[NonfiniteWatch, list]]:
+    """The non-finite reports the capture of the {what} deferred (repeated eagerly after each replay)."""
+    if reports.outside:
+        raise RuntimeError(
+            f"{_WHO}: a delayed-scaling update of the {what} ran outside the CUDA graph being captured "
+            "(the autograd engine did not run its final callback on the capturing stream); the replay "
+            "would not update the scales. Please report this with your torch version")
+    return reports.take()
 
 
 class _HoldingCache:
@@ -477,7 +449,7 @@ class _Capture:
 
     def check_state(self) -> None:
         for m, entry in self.entries:
-            if m.__dict__.get("_by_recipe", {}).get(self.recipe) is not entry:
+            if m.recipe_state(self.recipe) is not entry:
                 raise RuntimeError(f"{_WHO}: {type(m).__name__}'s quantizer state was rebuilt after capture "
                                    "(reset_quantizer_state()); the graphs update the old state. Capture again")
         if self.state is not None:
@@ -582,7 +554,7 @@ def make_graphed_callables(
     if enabled:
         for m in mods:
             m.init_quantizer_state(recipe)
-        capture.entries = [(m, m.__dict__.get("_by_recipe", {}).get(recipe)) for m in mods]
+        capture.entries = [(m, m.recipe_state(recipe)) for m in mods]
         capture.state = _StateSnapshot(mods, recipe)
     graphed = []
     for i, fn in enumerate(callables):
@@ -634,19 +606,23 @@ def _capture(capture: _Capture, graphed: List[_Graphed], warmup: int, allow_unus
     if capture.state is not None:
         capture.state.restore()  # the warm-up's scale updates do not count
 
-    sink = _ReportSink()
     pools = {first: (pool if pool is not None else torch.cuda.graph_pool_handle()) for first in variants}
-    with _deferred_reports(sink):
+    # A stream of its own: the non-finite reports of these modules are deferred on it alone (another
+    # thread's capture or eager step is not affected), and two captures never share a stream
+    stream = torch.cuda.Stream()
+    quantizers = [q for m in capture.mods for qs in (m.quantizer_sets or ()) for q in qs.quantizers.values()
+                  if q is not None]
+    with DeferredReports(stream, quantizers) as reports:
         for first in variants:
             keep = capture.keep if first else None
             for g in graphed:  # forwards in order
                 user, surface = _surface(g)
                 scales = [t for m in g.mods for t in (capture.state.scales.get(id(m), []) if capture.state else [])]
                 pair = g.pairs[first] = _GraphPair(user, surface, scales)
-                with torch.cuda.graph(pair.fwd, pool=pools[first], capture_error_mode=mode):
+                with torch.cuda.graph(pair.fwd, pool=pools[first], stream=stream, capture_error_mode=mode):
                     with capture.context(first, keep):
                         outs = g.fn(*pytree.tree_unflatten(g.leaves, g.arg_spec))
-                pair.fwd_reports = sink.take("forward")
+                pair.fwd_reports = _take_reports(reports, "forward")
                 flat, pair.out_spec = pytree.tree_flatten(outs)
                 for o in flat:
                     if not isinstance(o, torch.Tensor):
@@ -663,11 +639,11 @@ def _capture(capture: _Capture, graphed: List[_Graphed], warmup: int, allow_unus
                 grads: Sequence[Optional[torch.Tensor]] = ()
                 if need and wrt:
                     pair.bwd = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(pair.bwd, pool=pools[first], capture_error_mode=mode):
+                    with torch.cuda.graph(pair.bwd, pool=pools[first], stream=stream, capture_error_mode=mode):
                         grads = torch.autograd.grad(need, wrt, grad_outputs=[s for s in pair.static_grad_outputs
                                                                                if s is not None],
                                                     only_inputs=True, allow_unused=allow_unused)
-                    pair.bwd_reports = sink.take("backward")
+                    pair.bwd_reports = _take_reports(reports, "backward")
                 it = iter(grads)
                 pair.static_grad_inputs = tuple(next(it) if (t.requires_grad and grads) else None
                                                 for t in pair.surface)
@@ -675,9 +651,7 @@ def _capture(capture: _Capture, graphed: List[_Graphed], warmup: int, allow_unus
     if capture.state is not None:
         capture.state.restore()
     for m in capture.mods:  # the module caches may hold graph-pool copies: eager calls must not reuse them
-        clear = getattr(m, "_clear_weight_cache", None)
-        if clear is not None:
-            clear()
+        m.clear_weight_cache()
     # cuBLASLt keeps a workspace per stream, made inside the first capture on the capture stream: hold
     # it, so an eviction from its table cannot hand the graphs' workspace to another capture
     from .gemm import cublaslt

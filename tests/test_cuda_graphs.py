@@ -341,3 +341,72 @@ def test_the_warmup_leaves_the_state_as_it_was():
     after = model.state_dict()
     for k, v in before.items():
         _same(after[k], v, k)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: non-finite reports under capture
+
+
+@pytest.mark.cuda
+def test_a_nonfinite_amax_in_a_replay_warns():
+    from fp_recipes.quantizers.nonfinite import NonFiniteAmaxWarning
+
+    model = Linear(H, H).cuda()
+    graphed = make_graphed_callables(model, (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                     recipe=DelayedScaling())
+    x = torch.randn(TOKENS, H, device="cuda")
+    x[3, 5] = float("inf")
+    with pytest.warns(NonFiniteAmaxWarning, match=r"linear\[0\]\.activation"):
+        for _ in range(4):  # the flag set by a replay is read without a wait: one or two replays later
+            graphed(x.clone().requires_grad_()).sum().backward()
+            torch.cuda.synchronize()
+
+
+class _Q:  # a quantizer identity for the report registry (no flag is set, so nothing is warned)
+    pass
+
+
+@pytest.mark.cuda
+def test_reports_are_deferred_on_the_capture_stream_only():
+    """The deferral is registered for one capture stream: a report on another stream or thread runs as
+    usual (starts its flag copy), one about the capture's quantizers made eagerly is counted as outside,
+    and one made on the capturing stream is collected for the replays (no host work)."""
+    import threading
+
+    from fp_recipes.quantizers.nonfinite import DeferredReports, NonfiniteWatch
+
+    dev = torch.device("cuda")
+    mine, other = _Q(), _Q()
+    stream = torch.cuda.Stream()
+    with DeferredReports(stream, [mine]) as reports:
+        with pytest.raises(RuntimeError, match="already deferred"):
+            DeferredReports(stream, [other]).__enter__()
+        elsewhere = NonfiniteWatch(1, dev)
+        elsewhere.report([other])
+        assert elsewhere._copying and reports.outside == 0
+        in_thread = NonfiniteWatch(1, dev)
+        t = threading.Thread(target=in_thread.report, args=([mine],))
+        t.start()
+        t.join()
+        assert in_thread._copying and reports.outside == 1  # an eager update of a captured module's state
+        captured = NonfiniteWatch(1, dev)
+        buf = torch.zeros(4, device=dev)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            buf.add_(1.0)
+            captured.report([mine])
+            captured.report([mine])
+        assert not captured._copying
+        assert [(w, qs) for w, qs in reports.take()] == [(captured, [mine])]
+        # a capture on another stream has no registry: its reports are skipped, nothing is collected
+        skipped = NonfiniteWatch(1, dev)
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=torch.cuda.Stream()):
+            buf.add_(1.0)
+            skipped.report([mine])
+        assert not skipped._copying and reports.take() == []
+    # unregistered: the same stream reports as usual again
+    with torch.cuda.stream(stream):
+        after = NonfiniteWatch(1, dev)
+        after.report([mine])
+        assert after._copying
+    torch.cuda.synchronize()

@@ -132,10 +132,10 @@ def test_default_group_rules(monkeypatch):
     """Which group the default reduces over, without processes: not initialised -> none; a world of one
     rank -> none (identity); more ranks -> the world (None to torch.distributed); explicit -> as given."""
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    assert amax_reduction.reduction_group(None) is amax_reduction._NO_REDUCTION
+    assert amax_reduction.reduction_group(None) is amax_reduction.NO_REDUCTION
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
-    assert amax_reduction.reduction_group(None) is amax_reduction._NO_REDUCTION
+    assert amax_reduction.reduction_group(None) is amax_reduction.NO_REDUCTION
     marker = object()
     assert amax_reduction.reduction_group(marker) is marker
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 8)

@@ -32,19 +32,19 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, register_outermost_exit_hook
-from ..quantizers.float8 import NonfiniteWatch
+from ..quantizers.nonfinite import NonfiniteWatch
 
-__all__ = ["AmaxReducer", "batched_update_scales", "discard_records", "reducer", "reduce_and_update",
-           "reduction_group"]
+__all__ = ["AmaxReducer", "NO_REDUCTION", "batched_update_scales", "discard_records", "reducer",
+           "reduce_and_update", "reduction_group"]
 
 _COUNTERS: Dict[str, int] = {"all_reduce": 0}
 
 
-_NO_REDUCTION = object()
+NO_REDUCTION = object()  # reduction_group(): the amaxes are not reduced (one process, or no group)
 
 
 def reduction_group(group: Any) -> Any:
-    """The process group the amaxes are MAX-reduced over, or ``_NO_REDUCTION``.
+    """The process group the amaxes are MAX-reduced over, or ``NO_REDUCTION``.
 
     * torch.distributed not available or not initialised: no reduction;
     * an explicit ``amax_reduction_group``: that group (also of one rank);
@@ -55,9 +55,9 @@ def reduction_group(group: Any) -> Any:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return _NO_REDUCTION
+        return NO_REDUCTION
     if group is None and dist.get_world_size() == 1:
-        return _NO_REDUCTION
+        return NO_REDUCTION
     return group
 
 
@@ -68,8 +68,8 @@ def reduce_and_update(quantizers: List[Any], group: Any) -> None:
     if not quantizers:
         return
     reduced = [q for q in quantizers if getattr(q.spec, "reduce_amax", True)]
-    target = reduction_group(group) if reduced else _NO_REDUCTION
-    if target is not _NO_REDUCTION:
+    target = reduction_group(group) if reduced else NO_REDUCTION
+    if target is not NO_REDUCTION:
         import torch.distributed as dist
 
         amaxes = torch.stack([q.amax_history[0] for q in reduced]).float()

@@ -531,10 +531,11 @@ class QuantizedModule(torch.nn.Module):
 
     def train(self, mode: bool = True) -> "QuantizedModule":
         if not mode:
-            self._clear_weight_cache()
+            self.clear_weight_cache()
         return super().train(mode)
 
-    def _clear_weight_cache(self) -> None:
+    def clear_weight_cache(self) -> None:
+        """Drop the cached quantized weights (the next forward quantizes the weights again)."""
         cache = self.__dict__.get("_weight_cache")
         if cache is not None:
             cache.clear()
@@ -562,6 +563,12 @@ class QuantizedModule(torch.nn.Module):
     def quantizer_sets(self) -> Optional[List[GemmQuantizers]]:
         """The quantizers of the last recipe used (None before the first quantized forward)."""
         return self._quantizer_sets
+
+    def recipe_state(self, recipe: Any) -> Optional[object]:
+        """This module's quantizers and scaling state for ``recipe`` (an opaque handle, None before its
+        first use): a holder of the handle can tell later whether the state was rebuilt
+        (``reset_quantizer_state()``), as ``make_graphed_callables`` does."""
+        return self._by_recipe.get(recipe)
 
     def set_recipe(self, recipe: Any, amax_reduction_group: Any = None) -> "QuantizedModule":
         """Quantize with ``recipe`` whenever this thread is inside no ``fp_recipes.autocast`` (an
@@ -742,7 +749,7 @@ class QuantizedModule(torch.nn.Module):
         self._records.clear()
         self._traced_sets = [None, None]
         self._compile_ready = [None, None]
-        self._clear_weight_cache()
+        self.clear_weight_cache()
 
     def _param_device(self) -> Optional[torch.device]:
         for p in self.parameters(recurse=False):
@@ -768,7 +775,7 @@ class QuantizedModule(torch.nn.Module):
                     setattr(q, attr, buf)
 
     def _apply(self, fn, *args, **kwargs):
-        self._clear_weight_cache()
+        self.clear_weight_cache()
         out = super()._apply(fn, *args, **kwargs)
         self._rebind_state_buffers()
         # the other recipes' state (not buffers now) moves along
@@ -828,7 +835,7 @@ class QuantizedModule(torch.nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Everything is validated before anything is copied: a failed load changes nothing here.
-        self._clear_weight_cache()
+        self.clear_weight_cache()
         where = f"{type(self).__name__} {prefix[:-1] or '(root)'}"
         n_errors = len(error_msgs)
         for name, p in list(self._parameters.items()) + [(n, b) for n, b in self._buffers.items()

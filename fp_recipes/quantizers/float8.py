@@ -7,7 +7,6 @@ state and shapes. Quantizers always go through the op dispatcher, so a CUDA tens
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -18,6 +17,7 @@ from ..ops.ref_fp8 import current_scale
 from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
                          dtype_from_name, dtype_name, move, resolve_out_dtype)
 from .base import QuantizedTensor, Quantizer, check_input
+from .nonfinite import NonFiniteAmaxWarning, NonfiniteWatch
 from .roles import QFormat, QuantizerSpec, ScalingKind
 
 _FMT_OF_DTYPE = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -163,66 +163,6 @@ def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     t.orig_dtype = x.dtype
     t._shape = x.shape
     return t
-
-
-class NonFiniteAmaxWarning(RuntimeWarning):
-    """A delayed-scaling quantizer saw a NaN or +-Inf amax (shown once per quantizer)."""
-
-
-def _warn_nonfinite(flags: Sequence[bool], quantizers: Sequence[Any]) -> None:
-    for flagged, q in zip(flags, quantizers):
-        if flagged and not getattr(q, "nonfinite_warned", False):
-            q.nonfinite_warned = True
-            role = q.spec.role
-            warnings.warn(
-                f"fp_recipes: a NaN or Inf amax reached the delayed-scaling history of {role} (the "
-                f"{role.tensor.value} of GEMM {role.gemm} of a {role.module.value} module"
-                f"{f' {role.name!r}' if role.name else ''}); it was counted as 0, so the scale keeps "
-                "following the finite steps. That tensor (or, with an amax reduction group, the same tensor "
-                "on another rank) held a non-finite value: a bad batch or an overflowing layer. Shown once "
-                "per tensor.", NonFiniteAmaxWarning, stacklevel=2)
-
-
-class NonfiniteWatch:
-    """Sticky per-quantizer flags, set on the device by a scale update that found a non-finite value in
-    a history, and turned into one :class:`NonFiniteAmaxWarning` per quantizer without a host sync.
-
-    On CPU the flags are read at once. On CUDA each :meth:`report` first reads the pinned host copy
-    made by an earlier report if its copy has landed (``Event.query()``, no wait), then starts a new
-    non-blocking copy: a warning comes one or two updates after the step that saw the value, and the
-    step never waits for the GPU. The flags are never cleared (a copy in flight cannot lose a flag)."""
-
-    def __init__(self, count: int, device: torch.device) -> None:
-        self.flags = torch.zeros(count, dtype=torch.bool, device=device)
-        self._host: Optional[torch.Tensor] = None
-        self._event: Any = None
-        self._copying = False
-        self._all_warned = False
-
-    def report(self, quantizers: Sequence[Any]) -> None:
-        if self._all_warned:
-            return
-        if self.flags.device.type != "cuda":
-            if bool(self.flags.any()):
-                self._warn(self.flags.tolist(), quantizers)
-            return
-        if self._copying:
-            if not self._event.query():
-                return  # the last copy has not landed: read it at a later update
-            self._copying = False
-            self._warn(self._host.tolist(), quantizers)
-            if self._all_warned:
-                return
-        if self._host is None:
-            self._host = torch.zeros(self.flags.shape, dtype=torch.bool, pin_memory=True)
-            self._event = torch.cuda.Event()
-        self._host.copy_(self.flags, non_blocking=True)
-        self._event.record()
-        self._copying = True
-
-    def _warn(self, flags: List[bool], quantizers: Sequence[Any]) -> None:
-        _warn_nonfinite(flags, quantizers)
-        self._all_warned = all(getattr(q, "nonfinite_warned", False) for q in quantizers)
 
 
 @torch.library.custom_op("fp_recipes::state_snapshot", mutates_args=())
