@@ -15,8 +15,12 @@ the CUDA op wrappers (``ops/cuda_fp8.py``: argument checks, output allocations, 
 do-nothing extension in place of ``fp_recipes._C``, and the FP8 GEMMs through ``gemm/fp8.py``'s native
 branch with a ``torch._scaled_mm`` that only allocates its output. No numbers are computed, so only the
 host work of the library is timed (on a GPU each launch also costs a few microseconds of driver time).
-The delayed-scaling update still runs its torch-op twin (on CUDA: one kernel launch). NVFP4 is left out
-(its CUDA wrappers belong to ``ops/cuda_nvfp4.py`` and its Hopper GEMM is an emulation).
+The delayed-scaling update still runs its torch-op twin (on CUDA: one kernel launch). NVFP4 goes through
+the wrappers of ``ops/cuda_nvfp4.py`` the same way, and its GEMMs through the host code of the Hopper
+emulation's CUDA path (``gemm/nvfp4_emulated.py``: the unit-decode launch, a cuBLASLt BF16 GEMM that
+only returns, the row-scale epilogue launch): rows ``nvfp4`` (the default recipe: 2-D weight tiles, RHT
+and stochastic rounding) and ``nvfp4_rs46`` (the row-scaled + 4over6 "fast" configuration of
+``benchmarks/bench_model.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fp_recipes
 from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, PerTokenScaling
 
+
+
+def _nvfp4_rs46() -> NVFP4BlockScaling:
+    """The row-scaled + 4over6 "fast" NVFP4 configuration (bench_model.py's "NVFP4 row-scaled+4over6 fast")."""
+    return NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True,
+                             disable_stochastic_rounding=True, nvfp4_4over6="all",
+                             nvfp4_4over6_err_use_fast_math=True)
+
+
 RECIPES = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling,
-           "nvfp4": NVFP4BlockScaling, "per_token": PerTokenScaling}
+           "nvfp4": NVFP4BlockScaling, "nvfp4_rs46": _nvfp4_rs46, "per_token": PerTokenScaling}
 
 
 class _CountOps(TorchDispatchMode):
@@ -83,6 +96,43 @@ def install_stub_kernels() -> None:
         return torch.empty(a.shape[0], b.shape[1], dtype=out_dtype)
 
     torch._scaled_mm = scaled_mm
+    _install_stub_nvfp4()
+
+
+class _StubCublasLt:
+    """Stands in for ``gemm/cublaslt.py`` in the NVFP4 emulation only: the BF16 GEMM "runs" (its output
+    was allocated by the caller), so the FP8 GEMMs keep their own launcher."""
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def bf16_gemm_device_alpha(a, b, out, alpha_beta, *, bias=None) -> bool:
+        return True
+
+
+def _install_stub_nvfp4() -> None:
+    """NVFP4 casts through ``ops/cuda_nvfp4.py`` and GEMMs through the CUDA emulation's host code."""
+    from fp_recipes import ops
+    from fp_recipes.gemm import nvfp4 as gemm_nvfp4, nvfp4_emulated
+    from fp_recipes.ops import cuda_nvfp4
+
+    cuda_nvfp4._require_cuda = lambda x, what: None  # the checks, less "is it on a CUDA device"
+    cuda_nvfp4._stream_of = lambda device: 0
+    cuda_nvfp4._AMAX_WS[(None, 0)] = torch.zeros((4,), dtype=torch.int32)  # a stream's amax workspace
+    for name in ("nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize"):
+        setattr(ops, name, getattr(cuda_nvfp4, name))
+    nvfp4_emulated.cublaslt = _StubCublasLt
+    cuda_emulation = nvfp4_emulated.gemm_nvfp4_emulated_cuda
+
+    def emulated(a, b, out_dtype, bias):  # CPU operands take the CUDA emulation's path, not the torch ops
+        out = cuda_emulation(a, b, out_dtype, bias)
+        if out is None:
+            raise RuntimeError("host_linear_cpu: the CUDA emulation declined a stubbed NVFP4 GEMM")
+        return out
+
+    gemm_nvfp4.gemm_nvfp4_emulated = emulated
 
 
 def measure(name: str, m: int, k: int, n: int, changing: bool) -> dict:
@@ -134,16 +184,15 @@ def main() -> None:
     names = list(RECIPES)
     if args.kernels == "stub":
         install_stub_kernels()
-        names.remove("nvfp4")
     out = {name: measure(name, args.m, args.k, args.n, args.weights == "changing") for name in names}
     if args.json:
         print(json.dumps(out))
         return
     print(f"Linear {args.m}x{args.k} @ {args.k}x{args.n}, forward + backward, weights {args.weights}, "
           f"{args.kernels} kernels, CPU")
-    print(f"{'recipe':<10} {'aten ops':>9} {'py calls':>9} {'us':>9}")
+    print(f"{'recipe':<11} {'aten ops':>9} {'py calls':>9} {'us':>9}")
     for name, r in out.items():
-        print(f"{name:<10} {r['aten_ops']:>9} {r['python_calls']:>9} {r['us']:>9.1f}")
+        print(f"{name:<11} {r['aten_ops']:>9} {r['python_calls']:>9} {r['us']:>9.1f}")
 
 
 if __name__ == "__main__":

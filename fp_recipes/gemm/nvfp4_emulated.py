@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from . import cublaslt
 from ._common import finish, mm_bf16_fp32_accum
 from .operands import Nvfp4Operand
 
@@ -127,7 +128,6 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
     if torch.compiler.is_compiling() or out_dtype not in _OUT_DTYPES:
         return None
     from ..ops import cuda_nvfp4
-    from . import cublaslt
 
     dev = a.data.device
     if not cuda_nvfp4.unit_operands_available() or not cublaslt.available() or b.data.device != dev:

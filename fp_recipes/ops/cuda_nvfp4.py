@@ -39,9 +39,15 @@ def _ext():
     return ext
 
 
+def _stream_of(device: torch.device) -> int:
+    """The handle of ``device``'s current torch stream (a seam: benchmarks/host_linear_cpu.py stubs it)."""
+    return backend.current_stream(device)
+
+
 def _launch_ctx(x: torch.Tensor) -> tuple[int, int]:
     """(stream handle, device index) of the current torch stream on x's device."""
-    return backend.current_stream(x.device), x.device.index
+    dev = x.device
+    return _stream_of(dev), dev.index
 
 
 def _ptr(t: Optional[torch.Tensor]) -> int:
@@ -627,7 +633,7 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
         out_p.append(_ptr(out))
         blocks.append(rows * half // 8)
     alpha_beta = torch.empty((4,), dtype=torch.float32, device=dev) if with_alpha else None
-    stream, index = backend.current_stream(dev), dev.index
+    stream, index = _stream_of(dev), dev.index
     _ext().nvfp4_decode_unit_bf16(data_p, scale_p, out_p, blocks, _ptr(amax_a), _ptr(amax_b), float(e4m3_max_a),
                                   float(e4m3_max_b), _ptr(alpha_beta), stream, index)
     return outs, alpha_beta
