@@ -19,7 +19,7 @@ import torch
 __all__ = ["main", "run_demo", "DemoInputError"]
 
 QUICK_STEPS = 100  # --quick on CPU: the five default recipes in about 90 s on 2 cores
-DEFAULT_STEPS = {"tiny": 300, "small": 400, "medium": 500}
+DEFAULT_STEPS = {"tiny": 300, "small": 400, "medium": 500, "large": 500}
 PROG = "python -m fp_recipes demo"
 
 

@@ -38,7 +38,8 @@ class ModelConfig:
         return asdict(self)
 
 
-# tiny: CPU CI and --quick; small: a laptop-sized run; medium: one GPU, GEMMs large enough for FP8 to pay
+# tiny: CPU CI and --quick; small: a laptop-sized run; medium, large: one GPU (large: GEMMs large
+# enough for FP8 to pay)
 SIZES: Dict[str, ModelConfig] = {
     "tiny": ModelConfig(d_model=64, n_layers=2, n_heads=4, d_ffn=128, experts=4, top_k=2,
                         seq_len=64, batch=16, lr=5e-3),
@@ -46,6 +47,8 @@ SIZES: Dict[str, ModelConfig] = {
                          seq_len=128, batch=16, lr=2e-3),
     "medium": ModelConfig(d_model=1024, n_layers=6, n_heads=16, d_ffn=4096, experts=8, top_k=2,
                           seq_len=512, batch=16, lr=6e-4),
+    "large": ModelConfig(d_model=2048, n_layers=6, n_heads=16, d_ffn=5632, experts=8, top_k=2,
+                         seq_len=1024, batch=32, lr=3e-4),
 }
 
 

@@ -23,7 +23,8 @@ def format_table(report: Dict[str, Any]) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip() for t in table]
     lines.append("* train loss: mean of the last min(10, steps) steps; val loss: the held-out set after the "
-                 "last step; gap: val loss vs the baseline's.")
+                 "last step; gap: val loss vs the baseline's; tokens/s: training steps after the first 3 "
+                 "(first-use work left out), evaluation excluded.")
     lines.append(f"unigram baseline (byte frequencies, no context): {report['unigram_val_loss']:.4f} nats/byte")
     mem_note = ("peak MiB: torch.cuda.max_memory_allocated per run" if report["device"].startswith("cuda")
                 else "peak MiB: the process's peak resident memory during each run")

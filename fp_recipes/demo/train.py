@@ -91,6 +91,11 @@ def _lr(step: int, steps: int, base: float) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine to 10%
 
 
+def untimed_steps(steps: int) -> int:
+    """Steps left out of tokens/s: the first ones pay one-time costs (GEMM plans, allocator growth)."""
+    return min(3, steps - 1)
+
+
 def train_one(name: str, description: str, recipe: Any, cfg: ModelConfig, corpus: Corpus, steps: int,
               seed: int, device: torch.device, dtype: torch.dtype, batch_starts: torch.Tensor,
               val_starts: torch.Tensor, eval_every: int, gemm_path: str, progress: bool) -> RunResult:
@@ -105,6 +110,7 @@ def train_one(name: str, description: str, recipe: Any, cfg: ModelConfig, corpus
     val_curve: List[List[float]] = []
     peak_memory_reset(device)
     busy = 0.0  # seconds in forward/backward/step, evaluation excluded
+    untimed = untimed_steps(steps)  # first-use work (plans, tables, allocator growth) is not throughput
     t_start = time.perf_counter()
     for step in range(steps):
         x, y = corpus.batch(batch_starts[step], cfg.seq_len)
@@ -122,12 +128,15 @@ def train_one(name: str, description: str, recipe: Any, cfg: ModelConfig, corpus
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         value = loss.item()  # synchronises
-        busy += time.perf_counter() - t0
+        if step >= untimed:
+            busy += time.perf_counter() - t0
         train_curve.append(value)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             val_curve.append([step + 1, evaluate(model, corpus, val_starts, cfg, device, recipe)])
         if bar is not None:
-            post = {"loss": f"{value:.3f}", "tok/s": f"{tokens_per_step * (step + 1) / busy:,.0f}"}
+            post = {"loss": f"{value:.3f}"}
+            if busy > 0:
+                post["tok/s"] = f"{tokens_per_step * (step + 1 - untimed) / busy:,.0f}"
             if val_curve:
                 post["val"] = f"{val_curve[-1][1]:.3f}"
             bar.set_postfix(post, refresh=False)
@@ -144,7 +153,7 @@ def train_one(name: str, description: str, recipe: Any, cfg: ModelConfig, corpus
                   if recipe is not None else {})
     return RunResult(
         recipe=name, description=description, train_loss=sum(tail) / len(tail), val_loss=val_curve[-1][1],
-        gap_pct=None, tokens_per_s=tokens_per_step * steps / busy,
+        gap_pct=None, tokens_per_s=tokens_per_step * (steps - untimed) / busy,
         peak_memory_mib=None if peak is None else peak / 2**20, gemm_path=gemm_path, env_fields=env_fields,
         config=config, train_curve=train_curve, val_curve=val_curve,
         seconds=time.perf_counter() - t_start)
