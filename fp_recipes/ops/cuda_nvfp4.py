@@ -20,8 +20,8 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from . import backend, ref_nvfp4
-from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_options, _check_x,
-                        check_nvfp4_dequantize_args)
+from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_amax_override, _check_options, _check_static_options,
+                        _check_x, _check_x_for_options, check_nvfp4_dequantize_args)
 
 __all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize_with_units",
            "e2m1_encoding"]
@@ -39,8 +39,16 @@ def _ext():
     return ext
 
 
+# torch's raw stream accessor, looked up once (None in a torch built without CUDA)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream_of(device: torch.device) -> int:
-    """The handle of ``device``'s current torch stream (a seam: benchmarks/host_linear_cpu.py stubs it)."""
+    """The handle of ``device``'s current torch stream (a seam: benchmarks/host_linear_cpu.py stubs it).
+    A CUDA tensor's device always has an index: the raw accessor directly, without backend's lookups."""
+    index = device.index
+    if index is not None and _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
     return backend.current_stream(device)
 
 
@@ -159,14 +167,15 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
                    block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
                    err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
                    offset_lo: int, offset_hi: int, share_amax: bool = False,
-                   units: Optional[list] = None
+                   units: Optional[list] = None, checked: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One quantization: the kernels (:func:`_quantize_kernels`), or the reference twin on a device where
     the first-use E2M1 self-check found neither kernel encoding equal to the contract (:func:`e2m1_encoding`).
     ``share_amax`` (eager calls only: a custom op may not return aliased outputs): when both copies use x's
     own per-tensor amax, return that one tensor for both instead of a copy (one launch fewer). ``units``
     (eager only): ``[unit_rowwise, unit_columnwise]`` flags in, replaced by the BF16 unit operands the
-    quantize kernel wrote (or None) on return."""
+    quantize kernel wrote (or None) on return. ``checked``: the eager wrappers already made x a contiguous
+    CUDA tensor (the custom op checks it here)."""
     if x.is_cuda and _e2m1_mode(x.device) == "reference":
         if units is not None:
             units[:] = [None, None]
@@ -175,7 +184,7 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
                                    offset_hi)
     return _quantize_kernels(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
                              err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi,
-                             share_amax=share_amax, units=units)
+                             share_amax=share_amax, units=units, checked=checked)
 
 
 def _quantize_reference(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
@@ -200,14 +209,16 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
                       block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
                       err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
                       offset_lo: int, offset_hi: int, share_amax: bool = False,
-                      units: Optional[list] = None
+                      units: Optional[list] = None, checked: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The launches of one quantization (see :func:`_quantize_impl`)."""
-    what = "nvfp4_quantize"
-    _require_cuda(x, what)
-    _require_contiguous(x, what)
+    if not checked:
+        what = "nvfp4_quantize"
+        _require_cuda(x, what)
+        _require_contiguous(x, what)
     x = _aligned(x)
     m, n = x.shape
+    x_ptr = _ptr(x)
     dev_t = x.device
     stream, dev = _launch_ctx(x)
     ext = _ext()
@@ -231,24 +242,24 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
             row_am = torch.empty((m,), dtype=torch.float32, device=dev_t)
             if columnwise:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
-            ext.nvfp4_row_amax(_ptr(x), code, m, n, _ptr(row_am), _ptr(t_am), stream, dev, ws=ws)
+            ext.nvfp4_row_amax(x_ptr, code, m, n, _ptr(row_am), _ptr(t_am), stream, dev, ws=ws)
     else:
         need_g = rowwise or block_2d or (columnwise and not rht)
         if amax is not None:
             g_am = amax.reshape(()).to(torch.float32).clone()
             if rht:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
-                ext.nvfp4_amax(_ptr(x), code, m, n, 0, t_am.data_ptr(), stream, dev, ws=ws)
+                ext.nvfp4_amax(x_ptr, code, m, n, 0, t_am.data_ptr(), stream, dev, ws=ws)
         elif need_g and rht and share_amax:
             # Eager: both amaxes in one 8-byte buffer, which the launcher zeroes with one memset when it has no
             # workspace (views of one buffer: not allowed as a custom op's outputs).
             both = torch.empty((2,), dtype=torch.float32, device=dev_t)
             g_am, t_am = both[0], both[1]
-            ext.nvfp4_amax(_ptr(x), code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev, ws=ws)
+            ext.nvfp4_amax(x_ptr, code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev, ws=ws)
         else:
             g_am = torch.empty((), dtype=torch.float32, device=dev_t) if need_g else None
             t_am = torch.empty((), dtype=torch.float32, device=dev_t) if rht else None
-            ext.nvfp4_amax(_ptr(x), code, m, n, 0 if g_am is None else g_am.data_ptr(),
+            ext.nvfp4_amax(x_ptr, code, m, n, 0 if g_am is None else g_am.data_ptr(),
                            0 if t_am is None else t_am.data_ptr(), stream, dev, ws=ws)
         if columnwise and not rht:
             t_am = g_am.clone() if rowwise and not share_amax else g_am
@@ -268,15 +279,16 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
             unit_t = torch.empty((n, m), dtype=torch.bfloat16, device=dev_t)
         units[:] = [unit, unit_t]
     if m * n:
+        # data, scale, data_t, scale_t: fresh allocations, whose data_ptr() is _ptr()'s (null when empty)
         ext.nvfp4_quantize(
-            _ptr(x), code, m, n,
-            _ptr(data) if rowwise else 0, _ptr(scale) if rowwise else 0,
+            x_ptr, code, m, n,
+            data.data_ptr() if rowwise else 0, scale.data_ptr() if rowwise else 0,
             _ptr(rowwise_amax) if (rowwise or block_2d) else 0, row_scaled,
-            _ptr(data_t) if columnwise else 0, _ptr(scale_t) if columnwise else 0,
+            data_t.data_ptr() if columnwise else 0, scale_t.data_ptr() if columnwise else 0,
             _ptr(t_am) if columnwise else 0,
             rht, block_2d, fos, mse, float(e4m3_max), stochastic_rounding,
             (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev,
-            unit=_ptr(unit), unit_t=_ptr(unit_t), **({"row_amax_out": _ptr(row_am)} if fused_row_amax else {}))
+            unit=0 if unit is None else unit.data_ptr(), unit_t=0 if unit_t is None else unit_t.data_ptr(), **({"row_amax_out": _ptr(row_am)} if fused_row_amax else {}))
     out_amax = rowwise_amax if rowwise else _empty_f32(dev_t)
     out_amax_t = t_am if columnwise else _empty_f32(dev_t)
     if rowwise and columnwise and out_amax_t is out_amax and not share_amax:
@@ -542,7 +554,7 @@ def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, roww
     else:
         # Eager: the launches directly, without the custom op's dispatch (tens of microseconds of host
         # time per call on a training step's hot path); the same function, so the same bytes.
-        res = _quantize_impl(*args, share_amax=True)
+        res = _quantize_impl(*args, share_amax=True, checked=True)
     data, scale, out_amax, data_t, scale_t, amax_t = res
     if not rowwise:
         data = scale = out_amax = None
@@ -571,13 +583,64 @@ def nvfp4_quantize_with_units(x: torch.Tensor, *, unit_rowwise: bool, unit_colum
     res = _quantize_impl(x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d), bool(row_scaled),
                          bool(four_over_six), int(e4m3_max), err_mode == "MSE", bool(err_fast_math), bool(rht),
                          bool(stochastic_rounding), seed & _MASK32, seed >> 32, offset & _MASK32, offset >> 32,
-                         share_amax=True, units=units)
+                         share_amax=True, units=units, checked=True)
     data, scale, out_amax, data_t, scale_t, amax_t = res
     if not rowwise:
         data = scale = out_amax = None
     if not columnwise:
         data_t = scale_t = amax_t = None
     return NVFP4Quantized(data, scale, out_amax, data_t, scale_t, amax_t), units[0], units[1]
+
+
+class QuantizePlan:
+    """One quantizer's options for :func:`nvfp4_quantize_planned`, checked and converted once (what
+    :func:`nvfp4_quantize` does on every call). Immutable: a quantizer makes a new one when its spec
+    changes."""
+
+    __slots__ = ("options", "valid", "flags", "rowwise", "columnwise", "block_2d", "row_scaled", "rht")
+
+    def __init__(self, *, rowwise: bool, columnwise: bool, block_2d: bool, row_scaled: bool, four_over_six: bool,
+                 e4m3_max: int, err_mode: str, err_fast_math: bool, rht: bool, stochastic_rounding: bool) -> None:
+        self.options = dict(rowwise=rowwise, columnwise=columnwise, block_2d=block_2d, row_scaled=row_scaled,
+                            four_over_six=four_over_six, e4m3_max=e4m3_max, err_mode=err_mode, rht=rht,
+                            stochastic_rounding=stochastic_rounding)  # _check_options' keywords
+        try:
+            _check_static_options(**self.options)
+            self.valid = True
+        except (ValueError, TypeError):
+            self.valid = False  # every call runs the full checks, which raise nvfp4_quantize's error
+            return
+        self.rowwise, self.columnwise, self.block_2d = bool(rowwise), bool(columnwise), bool(block_2d)
+        self.row_scaled, self.rht = bool(row_scaled), bool(rht)
+        # _quantize_impl's positional options, between amax and the seed halves
+        self.flags = (self.rowwise, self.columnwise, self.block_2d, self.row_scaled, bool(four_over_six),
+                      int(e4m3_max), err_mode == "MSE", bool(err_fast_math), self.rht, bool(stochastic_rounding))
+
+
+def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[torch.Tensor], seed: int, offset: int,
+                           units: Optional[tuple] = None) -> tuple:
+    """:func:`nvfp4_quantize` (same checks of ``x`` and ``amax``, same bytes) with ``plan``'s options, for an
+    eager call of a quantizer whose input passed ``check_input`` (a float32/bfloat16/float16 tensor, here
+    flattened to 2-D) and whose ``seed``/``offset`` are its own ints in [0, 2^64). ``units``: (rowwise,
+    columnwise) unit operands to write as :func:`nvfp4_quantize_with_units` does, or None. Returns
+    ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)``, absent ones None."""
+    if not plan.valid:
+        _check_options(x, amax, seed=seed, offset=offset, **plan.options)  # raises nvfp4_quantize's error
+    _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
+    if amax is not None:
+        _check_amax_override(x, amax, plan.row_scaled)
+        amax = amax.contiguous()
+    _require_cuda(x, "nvfp4_quantize")
+    wanted = None if units is None else [bool(units[0]), bool(units[1])]
+    data, scale, out_amax, data_t, scale_t, amax_t = _quantize_impl(
+        x.contiguous(), amax, *plan.flags, seed & _MASK32, seed >> 32, offset & _MASK32, offset >> 32,
+        share_amax=True, units=wanted, checked=True)
+    if not plan.rowwise:
+        data = scale = out_amax = None
+    if not plan.columnwise:
+        data_t = scale_t = amax_t = None
+    unit, unit_t = (None, None) if wanted is None else wanted
+    return data, scale, out_amax, data_t, scale_t, amax_t, unit, unit_t
 
 
 @backend.register_cuda_impl("nvfp4_dequantize")

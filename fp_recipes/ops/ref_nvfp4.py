@@ -361,7 +361,18 @@ def _check_options(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
                    rht: bool, stochastic_rounding: bool, seed: int, offset: int) -> None:
     what = "nvfp4_quantize"
     _check_x(x, what)
-    m, n = x.shape
+    _check_static_options(rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, err_mode, rht,
+                          stochastic_rounding)
+    _check_x_for_options(x, rowwise, columnwise, block_2d, rht)
+    _check_seed_offset(seed, offset)
+    if amax is not None:
+        _check_amax_override(x, amax, row_scaled)
+
+
+def _check_static_options(rowwise: bool, columnwise: bool, block_2d: bool, row_scaled: bool, four_over_six: bool,
+                          e4m3_max: int, err_mode: str, rht: bool, stochastic_rounding: bool) -> None:
+    """The checks of :func:`_check_options` that read no tensor (a quantizer's options pass them once)."""
+    what = "nvfp4_quantize"
     if not (rowwise or columnwise):
         raise ValueError(f"{what}: nothing to do: rowwise=False and columnwise=False")
     if e4m3_max not in E4M3_BOUNDS:
@@ -381,6 +392,12 @@ def _check_options(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
             raise ValueError(f"{what}: {a} is incompatible with {b}")
     if rht and not columnwise:
         raise ValueError(f"{what}: rht=True transforms the columnwise copy only, but columnwise=False")
+
+
+def _check_x_for_options(x: torch.Tensor, rowwise: bool, columnwise: bool, block_2d: bool, rht: bool) -> None:
+    """What the options ask of a 2-D ``x``: its dtype (RHT) and block-multiple dims."""
+    what = "nvfp4_quantize"
+    m, n = x.shape
     if rht and x.dtype != torch.bfloat16:
         raise TypeError(f"{what}: rht=True needs bfloat16 input, got {x.dtype}")
     if (rowwise or block_2d) and n % BLOCK:
@@ -389,6 +406,10 @@ def _check_options(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
     if (columnwise or block_2d) and m % BLOCK:
         raise ValueError(f"{what}: the first dim M={m} must be a multiple of {BLOCK} for the columnwise copy"
                          + (" and for 2-D tiles" if block_2d else "") + f" (shape {tuple(x.shape)})")
+
+
+def _check_seed_offset(seed: int, offset: int) -> None:
+    what = "nvfp4_quantize"
     for name, v in (("seed", seed), ("offset", offset)):
         if isinstance(v, torch.Tensor):
             if v.dtype != torch.int64 or v.dim() != 0:
@@ -397,15 +418,19 @@ def _check_options(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
             continue
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MASK64:
             raise ValueError(f"{what}: {name} must be an int in [0, 2^64), got {v!r}")
-    if amax is not None:
-        want = (m,) if row_scaled else ()
-        if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32:
-            raise TypeError(f"{what}: amax must be an FP32 tensor, got {getattr(amax, 'dtype', type(amax))}")
-        if tuple(amax.shape) != want and not (not row_scaled and tuple(amax.shape) == (1,)):
-            kind = f"(M,) = ({m},) for row_scaled" if row_scaled else "0-dim for per-tensor scaling"
-            raise ValueError(f"{what}: amax must be {kind}, got shape {tuple(amax.shape)}")
-        if amax.device != x.device:
-            raise ValueError(f"{what}: amax is on {amax.device} but x is on {x.device}")
+
+
+def _check_amax_override(x: torch.Tensor, amax: torch.Tensor, row_scaled: bool) -> None:
+    what = "nvfp4_quantize"
+    m = x.shape[0]
+    want = (m,) if row_scaled else ()
+    if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32:
+        raise TypeError(f"{what}: amax must be an FP32 tensor, got {getattr(amax, 'dtype', type(amax))}")
+    if tuple(amax.shape) != want and not (not row_scaled and tuple(amax.shape) == (1,)):
+        kind = f"(M,) = ({m},) for row_scaled" if row_scaled else "0-dim for per-tensor scaling"
+        raise ValueError(f"{what}: amax must be {kind}, got shape {tuple(amax.shape)}")
+    if amax.device != x.device:
+        raise ValueError(f"{what}: amax is on {amax.device} but x is on {x.device}")
 
 
 def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, rowwise: bool = True,

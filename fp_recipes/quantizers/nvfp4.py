@@ -17,6 +17,7 @@ import torch
 from .. import ops
 from ..ops.ref_nvfp4 import BLOCK, E4M3_BOUNDS
 from ._tensor_io import StatePickle, resolve_out_dtype
+from ..ops.backend import resolved
 from .base import QuantizedTensor, Quantizer, check_input
 from .roles import QFormat, QuantizerSpec, ScalingKind, TensorKind
 
@@ -262,29 +263,49 @@ class NVFP4Quantizer(Quantizer):
         if not 0 <= seed < 2**64:
             raise ValueError(f"NVFP4Quantizer: seed must be in [0, 2^64), got {seed}")
         self._seed = seed
+        self._plan: Optional[_QuantizePlan] = None  # of self.spec: see quantize()
 
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
         """Quantize ``x`` (..., K); ``amax`` overrides the global amax (0-dim, or (M,) when row_scaled),
         e.g. after a cross-rank MAX reduction."""
-        spec = self.spec
-        check_input(x, f"NVFP4Quantizer({spec.role})")
+        plan = self._plan
+        if plan is None or plan.spec is not self.spec:
+            plan = self._make_plan()
+        check_input(x, plan.what)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-        rht = spec.rht_columnwise and spec.columnwise
-        traced_offset = spec.stochastic_rounding and torch.compiler.is_compiling()
-        if traced_offset:
-            if self._offset_t is None:
-                raise RuntimeError(f"NVFP4Quantizer({spec.role}): traced by torch.compile without its "
-                                   "stochastic-rounding tensors; call use_sr_tensors() before tracing (modules do)")
-            seed: Any = self._seed_t  # read when the graph runs (not constants: layers share graphs)
-            offset: Any = self._offset_t
-        elif not spec.stochastic_rounding and torch.compiler.is_compiling():
-            seed, offset = 0, 0  # unused without stochastic rounding (and no per-layer constant in the graph)
+        if torch.compiler.is_compiling():
+            return self._quantize_traced(x, x2, amax, plan)
+        if plan.cuda is not None and resolved("nvfp4_quantize", x2) is plan.cuda.nvfp4_quantize:
+            return self._quantize_cuda(x, x2, amax, plan)
+        return self._quantize_ops(x, x2, amax, plan, self.seed, self.offset)
+
+    def _make_plan(self) -> "_QuantizePlan":
+        """This spec's options, resolved once (the spec is frozen: a new spec makes a new plan)."""
+        self._plan = plan = _QuantizePlan(self.spec)
+        return plan
+
+    def _quantize_cuda(self, x: torch.Tensor, x2: torch.Tensor, amax: Optional[torch.Tensor],
+                       plan: "_QuantizePlan") -> NVFP4Tensor:
+        """The eager CUDA cast: the kernel wrapper with the plan's checked options, and the tensor built
+        from its own outputs without the constructor's checks."""
+        if self._seed_t is None:
+            seed, offset = self._seed, self._offset
         else:
             seed, offset = self.seed, self.offset
-        kwargs = dict(amax=amax, rowwise=spec.rowwise, columnwise=spec.columnwise, block_2d=spec.block_2d,
-                      row_scaled=spec.row_scaled, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max,
-                      err_mode=spec.err_mode, err_fast_math=spec.err_fast_math, rht=rht,
-                      stochastic_rounding=spec.stochastic_rounding, seed=seed, offset=offset)
+        units = None if self.gemm_units == "none" else self._units_wanted(x2)
+        try:
+            res = plan.cuda.nvfp4_quantize_planned(x2, plan.cuda_plan, amax, seed, offset, units)
+        except (ValueError, TypeError) as exc:
+            raise self._input_error(exc, x, x2) from exc
+        if plan.stochastic_rounding:
+            self._advance_offset(x2)
+        return _own_tensor(plan, res, x)
+
+    def _quantize_ops(self, x: torch.Tensor, x2: torch.Tensor, amax: Optional[torch.Tensor],
+                      plan: "_QuantizePlan", seed: Any, offset: Any, traced_offset: bool = False) -> NVFP4Tensor:
+        """Through ``fp_recipes.ops`` (the reference twin on the CPU), or the twin itself when traced with
+        the stochastic-rounding tensors."""
+        kwargs = dict(amax=amax, seed=seed, offset=offset, **plan.options)
         units = self._units_wanted(x2)
         unit = unit_t = None
         try:
@@ -302,17 +323,37 @@ class NVFP4Quantizer(Quantizer):
             else:
                 q = ops.nvfp4_quantize(x2, **kwargs)
         except (ValueError, TypeError) as exc:
-            raise type(exc)(f"NVFP4Quantizer({spec.role}) on input of shape {tuple(x.shape)} "
-                            f"(flattened to {tuple(x2.shape)}): {exc}") from exc
+            raise self._input_error(exc, x, x2) from exc
         if traced_offset:
             self._offset_t.add_(x2.numel() // BLOCK)  # int64 wraps as the 64-bit counter does
-        elif spec.stochastic_rounding:
-            self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
-        out = NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=spec.row_scaled,
-                          e4m3_max=spec.e4m3_max, four_over_six=spec.four_over_six, rht_columnwise=rht,
+        elif plan.stochastic_rounding:
+            self._advance_offset(x2)
+        out = NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=plan.row_scaled,
+                          e4m3_max=plan.e4m3_max, four_over_six=plan.four_over_six, rht_columnwise=plan.rht,
                           orig_dtype=x.dtype, shape=x.shape)
         out.gemm_unit, out.gemm_unit_t = unit, unit_t
         return out
+
+    def _quantize_traced(self, x: torch.Tensor, x2: torch.Tensor, amax: Optional[torch.Tensor],
+                         plan: "_QuantizePlan") -> NVFP4Tensor:
+        """Under torch.compile: the seed and counter as tensors read when the graph runs (stochastic
+        rounding), else no per-layer constants."""
+        if not plan.stochastic_rounding:
+            # unused without stochastic rounding (and no per-layer constant in the graph)
+            return self._quantize_ops(x, x2, amax, plan, 0, 0)
+        if self._offset_t is None:
+            raise RuntimeError(f"NVFP4Quantizer({self.spec.role}): traced by torch.compile without its "
+                               "stochastic-rounding tensors; call use_sr_tensors() before tracing (modules do)")
+        # read when the graph runs (not constants: layers share graphs)
+        return self._quantize_ops(x, x2, amax, plan, self._seed_t, self._offset_t, traced_offset=True)
+
+    def _input_error(self, exc: Exception, x: torch.Tensor, x2: torch.Tensor) -> Exception:
+        return type(exc)(f"NVFP4Quantizer({self.spec.role}) on input of shape {tuple(x.shape)} "
+                         f"(flattened to {tuple(x2.shape)}): {exc}")
+
+    def _advance_offset(self, x2: torch.Tensor) -> None:
+        """After a stochastically rounded cast: the Philox counters one copy used (M*K/16)."""
+        self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
 
     # -- the stochastic-rounding state ----------------------------------------------------------
     @property
@@ -345,6 +386,11 @@ class NVFP4Quantizer(Quantizer):
         else:
             self._offset_t.fill_(_bits64(value))
 
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_plan", None)  # a cache (holding a module): rebuilt after unpickling
+        return state
+
     def __setstate__(self, state: Dict[str, Any]) -> None:
         state = dict(state)
         if "seed" in state:  # pickled by a version that kept plain ints
@@ -352,6 +398,7 @@ class NVFP4Quantizer(Quantizer):
             state["_offset"] = state.pop("offset", 0)
         state.setdefault("_seed_t", None)
         state.setdefault("_offset_t", None)
+        state["_plan"] = None  # rebuilt from the spec on the next quantize
         self.__dict__.update(state)
 
     def use_sr_tensors(self) -> None:
@@ -392,3 +439,48 @@ class NVFP4Quantizer(Quantizer):
         if missing:
             raise ValueError(f"NVFP4Quantizer.load_state_dict: missing {sorted(missing)}")
         self.seed, self.offset = int(state["seed"]), int(state["offset"])
+
+
+class _QuantizePlan:
+    """What one spec's casts need on every call, computed once: the op's options, the error-message
+    prefix and, where the CUDA extension is loaded, the kernel wrapper's checked plan."""
+
+    def __init__(self, spec: QuantizerSpec) -> None:
+        self.spec = spec  # the plan's key: quantize() makes a new plan when the quantizer's spec changes
+        self.what = f"NVFP4Quantizer({spec.role})"
+        self.rht = bool(spec.rht_columnwise and spec.columnwise)
+        self.row_scaled = bool(spec.row_scaled)
+        self.e4m3_max = int(spec.e4m3_max)
+        self.four_over_six = bool(spec.four_over_six)
+        self.stochastic_rounding = spec.stochastic_rounding
+        self.options = dict(rowwise=spec.rowwise, columnwise=spec.columnwise, block_2d=spec.block_2d,
+                            row_scaled=spec.row_scaled, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max,
+                            err_mode=spec.err_mode, err_fast_math=spec.err_fast_math,
+                            rht=spec.rht_columnwise and spec.columnwise,
+                            stochastic_rounding=spec.stochastic_rounding)
+        self.cuda: Any = None
+        self.cuda_plan: Any = None
+        from ..ops import backend
+
+        if backend.extension() is not None:
+            from ..ops import cuda_nvfp4
+
+            self.cuda = cuda_nvfp4
+            self.cuda_plan = cuda_nvfp4.QuantizePlan(**self.options)
+
+
+def _own_tensor(plan: _QuantizePlan, res: tuple, x: torch.Tensor) -> NVFP4Tensor:
+    """The CUDA wrapper's outputs for ``x`` as an NVFP4Tensor without the constructor's checks: the
+    kernels made each copy in its documented dtype and shape from ``x`` flattened to 2-D (the checks cost
+    microseconds per cast, on the step's host path). Traced code and the reference path construct."""
+    t = object.__new__(NVFP4Tensor)
+    t.data, t.scale, t.amax, t.data_t, t.scale_t, t.amax_t, unit, unit_t = res
+    t.row_scaled = plan.row_scaled
+    t.e4m3_max = plan.e4m3_max
+    t.four_over_six = plan.four_over_six
+    t.rht_columnwise = plan.rht
+    t.orig_dtype = x.dtype
+    t._shape = x.shape
+    if unit is not None or unit_t is not None:  # else the class's None
+        t.gemm_unit, t.gemm_unit_t = unit, unit_t
+    return t
