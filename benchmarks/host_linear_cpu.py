@@ -124,7 +124,7 @@ def _install_stub_nvfp4() -> None:
     for name in ("nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize"):
         setattr(ops, name, getattr(cuda_nvfp4, name))
     nvfp4_emulated.cublaslt = _StubCublasLt
-    cuda_emulation = nvfp4_emulated.gemm_nvfp4_emulated_cuda
+    cuda_emulation = nvfp4_emulated.emulated_cuda_eager  # what gemm_nvfp4_nvfp4 runs for CUDA operands
 
     def emulated(a, b, out_dtype, bias):  # CPU operands take the CUDA emulation's path, not the torch ops
         out = cuda_emulation(a, b, out_dtype, bias)

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import _common, nvfp4_native
-from .nvfp4_emulated import decode_nvfp4_unit, gemm_nvfp4_emulated, gemm_nvfp4_emulated_cuda, row_scale_factor
+from .nvfp4_emulated import decode_nvfp4_unit, emulated_cuda_eager, gemm_nvfp4_emulated, row_scale_factor
 from .operands import Nvfp4Operand
 
 __all__ = ["ENV_VAR", "NATIVE_NOT_RUN_NOTE", "PathDecision", "gemm_nvfp4_nvfp4", "nvfp4_gemm_path",
@@ -217,7 +217,7 @@ def decision(device: torch.device) -> PathDecision:
     """The implementation NVFP4 GEMMs use on ``device`` under the current FP_RECIPES_NVFP4_GEMM, decided
     (self-check included) on first use and remembered per device and value."""
     policy = requested_policy()
-    dkey = _device_key(device)
+    dkey = (device.type, device.index) if device.index is not None else _device_key(device)
     key = dkey + (policy,)
     d = _decisions.get(key)
     if d is not None:
@@ -262,19 +262,22 @@ def gemm_nvfp4_nvfp4(a: Nvfp4Operand, b: Nvfp4Operand, *, out_dtype: torch.dtype
     if ka != kb:
         raise ValueError(f"gemm: contraction dims differ: {a.data.shape[0]}x{ka} and {b.data.shape[0]}x{kb}")
     dev = a.data.device
-    if nvfp4_gemm_path(dev) == "native":
+    compiling = torch.compiler.is_compiling()
+    # nvfp4_gemm_path(dev), with the compile check made once for this call
+    path = _compiled_view.get((dev.type, dev.index), "emulated") if compiling else decision(dev).path
+    if path == "native":
         try:
             return nvfp4_native.gemm_nvfp4_native(a, b, out_dtype, bias)
         except (RuntimeError, TypeError, ValueError) as exc:
-            if torch.compiler.is_compiling() or requested_policy() == "native":
+            if compiling or requested_policy() == "native":
                 raise
             first = (str(exc).strip().splitlines() or [""])[0]
             _warn_once(f"native-raised:{dev}:{a.data.shape[0]}x{b.data.shape[0]}x{ka}",
                        f"fp_recipes: the native NVFP4 GEMM raised on {dev} for M={a.data.shape[0]}, "
                        f"N={b.data.shape[0]}, K={ka} ({type(exc).__name__}: {first}); this GEMM runs the "
                        "exact emulation")
-    if a.data.is_cuda:
-        out = gemm_nvfp4_emulated_cuda(a, b, out_dtype, bias)
+    if a.data.is_cuda and not compiling:
+        out = emulated_cuda_eager(a, b, out_dtype, bias)
         if out is not None:
             return out
     return gemm_nvfp4_emulated(a, b, out_dtype, bias)

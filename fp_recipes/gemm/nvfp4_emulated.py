@@ -13,7 +13,7 @@ alpha on the device, one cuBLASLt BF16 GEMM reading that alpha, a row-scale epil
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -101,10 +101,6 @@ def gemm_nvfp4_emulated(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _fp32_amax_on(t: torch.Tensor, device: torch.device) -> bool:
-    return t.dtype == torch.float32 and t.device == device and t.is_contiguous()
-
-
 def cached_unit(op: Nvfp4Operand, dev: torch.device) -> Optional[torch.Tensor]:
     """The operand's cached BF16 unit copy when the GEMM can read it as is (the quantize kernel wrote it
     from the same codes and scales: bit-equal to decoding them), else None."""
@@ -116,6 +112,17 @@ def cached_unit(op: Nvfp4Operand, dev: torch.device) -> Optional[torch.Tensor]:
     return u
 
 
+_cuda_nvfp4: Any = None  # fp_recipes.ops.cuda_nvfp4 once imported (by the first CUDA GEMM: it registers custom ops)
+
+
+def _cuda_ops() -> Any:
+    global _cuda_nvfp4
+    from ..ops import cuda_nvfp4
+
+    _cuda_nvfp4 = cuda_nvfp4
+    return cuda_nvfp4
+
+
 def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
                              bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """The emulation in three launches at most: one kernel decodes the operands that have no cached BF16
@@ -125,30 +132,44 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
     values and roundings as :func:`gemm_nvfp4_emulated`; only the FP32 accumulation order is
     cuBLAS's choice, as it already was. None when it cannot run here (no cuBLASLt, tracing under
     torch.compile, operands it does not take): the caller runs the torch emulation."""
-    if torch.compiler.is_compiling() or out_dtype not in _OUT_DTYPES:
+    if torch.compiler.is_compiling():
         return None
-    from ..ops import cuda_nvfp4
+    return emulated_cuda_eager(a, b, out_dtype, bias)
 
+
+def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
+                        bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """:func:`gemm_nvfp4_emulated_cuda` for a caller that knows it is not being traced."""
+    if out_dtype not in _OUT_DTYPES:
+        return None
+    cuda_nvfp4 = _cuda_nvfp4 or _cuda_ops()
     dev = a.data.device
     if not cuda_nvfp4.unit_operands_available() or not cublaslt.available() or b.data.device != dev:
         return None
     m, n, k = a.data.shape[0], b.data.shape[0], a.data.shape[1] * 2
-    if m == 0 or n == 0 or k == 0 or not (_fp32_amax_on(a.amax, dev) and _fp32_amax_on(b.amax, dev)):
+    amax_a, amax_b = a.amax, b.amax
+    if m == 0 or n == 0 or k == 0 or not (amax_a.dtype == torch.float32 and amax_a.device == dev and
+                                          amax_b.dtype == torch.float32 and amax_b.device == dev and
+                                          amax_a.is_contiguous() and amax_b.is_contiguous()):
         return None
     if bias is not None and (bias.device != dev or bias.dtype not in _OUT_DTYPES or not bias.is_contiguous()):
         return None
     row = a.row_scaled or b.row_scaled
-    units = [cached_unit(a, dev), cached_unit(b, dev)]
-    todo = [i for i, u in enumerate(units) if u is None]
+    ua = None if a.unit is None else cached_unit(a, dev)
+    ub = None if b.unit is None else cached_unit(b, dev)
+    if ua is None and ub is None:
+        copies = [(a.data, a.scale), (b.data, b.scale)]
+    else:
+        copies = [(op.data, op.scale) for op, u in ((a, ua), (b, ub)) if u is None]
     try:
         decoded, alpha_beta = cuda_nvfp4.nvfp4_unit_operands(
-            [(op.data, op.scale) for op in ((a, b)[i] for i in todo)],
-            None if row else a.amax, None if row else b.amax, a.e4m3_max, b.e4m3_max, device=dev)
+            copies, None if row else amax_a, None if row else amax_b, a.e4m3_max, b.e4m3_max, device=dev)
     except ValueError:  # non-contiguous or unaligned copies: the torch emulation takes them
         return None
-    for i, u in zip(todo, decoded):
-        units[i] = u
-    ua, ub = units
+    if ua is None:
+        ua = decoded[0]
+    if ub is None:
+        ub = decoded[-1]  # the last decoded copy: b's, whether or not a's was decoded too
     if not row:
         fuse_bias = bias is None or bias.dtype == out_dtype
         out = torch.empty((m, n), dtype=out_dtype if fuse_bias else torch.float32, device=dev)
@@ -159,4 +180,4 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
     d = torch.empty((m, n), dtype=torch.float32, device=dev)
     if not cublaslt.bf16_gemm_device_alpha(ua, ub, d, alpha_beta):
         d = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
-    return cuda_nvfp4.nvfp4_row_scale_epilogue(d, a.amax, a.row_scaled, b.amax, b.row_scaled, bias, out_dtype)
+    return cuda_nvfp4.nvfp4_row_scale_epilogue(d, amax_a, a.row_scaled, amax_b, b.row_scaled, bias, out_dtype)

@@ -683,22 +683,25 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
     outs, data_p, scale_p, out_p, blocks = [], [], [], [], []
     for data, scale in copies:
         rows, half = data.shape
+        # the pointers _ptr() gives, from the shapes: data has rows * half elements, scale (once its shape
+        # is checked) rows * (half // 8), the fresh output (null when empty) rows * half * 2
+        data_ptr = data.data_ptr() if rows * half else 0
         if data.dtype != torch.uint8 or scale.shape != (rows, half // 8) or data.device != dev or \
-                scale.device != dev or not data.is_contiguous() or not scale.is_contiguous() or \
-                (rows * half and data.data_ptr() % 8):
+                scale.device != dev or not data.is_contiguous() or not scale.is_contiguous() or data_ptr % 8:
             raise ValueError("nvfp4_unit_operands: each copy needs contiguous uint8 data (rows, K/2) at an "
                              "8-byte aligned address and contiguous e4m3 scales (rows, K/16) on one device; got "
                              f"{data.dtype} {tuple(data.shape)} and {scale.dtype} {tuple(scale.shape)}")
         out = torch.empty((rows, half * 2), dtype=torch.bfloat16, device=dev)
         outs.append(out)
-        data_p.append(_ptr(data))
-        scale_p.append(_ptr(scale))
-        out_p.append(_ptr(out))
+        data_p.append(data_ptr)
+        scale_p.append(scale.data_ptr() if rows * (half // 8) else 0)
+        out_p.append(out.data_ptr())
         blocks.append(rows * half // 8)
     alpha_beta = torch.empty((4,), dtype=torch.float32, device=dev) if with_alpha else None
     stream, index = _stream_of(dev), dev.index
     _ext().nvfp4_decode_unit_bf16(data_p, scale_p, out_p, blocks, _ptr(amax_a), _ptr(amax_b), float(e4m3_max_a),
-                                  float(e4m3_max_b), _ptr(alpha_beta), stream, index)
+                                  float(e4m3_max_b), 0 if alpha_beta is None else alpha_beta.data_ptr(), stream,
+                                  index)
     return outs, alpha_beta
 
 
