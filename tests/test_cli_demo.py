@@ -134,3 +134,22 @@ def test_fp_recipes_recipe_picks_the_run(tmp_path):
         assert parse_recipes(None) == ["baseline", "nvfp4"]
     finally:
         del os.environ["FP_RECIPES_RECIPE"]
+
+
+@pytest.mark.parametrize("model, hint", [("medium", "try --model large"), ("large", None)])
+def test_gpu_table_says_whether_a_recipe_is_faster(model, hint):
+    """On a GPU the table names the recipes faster than the baseline, or says none is and suggests the
+    next larger model size (never the size that just ran)."""
+    from fp_recipes.demo.report import format_table
+
+    def row(name, tps):
+        return {"recipe": name, "train_loss": 2.0, "val_loss": 2.0, "gap_pct": None if name == "baseline" else 0.0,
+                "tokens_per_s": tps, "peak_memory_mib": 1.0, "gemm_path": "native", "env_fields": {}}
+
+    report = {"device": "cuda:0", "model": model, "unigram_val_loss": 3.3,
+              "results": [row("baseline", 100.0), row("delayed", 90.0), row("current", 95.0)]}
+    text = format_table(report)
+    assert "no recipe is faster than the baseline" in text
+    assert (hint in text) if hint else ("try --model" not in text)
+    report["results"][2]["tokens_per_s"] = 120.0
+    assert "faster than the baseline here: current" in format_table(report)

@@ -19,7 +19,7 @@ import torch
 __all__ = ["main", "run_demo", "DemoInputError"]
 
 QUICK_STEPS = 100  # --quick on CPU: the five default recipes in about 90 s on 2 cores
-DEFAULT_STEPS = {"tiny": 300, "small": 400, "medium": 500, "large": 500}
+DEFAULT_STEPS = {"tiny": 300, "small": 400, "medium": 500, "large": 300}
 PROG = "python -m fp_recipes demo"
 
 
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, metavar="PATH",
                    help="a text file or a folder of text files (default: this Python's standard-library source)")
     p.add_argument("--model", choices=sorted(SIZES), default=None,
-                   help="model size (default: tiny with --quick, small on CPU, medium on a GPU)")
+                   help="model size (default: tiny with --quick, small on CPU, large on a GPU)")
     p.add_argument("--quick", action=argparse.BooleanOptionalAction, default=None,
                    help=f"tiny model, {QUICK_STEPS} steps (default: on for CPU, off for GPU)")
     p.add_argument("--steps", type=int, default=None,
@@ -122,7 +122,7 @@ def _settings(args: argparse.Namespace, device: torch.device) -> Dict[str, Any]:
     for name in ("steps", "batch", "seq_len", "eval_every"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     quick = args.quick if args.quick is not None else device.type == "cpu"
-    model = args.model or ("tiny" if quick else ("medium" if device.type == "cuda" else "small"))
+    model = args.model or ("tiny" if quick else ("large" if device.type == "cuda" else "small"))
     cfg = SIZES[model]
     if quick:
         cfg = dataclasses.replace(cfg, batch=min(cfg.batch, 8))  # 512 tokens a step

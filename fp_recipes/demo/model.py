@@ -38,8 +38,8 @@ class ModelConfig:
         return asdict(self)
 
 
-# tiny: CPU CI and --quick; small: a laptop-sized run; medium, large: one GPU (large: GEMMs large
-# enough for FP8 to pay)
+# tiny: CPU CI and --quick; small: a laptop-sized run; medium: a quick GPU run; large: the GPU default,
+# GEMMs large enough for FP8 to pay (on an H100 the smaller sizes are host-bound: BF16 wins there)
 SIZES: Dict[str, ModelConfig] = {
     "tiny": ModelConfig(d_model=64, n_layers=2, n_heads=4, d_ffn=128, experts=4, top_k=2,
                         seq_len=64, batch=16, lr=5e-3),

@@ -43,9 +43,19 @@ def format_table(report: Dict[str, Any]) -> str:
         if faster:
             lines.append(f"faster than the baseline here: {', '.join(faster)}")
         else:
+            bigger = _next_size(report.get("model"))
+            hint = f"; try --model {bigger}" if bigger else ""
             lines.append("no recipe is faster than the baseline at this model size (the GEMMs are too small "
-                         "for quantization to pay; try --model medium)")
+                         f"for quantization to pay{hint})")
     return "\n".join(lines)
+
+
+def _next_size(model: Any) -> Any:
+    """The next larger demo model size after ``model`` (None if it is the largest or unknown)."""
+    from .model import SIZES
+
+    names = list(SIZES)
+    return names[names.index(model) + 1] if model in names[:-1] else None
 
 
 def write_plot(report: Dict[str, Any], path: str) -> None:
