@@ -32,6 +32,7 @@ __all__ = ["NVFP4Quantizer", "NVFP4Tensor"]
 
 _STATE_VERSION = 1
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_SET = tuple(_DTYPES.values())  # `in` compares with ==, as dict.values() does
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -80,15 +81,15 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
         what = "NVFP4Tensor"
         if self.e4m3_max not in E4M3_BOUNDS:
             raise ValueError(f"{what}: e4m3_max must be 448 or 256, got {self.e4m3_max}")
-        if self.orig_dtype not in _DTYPES.values():
+        if self.orig_dtype not in _DTYPE_SET:
             raise ValueError(f"{what}: orig_dtype must be one of {sorted(_DTYPES)}, got {self.orig_dtype}")
         if len(self._shape) < 1:
             raise ValueError(f"{what}: shape must have at least one dim, got {tuple(self._shape)}")
         m, k = self.rows, self._shape[-1]
-        row = (self.data, self.scale, self.amax)
-        col = (self.data_t, self.scale_t, self.amax_t)
-        for name, copy in (("rowwise", row), ("columnwise", col)):
-            if any(t is None for t in copy) and any(t is not None for t in copy):
+        row = (self.data is None) + (self.scale is None) + (self.amax is None)  # absent parts: 0 or 3
+        col = (self.data_t is None) + (self.scale_t is None) + (self.amax_t is None)
+        for name, absent in (("rowwise", row), ("columnwise", col)):
+            if absent % 3:
                 raise ValueError(f"{what}: the {name} copy is incomplete (data, scale and amax go together)")
         if self.data is None and self.data_t is None:
             raise ValueError(f"{what}: has neither a rowwise nor a columnwise copy")
