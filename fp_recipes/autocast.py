@@ -165,12 +165,19 @@ def _run_outermost_exit_hooks(state: AutocastState) -> None:
 # the context manager
 
 
-def _resolve_recipe(recipe: Optional["Recipe"]) -> Optional["Recipe"]:
-    from fp_recipes.recipes import Recipe, recipe_from_env
+_RECIPE_CLASS: list = []  # fp_recipes.recipes.Recipe, imported on first use (the recipes import this module)
 
+
+def _resolve_recipe(recipe: Optional["Recipe"]) -> Optional["Recipe"]:
     if recipe is None:
+        from fp_recipes.recipes import recipe_from_env
+
         return recipe_from_env(default="delayed")  # None when FP_RECIPES_RECIPE=none
-    if not isinstance(recipe, Recipe):
+    if not _RECIPE_CLASS:
+        from fp_recipes.recipes import Recipe
+
+        _RECIPE_CLASS.append(Recipe)
+    if not isinstance(recipe, _RECIPE_CLASS[0]):
         raise TypeError(
             "autocast(recipe=...) needs an fp_recipes recipe (DelayedScaling, Float8CurrentScaling, "
             f"NVFP4BlockScaling, PerTokenScaling), got {type(recipe).__module__}."
@@ -230,9 +237,9 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         self._local = None if _compiling() else threading.local()
         self._traced_depths: List[int] = []
 
-    @property
-    def _depths(self) -> List[int]:
-        if self._local is None or _compiling():
+    def _depths_for(self, compiling: bool) -> List[int]:
+        """The stack heights at entry of this thread (of the trace, while ``compiling``)."""
+        if self._local is None or compiling:
             return self._traced_depths
         depths = getattr(self._local, "depths", None)
         if depths is None:
@@ -241,7 +248,8 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
 
     def __enter__(self) -> AutocastState:
         _stack = _local.stack
-        if self.enabled and self.recipe is None and _compiling():
+        compiling = _compiling()
+        if self.enabled and self.recipe is None and compiling:
             recipe = _recipe_from_env_for_trace()
         elif self.enabled:
             recipe = _resolve_recipe(self.recipe)  # None when FP_RECIPES_RECIPE=none
@@ -249,7 +257,7 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
             recipe = None if self.recipe is None else _resolve_recipe(self.recipe)  # type check
         enabled = self.enabled and recipe is not None
         records = None
-        if enabled and _compiling():
+        if enabled and compiling:
             below = next((s for s in reversed(_stack) if s.enabled), None)
             records = [] if below is None else below.records
             TRACED_RECORDS_SEEN[0] = True
@@ -260,22 +268,25 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
             depth=len(_stack) + 1,
             records=records,
         )
-        self._depths.append(len(_stack))
+        self._depths_for(compiling).append(len(_stack))
         _stack.append(state)
         return state
 
     def __exit__(self, exc_type, exc, tb) -> None:
         _stack = _local.stack
-        height = self._depths.pop()
+        compiling = _compiling()
+        height = self._depths_for(compiling).pop()
         exiting = _stack[height]
         del _stack[height:]  # restore the enclosing state (drops anything left above us too)
-        outermost_enabled = exiting.enabled and not any(s.enabled for s in _stack)
-        if exc_type is None and outermost_enabled:
-            if _compiling():  # traced: the hooks' updates become graph ops (inference mode is eager-only)
+        if exc_type is None and exiting.enabled and not _any_enabled(_stack):
+            if compiling:  # traced: the hooks' updates become graph ops (inference mode is eager-only)
                 _run_outermost_exit_hooks(exiting)
                 return
             import torch
 
+            if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+                _run_outermost_exit_hooks(exiting)  # what inference_mode(False) would set (it costs calls)
+                return
             with torch.inference_mode(False):
                 _run_outermost_exit_hooks(exiting)
 
@@ -292,6 +303,13 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
     def __repr__(self) -> str:
         return (f"autocast(enabled={self.enabled}, recipe={self.recipe!r}, "
                 f"amax_reduction_group={self.amax_reduction_group!r})")
+
+
+def _any_enabled(stack: List[AutocastState]) -> bool:
+    for s in stack:
+        if s.enabled:
+            return True
+    return False
 
 
 def fp8_autocast(enabled: bool = True, calibrating: bool = False,

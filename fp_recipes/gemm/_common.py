@@ -62,9 +62,10 @@ def mm_bf16_fp32_accum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def gemm_ready(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself when cuBLASLt can read it in place (row-major, 16-byte aligned rows and start: e.g.
     a column slice of a transposed buffer), else a contiguous copy."""
-    if x.stride(1) == 1 and x.stride(0) >= max(1, x.shape[1]) and \
-            (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0:
-        return x
+    if x.ndim == 2:
+        s0, s1 = x.stride()  # one call for both strides: this runs twice per GEMM
+        if s1 == 1 and s0 >= max(1, x.shape[1]) and (s0 * x.itemsize) % 16 == 0 and x.data_ptr() % 16 == 0:
+            return x
     return x.contiguous()
 
 

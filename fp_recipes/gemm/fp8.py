@@ -44,14 +44,16 @@ def fp8_gemm_engine(device: torch.device) -> str:
 def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
                  bias: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> torch.Tensor:
     """FP8 x FP8 with per-tensor scales: ``(a.data @ b.data^T) * (a.scale_inv * b.scale_inv) + bias``."""
-    if a.data.shape[1] != b.data.shape[1]:
-        raise ValueError(f"gemm: contraction dims differ: {tuple(a.data.shape)} x {tuple(b.data.shape)}^T")
-    m, n = a.data.shape[0], b.data.shape[0]
-    if fp8_native_gemm_available(a.data.device, a.data.dtype, b.data.dtype):
-        if m == 0 or n == 0 or a.data.shape[1] == 0:
-            return finish(torch.zeros(m, n, device=a.data.device), bias, out_dtype)
-        a_data = gemm_ready(pad_to(a.data, 1, 16))
-        b_data = gemm_ready(pad_to(pad_to(b.data, 1, 16), 0, 16))
+    a_data, b_data = a.data, b.data
+    (m, k), n = a_data.shape, b_data.shape[0]
+    if k != b_data.shape[1]:
+        raise ValueError(f"gemm: contraction dims differ: {tuple(a_data.shape)} x {tuple(b_data.shape)}^T")
+    if fp8_native_gemm_available(a_data.device, a_data.dtype, b_data.dtype):
+        if m == 0 or n == 0 or k == 0:
+            return finish(torch.zeros(m, n, device=a_data.device), bias, out_dtype)
+        if k % 16 or n % 16:
+            a_data, b_data = pad_to(a_data, 1, 16), pad_to(pad_to(b_data, 1, 16), 0, 16)
+        a_data, b_data = gemm_ready(a_data), gemm_ready(b_data)
         fuse_bias = bias is not None and bias.dtype == out_dtype and out_dtype in (torch.bfloat16,
                                                                                    torch.float16)
         mm_dtype = out_dtype if (bias is None or fuse_bias) else torch.float32

@@ -14,8 +14,23 @@ import torch
 __all__ = ["operand_kind", "Fp8Operand", "Nvfp4Operand", "fp8_operand", "nvfp4_operand"]
 
 
+# type -> kind, for the kinds the type alone decides (filled on first sight; 'other' depends on the
+# object's attributes and is not kept). Types never change kind, so nothing invalidates an entry.
+_KIND_OF_TYPE: dict = {}
+
+
 def operand_kind(t: object) -> str:
     """'fp8' | 'nvfp4' | 'tensor' | 'other' from the tensor's own type (no recipe involved)."""
+    kind = _KIND_OF_TYPE.get(type(t))
+    if kind is not None:
+        return kind
+    kind = _kind_of(t)
+    if kind != "other":
+        _KIND_OF_TYPE[type(t)] = kind
+    return kind
+
+
+def _kind_of(t: object) -> str:
     if isinstance(t, torch.Tensor):
         return "tensor"
     name = type(t).__name__
@@ -47,14 +62,17 @@ class Nvfp4Operand:
 
 
 def fp8_operand(t, transpose: bool) -> Fp8Operand:
-    if not transpose:
-        data = t.rowwise_data() if hasattr(t, "rowwise_data") else t.data
-    else:
-        data = t.t_data() if hasattr(t, "t_data") else t.data_t
-    if data.dim() != 2:
+    # the copy the GEMM reads when the tensor holds it (a Float8Tensor's are 2-D), else made from the other
+    data = t.data_t if transpose else t.data
+    if data is None:
+        if not transpose:
+            data = t.rowwise_data() if hasattr(t, "rowwise_data") else t.data
+        else:
+            data = t.t_data() if hasattr(t, "t_data") else t.data_t
+    if data.ndim != 2:
         data = data.reshape(-1, data.shape[-1])
     scale_inv = t.scale_inv
-    if scale_inv.dtype != torch.float32 or scale_inv.dim() != 0:  # a Float8Tensor's already is
+    if scale_inv.dtype != torch.float32 or scale_inv.ndim != 0:  # a Float8Tensor's already is
         scale_inv = scale_inv.float().reshape(())
     return Fp8Operand(data, scale_inv)
 

@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .. import formats
 from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, register_outermost_exit_hook
 from ..quantizers.nonfinite import NonfiniteWatch
 
@@ -142,7 +143,7 @@ _PLANS: Dict[Any, _UpdatePlan] = {}
 def _plan(qs: List[Any], length: int, device: torch.device) -> _UpdatePlan:
     # Keyed by the identities of the state tensors (a module.to() or bind_state() rebinds them, which
     # makes a new plan); the plan holds them, so an id cannot be reused while its entry exists.
-    key = tuple((id(q.amax_history), id(q.scale)) for q in qs)
+    key = tuple([(id(q.amax_history), id(q.scale)) for q in qs])
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= 256:
@@ -171,8 +172,7 @@ def _kernel_plan(qs: List[Any], length: int, device: torch.device) -> Any:
         _KERNEL_OK = cuda_delayed.available()
     if not _KERNEL_OK:
         return None
-    key = tuple((id(h), h.data_ptr(), id(s), s.data_ptr())
-                for h, s in ((q.amax_history, q.scale) for q in qs))
+    key = tuple([(id(q.amax_history), q.amax_history.data_ptr(), id(q.scale), q.scale.data_ptr()) for q in qs])
     hit = _KERNEL_PLANS.get(key, _KERNEL_PLANS)
     if hit is _KERNEL_PLANS:
         from ..ops.cuda_delayed import DelayedUpdate
@@ -199,8 +199,6 @@ def batched_update_scales(quantizers: List[Any]) -> None:
     new = (fmt_max / amax_ref) / 2^margin with +Inf -> FLT_MAX; keep the old scale unless amax_ref > 0;
     roll the history by -1; zero slot 0. tests/test_modules_delayed.py and
     tests/test_faults_delayed_nonfinite.py check it against update_scale() bit for bit."""
-    from .. import formats
-
     if torch.compiler.is_compiling():
         _traced_update_scales(quantizers)
         return
@@ -247,8 +245,6 @@ def _traced_update_scales(quantizers: List[Any]) -> None:
     (so the same bits), without the cached plans (persistent buffers and views built on the host),
     and without the non-finite warning (its flags are read on the host; the non-finite entries
     still count as 0)."""
-    from .. import formats
-
     for q in quantizers:
         if _batch_key(q) is None:
             q.update_scale()

@@ -43,6 +43,7 @@ __all__ = ["backward_operands", "check_input_dtype", "GemmQuantizers", "pad_toke
            "torch_autocast_dtype", "torch_autocast_forward", "torch_autocast_backward", "amp_cast"]
 
 _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
+_ACTIVATION, _WEIGHT, _GRAD_OUTPUT = _OPERANDS
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -323,16 +324,21 @@ class QuantizedLinearFunction(torch.autograd.Function):
         m, k = x.shape
         n = weight.shape[0]
         group = qs.amax_reduction_group
-        _check_nvfp4_shapes(qs, m, k, n)
+        if qs.nvfp4_checks:
+            _check_nvfp4_shapes(qs, m, k, n)
         record = not qs.replay
         amp = ctx.amp_dtype
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)  # of the gradients
-        x, b = amp_cast(x, amp), amp_cast(bias, amp)
+        b = bias
+        if amp is not None:
+            x, b = amp_cast(x, amp), amp_cast(bias, amp)
+        quantizers = qs.quantizers
+        wq = quantizers[_WEIGHT]
         if m == 0:
             qx = x
         else:
-            qx = quantize_operand(qs.activation, x, group, record=record)
-        qw = quantize_weight(qs.weight, weight if qs.weight is not None else amp_cast(weight, amp), group,
+            qx = quantize_operand(quantizers[_ACTIVATION], x, group, record=record)
+        qw = quantize_weight(wq, weight if wq is not None else amp_cast(weight, amp), group,
                              record=record, cache=cache, mode=mode)
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
@@ -368,7 +374,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dw = torch.zeros(n, k, dtype=w_dtype, device=dy.device) if need_dw else None
             db = torch.zeros(n, dtype=b_dtype, device=dy.device) if need_db else None
             return dx, dw, db, None, None, None
-        qdy = quantize_operand(qs.grad_output, dy, qs.amax_reduction_group, backward=True) \
+        qdy = quantize_operand(qs.quantizers[_GRAD_OUTPUT], dy, qs.amax_reduction_group, backward=True) \
             if (need_dx or need_dw) else dy
         if need_dx:
             dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype)

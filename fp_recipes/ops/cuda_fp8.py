@@ -87,11 +87,27 @@ def _require_cuda(op: str, **tensors: torch.Tensor) -> torch.device:
 _SAME_DEVICE = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
+def _is_current(device: torch.device) -> bool:
+    """Whether ``device`` (of a tensor a launch reads) is the current device. A CUDA tensor exists, so
+    CUDA is initialised: the raw query skips ``torch.cuda.current_device()``'s lazy-init check."""
+    return device.index is None or device.index == torch._C._cuda_getDevice()
+
+
 def _on(device: torch.device):
     """The device's context only when it is not already current (the switch costs microseconds)."""
-    if device.index is None or device.index == torch.cuda.current_device():
+    if _is_current(device):
         return _SAME_DEVICE
     return torch.cuda.device(device)
+
+
+def _launch(device: torch.device, kernel, *args) -> None:
+    """``kernel(*args)`` with ``device`` current, for the per-step casts: the context is entered only
+    when another device is current (a context manager costs two calls even when it does nothing)."""
+    if _is_current(device):
+        kernel(*args)
+        return
+    with torch.cuda.device(device):
+        kernel(*args)
 
 
 def _call(op, impl, *args):
@@ -196,9 +212,9 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
-    with _on(device):
-        _ext().fp8_quantize(_ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[FP8_DTYPE[fmt]],
-                            _ptr(data), _ptr(data_t), scale_inv.data_ptr(), amax.data_ptr(), _stream(device))
+    _launch(device, _ext().fp8_quantize, _ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
+            DTYPE_CODE[FP8_DTYPE[fmt]], _ptr(data), _ptr(data_t), scale_inv.data_ptr(), amax.data_ptr(),
+            _stream(device))
     return data, data_t, scale_inv, amax
 
 
@@ -229,8 +245,7 @@ def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, ama
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
-    with _on(device):
-        _ext().fp8_current_scaling_quantize(
+    _launch(device, _ext().fp8_current_scaling_quantize,
             _ptr(x), DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
             float(amax_epsilon), _ptr(data), _ptr(data_t), scale.data_ptr(), scale_inv.data_ptr(),
             amax.data_ptr(), _stream(device))
@@ -553,6 +568,22 @@ def _(data, scales, fmt, out_dtype, scale_format, block_size):
 
 # ---- the implementations fp_recipes.ops dispatches to (the twins' signatures) ----------------------
 
+_FLOAT_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _plain_cast_args(x, fmt, rowwise, columnwise) -> bool:
+    """A quantizer's own call (a 2-D float tensor, a normalised fmt, a copy to make), accepted in a few
+    attribute reads: the cast runs once per operand per step, and the full checks are a dozen calls.
+    Anything else goes through the twin's checks, which raise its errors."""
+    return (isinstance(x, torch.Tensor) and x.dtype in _FLOAT_INPUTS and x.ndim == 2 and type(fmt) is str
+            and fmt in FP8_DTYPE and bool(rowwise or columnwise))
+
+
+def _plain_scale(scale, x: torch.Tensor) -> bool:
+    """An FP32 0-dim tensor on ``x``'s device (what the twin's scale check accepts)."""
+    return (isinstance(scale, torch.Tensor) and scale.dtype == torch.float32 and scale.ndim == 0
+            and scale.device == x.device)
+
 @backend.register_cuda_impl("fp8_amax")
 def fp8_amax(x: torch.Tensor) -> torch.Tensor:
     check_amax_input(x)
@@ -563,7 +594,8 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
 def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_quantize"
-    fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
+    if not (_plain_cast_args(x, fmt, rowwise, columnwise) and _plain_scale(scale, x)):
+        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
     data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_launch,
                                           _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
@@ -575,7 +607,9 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
                                  amax_epsilon: float = 0.0, rowwise: bool = True,
                                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_current_scaling_quantize"
-    fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
+    if not (_plain_cast_args(x, fmt, rowwise, columnwise) and type(amax_epsilon) is float
+            and amax_epsilon >= 0.0):
+        fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
     data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_launch,
                                                  _contiguous(x, what, "x"), fmt, bool(use_power_2_scales),
                                                  float(amax_epsilon), bool(rowwise), bool(columnwise))

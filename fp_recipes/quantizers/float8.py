@@ -30,6 +30,19 @@ def flatten_2d(x: torch.Tensor, what: str) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def checked_2d(x: torch.Tensor, what: str) -> torch.Tensor:
+    """``check_input`` then :func:`flatten_2d`; a plain 2-D float tensor (every Linear operand) passes in
+    three attribute reads, anything else takes the full checks and their errors."""
+    if type(x) in _PLAIN_TENSORS and x.dtype in _INPUT_DTYPES and x.ndim == 2:
+        return x
+    check_input(x, what)
+    return flatten_2d(x, what)
+
+
 def fp8_fmt_of_spec(spec: QuantizerSpec, what: str) -> str:
     if spec.fmt not in (QFormat.E4M3, QFormat.E5M2):
         raise ValueError(f"{what}: spec fmt must be e4m3 or e5m2, got {spec.fmt.value} "
@@ -86,6 +99,21 @@ class Float8Tensor(StatePickle, QuantizedTensor):
     def dtype(self) -> torch.dtype:
         """The fp8 storage dtype."""
         return formats.FP8_DTYPE[self.fmt]
+
+    def split_saved(self) -> "tuple[tuple, Float8Tensor]":
+        """(its tensors, a shell without them), for ``ctx.save_for_backward`` (``modules/replay.pack``):
+        the four fields are known, so nothing is searched per call."""
+        shell = object.__new__(type(self))
+        shell.__dict__.update(self.__dict__)
+        shell.data = shell.data_t = shell.scale_inv = shell.amax = None
+        return (self.data, self.data_t, self.scale_inv, self.amax), shell
+
+    def with_saved_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> "Float8Tensor":
+        """The inverse of :meth:`split_saved`, on the shell: a new tensor holding ``tensors``."""
+        t = object.__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.data, t.data_t, t.scale_inv, t.amax = tensors
+        return t
 
     def rowwise_data(self) -> torch.Tensor:
         """The rowwise copy; from the columnwise one by a byte transpose if absent (exact)."""
@@ -148,12 +176,15 @@ def _rebuild_float8_tensor(state: Dict[str, Any]) -> Float8Tensor:
     return Float8Tensor.from_state_dict(state)
 
 
+def _wrap_traced(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
+    """A quantizer's op result as a Float8Tensor in traced code (built as usual, checks included)."""
+    return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
+
+
 def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
-    """A quantizer's own op result as a Float8Tensor, without the constructor's checks: the op made
-    the copies in ``fmt`` from ``x`` flattened to 2-D, and FP32 0-dim scale_inv/amax (the checks cost a
-    few microseconds per cast, on the step's host path). Traced code builds it as usual."""
-    if torch.compiler.is_compiling():
-        return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
+    """A quantizer's own eager op result as a Float8Tensor, without the constructor's checks: the op
+    made the copies in ``fmt`` from ``x`` flattened to 2-D, and FP32 0-dim scale_inv/amax (the checks
+    cost a few microseconds per cast, on the step's host path)."""
     t = object.__new__(Float8Tensor)
     t.data = res.data
     t.data_t = res.data_t
@@ -279,9 +310,9 @@ class Float8Quantizer(Quantizer):
         torch.maximum(slot, amax, out=slot)  # one kernel, in place
 
     def quantize(self, x: torch.Tensor) -> Float8Tensor:
-        check_input(x, "Float8Quantizer.quantize")
-        self._check_device(x)
-        x2 = flatten_2d(x, "Float8Quantizer.quantize")
+        x2 = checked_2d(x, "Float8Quantizer.quantize")
+        if x.device != self.scale.device:
+            self._check_device(x)
         spec = self.spec
         if torch.compiler.is_compiling():
             # The kernel reads the scale in stream order, before any later in-place update: no copy
@@ -289,10 +320,11 @@ class Float8Quantizer(Quantizer):
             res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=spec.rowwise,
                                    columnwise=spec.columnwise)
             slot = self.amax_history[0]
-        else:
-            res = resolved("fp8_quantize", x2)(x2, self.scale, self.fmt, rowwise=spec.rowwise,
-                                                   columnwise=spec.columnwise)
-            slot = self._slot0()
+            torch.maximum(slot, res.amax, out=slot)
+            return _wrap_traced(res, x, self.fmt)
+        res = resolved("fp8_quantize", x2)(x2, self.scale, self.fmt, rowwise=spec.rowwise,
+                                           columnwise=spec.columnwise)
+        slot = self._slot0()
         torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
         return _wrap(res, x, self.fmt)
 
@@ -342,14 +374,17 @@ class Float8CurrentScalingQuantizer(Quantizer):
                              amax_epsilon=self.spec.amax_epsilon)
 
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
-        check_input(x, "Float8CurrentScalingQuantizer.quantize")
-        x2 = flatten_2d(x, "Float8CurrentScalingQuantizer.quantize")
+        x2 = checked_2d(x, "Float8CurrentScalingQuantizer.quantize")
         s = self.spec
         if amax is None:
-            op = ops.fp8_current_scaling_quantize if torch.compiler.is_compiling() else \
-                resolved("fp8_current_scaling_quantize", x2)
-            res = op(x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
-                     rowwise=s.rowwise, columnwise=s.columnwise)
+            if torch.compiler.is_compiling():
+                res = ops.fp8_current_scaling_quantize(x2, self.fmt, use_power_2_scales=s.use_power_2_scales,
+                                                       amax_epsilon=s.amax_epsilon, rowwise=s.rowwise,
+                                                       columnwise=s.columnwise)
+                return _wrap_traced(res, x, self.fmt)
+            res = resolved("fp8_current_scaling_quantize", x2)(
+                x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
+                rowwise=s.rowwise, columnwise=s.columnwise)
             return _wrap(res, x, self.fmt)
         if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32 or amax.numel() != 1:
             raise TypeError("Float8CurrentScalingQuantizer.quantize: amax must be an FP32 tensor with one element")
