@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -68,7 +69,9 @@ def _linear_cases(m: int, k: int, n: int, recipes: Dict[str, Any]) -> List[tuple
     cases.append(("bf16 nn.Linear", bf16_step))
 
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with warnings.catch_warnings():  # torchao's own deprecation notices on import are noise in a table
+            warnings.simplefilter("ignore")
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         ao = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16))
         convert_to_float8_training(ao, config=Float8LinearConfig.from_recipe_name("tensorwise"))

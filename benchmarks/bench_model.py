@@ -21,6 +21,7 @@ import argparse
 import gc
 import json
 import os
+import warnings
 import statistics
 import sys
 import time
@@ -195,7 +196,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
     try:
         if not compiled:
             raise ImportError("skipped (--no-compiled)")
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with warnings.catch_warnings():  # torchao's own deprecation notices on import are noise in a table
+            warnings.simplefilter("ignore")
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         def ao():
             m = build(hidden, ffn, layers, False)
