@@ -7,6 +7,7 @@ and an optimizer step between replays. CPU tests cover the argument checks made 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -134,30 +135,34 @@ def _data(step: int, shape=(TOKENS, H)):
     return x, dy
 
 
-def _compare(recipe, models, steps: int = 5):
-    """``models``: eager modules (a tuple: run in sequence). Graph copies of them, run both, compare."""
+def _compare(recipe, models, steps: int = 5, outer=contextlib.nullcontext):
+    """``models``: eager modules (a tuple: run in sequence). Graph copies of them, run both, compare.
+    ``outer()``: a context entered around the capture and every forward, graphed and eager (e.g.
+    torch.autocast)."""
     torch.manual_seed(0)
     single = not isinstance(models, tuple)
     models = (models,) if single else models
     refs = tuple(copy.deepcopy(m) for m in models)
     samples = tuple((torch.randn(TOKENS, H, device="cuda", requires_grad=True),) for _ in models)
-    graphed = make_graphed_callables(models[0] if single else models, samples[0] if single else samples,
-                                     recipe=recipe)
+    with outer():
+        graphed = make_graphed_callables(models[0] if single else models, samples[0] if single else samples,
+                                         recipe=recipe)
     graphed = (graphed,) if single else graphed
     opt_g = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.05)
     opt_r = torch.optim.SGD([p for m in refs for p in m.parameters()], lr=0.05)
     for step in range(steps):
         x, dy = _data(step)
         xr, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
-        with fp_recipes.autocast(recipe=recipe):
+        with outer(), fp_recipes.autocast(recipe=recipe):
             yr = xr
             for m in refs:
                 yr = m(yr)
-        yr.backward(dy)
-        yg = xg
-        for m in graphed:
-            yg = m(yg)
-        yg.backward(dy)
+        yr.backward(dy.to(yr.dtype))
+        with outer():
+            yg = xg
+            for m in graphed:
+                yg = m(yg)
+        yg.backward(dy.to(yg.dtype))
         _same(yg, yr, f"step {step}: output")
         _same(xg.grad, xr.grad, f"step {step}: input grad")
         for i, (m, r) in enumerate(zip(models, refs)):
@@ -206,6 +211,41 @@ def test_nvfp4_equals_eager():
                          ids=["delayed", "current"])
 def test_two_blocks_equal_eager(recipe):
     _compare(recipe, (_block(), _block()), steps=4)
+
+
+def _bf16_autocast():
+    return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling(),
+                                    NVFP4BlockScaling(disable_stochastic_rounding=True)],
+                         ids=["delayed", "current", "nvfp4"])
+def test_capture_under_torch_autocast_equals_eager(recipe):
+    """FP32 parameters under torch.autocast(bfloat16) (how Hugging Face / FSDP2 jobs run): the capture
+    records the autocast's casts; replays inside the same autocast equal eager steps bit for bit."""
+    models, _ = _compare(recipe, _block(), steps=4, outer=_bf16_autocast)
+    assert next(models[0].parameters()).dtype == torch.float32
+
+
+class _Checkpointed(torch.nn.Module):
+    """A block whose forward is recomputed in the backward (torch.utils.checkpoint, non-reentrant)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling()],
+                         ids=["delayed", "current"])
+def test_activation_checkpointing_inside_the_capture_equals_eager(recipe):
+    """The recomputation runs inside the captured backward: it must reuse the forward's scales and record
+    no amax twice, exactly as eager checkpointing does."""
+    _compare(recipe, _Checkpointed().cuda(), steps=4)
 
 
 @pytest.mark.cuda
