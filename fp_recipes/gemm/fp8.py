@@ -67,7 +67,10 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
         if not torch.compiler.is_compiling():
             # cuBLASLt (ours and torch._scaled_mm's) refuses a scale that is not 16-byte aligned, e.g. one
             # element of a packed vector: a fresh 0-dim copy is aligned
-            scale_a, scale_b = _aligned_scale(scale_a), _aligned_scale(scale_b)
+            if scale_a.data_ptr() % 16:
+                scale_a = scale_a.clone()
+            if scale_b.data_ptr() % 16:
+                scale_b = scale_b.clone()
             out = cublaslt.fp8_gemm(a_data, b_data, scale_a, scale_b, mm_dtype, mm_bias, use_fast_accum)
         if out is None:
             out = torch._scaled_mm(a_data, b_data.t(), scale_a=scale_a, scale_b=scale_b, bias=mm_bias,
@@ -79,7 +82,3 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
         return out
     acc = mm_fp32(a.data.float(), b.data.float())
     return finish(acc * (a.scale_inv * b.scale_inv), bias, out_dtype)
-
-
-def _aligned_scale(scale: torch.Tensor) -> torch.Tensor:
-    return scale if scale.data_ptr() % 16 == 0 else scale.clone()

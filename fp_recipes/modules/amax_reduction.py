@@ -329,11 +329,13 @@ class AmaxReducer:
         if torch.compiler.is_compiling():
             traced_record_forward(quantizer)
             return
-        records = _eager_traced_records()
-        if records is not None:
-            _append_once(records, quantizer)
-            return
-        self._ensure_exit_hook()
+        if TRACED_RECORDS_SEEN[0]:  # (_eager_traced_records, without a call until a trace saw an autocast)
+            records = get_autocast_state().records
+            if records is not None:
+                _append_once(records, quantizer)
+                return
+        if self._hook_handle is None:
+            self._ensure_exit_hook()
         with self._lock:
             self._forward[id(quantizer)] = quantizer
             self._forward_group = group

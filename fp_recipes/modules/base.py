@@ -430,15 +430,17 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     quantized weight (``QuantizedModule.weight_cache_for``; None: quantize it)."""
     if qs is None:
         return torch.nn.functional.linear(x, weight, bias)
-    check_input_dtype("linear", x)
+    if x.dtype not in _INPUT_DTYPES:
+        check_input_dtype("linear", x)
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight expects {weight.shape[1]} "
                          f"(weight shape {tuple(weight.shape)})")
-    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     tokens = x2.shape[0]
-    y = QuantizedLinearFunction.apply(pad_tokens(x2, token_multiple(qs)), weight, bias, qs, weight_cache,
-                                      cache_mode)
-    if x.dim() == 2 and y.shape[0] == tokens:
+    if qs.token_multiple != 1:  # (token_multiple(qs), read directly)
+        x2 = pad_tokens(x2, qs.token_multiple)
+    y = QuantizedLinearFunction.apply(x2, weight, bias, qs, weight_cache, cache_mode)
+    if x.ndim == 2 and y.shape[0] == tokens:
         return y
     return _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
 
@@ -552,7 +554,7 @@ class QuantizedModule(torch.nn.Module):
         outside training mode (the module then keeps no copy), under ``torch.inference_mode()`` and
         torch.compile, with ``cache_quantized_weights = False``, and in automatic mode once a parameter
         was sharded (FSDP2): see ``weight_cache.py``."""
-        mode = cache_mode(is_first_microbatch)
+        mode = AUTO if is_first_microbatch is None else cache_mode(is_first_microbatch)
         if torch.compiler.is_compiling():
             return None, mode
         cache = self.__dict__.get("_weight_cache")

@@ -76,7 +76,10 @@ def _ensure_hook() -> None:
 
 
 class _Entry:
-    __slots__ = ("quantizers", "weights", "versions", "ptrs", "dtypes", "scales", "value")
+    """``weights``: one (weak reference, version, address, dtype) per weight; ``scales``: one
+    :func:`_scale_key` per quantizer."""
+
+    __slots__ = ("quantizers", "weights", "scales", "value")
 
 
 def _scale_key(q: Any) -> Optional[tuple]:
@@ -112,13 +115,13 @@ class WeightCache:
         for q, q0 in zip(quantizers, e.quantizers):
             if q is not q0:
                 return None
-        for w, ref in zip(weights, e.weights):
+        for w, (ref, _, _, _) in zip(weights, e.weights):
             if ref() is not w:
                 return None
         if mode == REUSE:
             return e.value
-        for w, v, p, d in zip(weights, e.versions, e.ptrs, e.dtypes):
-            if w._version != v or w.data_ptr() != p or w.dtype != d:
+        for w, (_, version, ptr, dtype) in zip(weights, e.weights):
+            if w._version != version or w.data_ptr() != ptr or w.dtype != dtype:
                 return None
         for q, key in zip(quantizers, e.scales):
             if key is not None and (q.scale is not key[0] or q.scale._version != key[1]):
@@ -130,10 +133,7 @@ class WeightCache:
             _ensure_hook()
         e = _Entry()
         e.quantizers = tuple(quantizers)
-        e.weights = tuple([weakref.ref(w) for w in weights])
-        e.versions = tuple([w._version for w in weights])
-        e.ptrs = tuple([w.data_ptr() for w in weights])
-        e.dtypes = tuple([w.dtype for w in weights])
+        e.weights = tuple([(weakref.ref(w), w._version, w.data_ptr(), w.dtype) for w in weights])
         e.scales = tuple([_scale_key(q) for q in quantizers])
         e.value = value
         if not self._entries:

@@ -110,6 +110,14 @@ def _launch(device: torch.device, kernel, *args) -> None:
         kernel(*args)
 
 
+def _cast_ptrs(x: torch.Tensor, data: Optional[torch.Tensor], data_t: Optional[torch.Tensor]) -> tuple:
+    """The addresses of a cast's input and its copies (0 for an unwanted copy, and for all three when
+    ``x`` is empty: the copies hold as many elements as ``x``)."""
+    if x.numel() == 0:
+        return 0, 0, 0
+    return x.data_ptr(), 0 if data is None else data.data_ptr(), 0 if data_t is None else data_t.data_ptr()
+
+
 def _call(op, impl, *args):
     """Eager calls skip the dispatcher (its overhead is comparable to a small kernel); traced code
     (torch.compile) sees the custom op."""
@@ -212,8 +220,9 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
-    _launch(device, _ext().fp8_quantize, _ptr(x), DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-            DTYPE_CODE[FP8_DTYPE[fmt]], _ptr(data), _ptr(data_t), scale_inv.data_ptr(), amax.data_ptr(),
+    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
+    _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
+            DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
             _stream(device))
     return data, data_t, scale_inv, amax
 
@@ -245,9 +254,10 @@ def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, ama
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
+    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
     _launch(device, _ext().fp8_current_scaling_quantize,
-            _ptr(x), DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
-            float(amax_epsilon), _ptr(data), _ptr(data_t), scale.data_ptr(), scale_inv.data_ptr(),
+            x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
+            float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(),
             amax.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax, scale
 
@@ -579,10 +589,10 @@ def _plain_cast_args(x, fmt, rowwise, columnwise) -> bool:
             and fmt in FP8_DTYPE and bool(rowwise or columnwise))
 
 
-def _plain_scale(scale, x: torch.Tensor) -> bool:
-    """An FP32 0-dim tensor on ``x``'s device (what the twin's scale check accepts)."""
-    return (isinstance(scale, torch.Tensor) and scale.dtype == torch.float32 and scale.ndim == 0
-            and scale.device == x.device)
+def _plain_quantize_args(x, scale, fmt, rowwise, columnwise) -> bool:
+    """:func:`_plain_cast_args` and an FP32 0-dim scale on ``x``'s device (what the twin accepts)."""
+    return (_plain_cast_args(x, fmt, rowwise, columnwise) and isinstance(scale, torch.Tensor)
+            and scale.dtype == torch.float32 and scale.ndim == 0 and scale.device == x.device)
 
 @backend.register_cuda_impl("fp8_amax")
 def fp8_amax(x: torch.Tensor) -> torch.Tensor:
@@ -594,10 +604,12 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
 def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
                  columnwise: bool = False) -> FP8Quantized:
     what = "fp8_quantize"
-    if not (_plain_cast_args(x, fmt, rowwise, columnwise) and _plain_scale(scale, x)):
+    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
         fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
-    data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_launch,
-                                          _contiguous(x, what, "x"), scale, fmt, bool(rowwise), bool(columnwise))
+    if not x.is_contiguous():
+        x = _contiguous(x, what, "x")
+    data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_launch, x, scale, fmt, bool(rowwise),
+                                          bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
 
@@ -610,9 +622,11 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
     if not (_plain_cast_args(x, fmt, rowwise, columnwise) and type(amax_epsilon) is float
             and amax_epsilon >= 0.0):
         fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
-    data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_launch,
-                                                 _contiguous(x, what, "x"), fmt, bool(use_power_2_scales),
-                                                 float(amax_epsilon), bool(rowwise), bool(columnwise))
+    if not x.is_contiguous():
+        x = _contiguous(x, what, "x")
+    data, data_t, scale_inv, amax, scale = _call(_fp8_current_op, _fp8_current_launch, x, fmt,
+                                                 bool(use_power_2_scales), float(amax_epsilon), bool(rowwise),
+                                                 bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
 
