@@ -269,12 +269,14 @@ class NVFP4Quantizer(Quantizer):
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
         """Quantize ``x`` (..., K); ``amax`` overrides the global amax (0-dim, or (M,) when row_scaled),
         e.g. after a cross-rank MAX reduction."""
+        compiling = torch.compiler.is_compiling()
         plan = self._plan
         if plan is None or plan.spec is not self.spec:
-            plan = self._make_plan()
+            # traced code may not mutate the quantizer: a throwaway plan there, without the CUDA part
+            plan = _QuantizePlan(self.spec, eager=False) if compiling else self._make_plan()
         check_input(x, plan.what)
         x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-        if torch.compiler.is_compiling():
+        if compiling:
             return self._quantize_traced(x, x2, amax, plan)
         if plan.cuda is not None and resolved("nvfp4_quantize", x2) is plan.cuda.nvfp4_quantize:
             return self._quantize_cuda(x, x2, amax, plan)
@@ -446,7 +448,7 @@ class _QuantizePlan:
     """What one spec's casts need on every call, computed once: the op's options, the error-message
     prefix and, where the CUDA extension is loaded, the kernel wrapper's checked plan."""
 
-    def __init__(self, spec: QuantizerSpec) -> None:
+    def __init__(self, spec: QuantizerSpec, eager: bool = True) -> None:
         self.spec = spec  # the plan's key: quantize() makes a new plan when the quantizer's spec changes
         self.what = f"NVFP4Quantizer({spec.role})"
         self.rht = bool(spec.rht_columnwise and spec.columnwise)
@@ -461,6 +463,8 @@ class _QuantizePlan:
                             stochastic_rounding=spec.stochastic_rounding)
         self.cuda: Any = None
         self.cuda_plan: Any = None
+        if not eager:
+            return
         from ..ops import backend
 
         if backend.extension() is not None:
