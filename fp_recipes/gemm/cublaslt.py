@@ -125,7 +125,8 @@ def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
         return None
     device = a.device
     index = device.index
-    current = torch.cuda.current_device()
+    # torch.cuda.current_device() without its lazy-init check (a CUDA tensor exists: CUDA is initialised)
+    current = torch._C._cuda_getDevice()
     if index is not None and index != current:
         return None  # torch._scaled_mm switches devices itself: rare, left to it
     if a.stride(1) != 1 or b.stride(1) != 1:

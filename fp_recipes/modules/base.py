@@ -254,8 +254,8 @@ def torch_autocast_forward(forward):
     @functools.wraps(forward)
     def wrapped(ctx, x, *args):
         device_type = x.device.type
-        ctx.amp_dtype = torch_autocast_dtype(device_type)
-        if ctx.amp_dtype is None:
+        amp = ctx.amp_dtype = torch_autocast_dtype(device_type)
+        if amp is None:
             return forward(ctx, x, *args)
         with torch.autocast(device_type, enabled=False):
             return forward(ctx, x, *args)
