@@ -141,13 +141,13 @@ def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str
     for name, recipe in recipes.items():
         mod = GroupedLinear(experts, k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
         fp8 = name.startswith(("delayed", "current"))
-        paths = ["fp8 path"] + (["fp8 path, no cuBLASLt workspace", "fp8 path, per-expert _scaled_mm"]
+        paths = ["fp8 path"] + (["fp8 path, 32 MiB cuBLASLt workspace", "fp8 path, per-expert _scaled_mm"]
                                 if fp8 else []) + (["generic"] if fp8 and with_generic else [])
         for path in paths:
             def step(mod=mod, recipe=recipe, path=path):
                 GL.MULTI_CAST = path != "generic"
                 GF.USE_CUBLASLT = "_scaled_mm" not in path
-                cublaslt.WORKSPACE_BYTES = 0 if "no cuBLASLt workspace" in path else 32 * 2**20
+                cublaslt.GROUPED_WORKSPACE_BYTES = 32 * 2**20 if "32 MiB cuBLASLt workspace" in path else 0
                 x.grad = None
                 for p in mod.parameters():
                     p.grad = None
@@ -179,7 +179,7 @@ def _run(cases: List[tuple], flops: float, warmup: int, iters: int, baseline_lab
             from fp_recipes.modules import grouped_linear as GL
             GL.MULTI_CAST = True
             GF.USE_CUBLASLT = True
-            cublaslt.WORKSPACE_BYTES = 32 * 2**20
+            cublaslt.GROUPED_WORKSPACE_BYTES = 0
         if label == baseline_label:
             base_ms = t["median_ms"]
         row = {"case": label, **t, "tflops": flops / (t["median_ms"] * 1e-3) / 1e12}

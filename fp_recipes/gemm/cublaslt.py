@@ -30,6 +30,10 @@ __all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemm", "fp8_gemms", "fp8_
 # What torch gives cuBLASLt on Hopper; enough for every split-K / stream-K algorithm. Smaller values
 # restrict the algorithms cuBLASLt may choose (benchmarks compare).
 WORKSPACE_BYTES = 32 * 2**20
+# The grouped FP8 GEMMs (one per expert, issued back to back) are planned without a workspace: on an
+# H100, GroupedLinear 8 x (2048x7168x2048) fwd+bwd took 2.131 -> 1.938 ms (delayed) and 1.971 -> 1.768
+# ms (current) with the algorithms cuBLASLt picks for no workspace (benchmarks/RESULTS.md, session 20)
+GROUPED_WORKSPACE_BYTES = 0
 
 _DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float8_e4m3fn: 3,
                torch.float8_e5m2: 4}
@@ -96,16 +100,17 @@ def status() -> str:
 _MAX_WORKSPACES = 8  # code that makes a new stream per step must not pile up 32 MiB buffers
 
 
-def _workspace(device: torch.device, stream: int) -> torch.Tensor:
+def _workspace(device: torch.device, stream: int, nbytes: Optional[int] = None) -> torch.Tensor:
     """One workspace per device and stream: GEMMs on one stream run in order, so they can share it.
     The oldest is dropped beyond :data:`_MAX_WORKSPACES` (it was allocated and used on its own stream
     only, so the caching allocator's stream-ordered reuse keeps that safe)."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), stream, WORKSPACE_BYTES)
+    nbytes = WORKSPACE_BYTES if nbytes is None else nbytes
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream, nbytes)
     ws = _workspaces.get(key)
     if ws is None:
         while len(_workspaces) >= _MAX_WORKSPACES:
             _workspaces.pop(next(iter(_workspaces)))
-        ws = _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        ws = _workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws
 
 
@@ -189,12 +194,16 @@ def fp8_gemms_ptr(a: Sequence[int], scale_a: Sequence[int], b: Sequence[int], sc
     # ops do this with a device guard).
     with contextlib.nullcontext() if index == current else torch.cuda.device(index):
         stream = _extension.current_stream(torch.device("cuda", index))
-        ws = _workspace(device, stream)
+        if GROUPED_WORKSPACE_BYTES:
+            ws = _workspace(device, stream, GROUPED_WORKSPACE_BYTES)
+            ws_ptr, ws_bytes = ws.data_ptr(), ws.numel()
+        else:
+            ws_ptr, ws_bytes = 0, 0
         return ext.lt_fp8_gemms(
             list(a), list(b), list(scale_a), list(scale_b), list(out), list(bias) if bias is not None else [],
             list(ms), list(ns), list(ks), _DTYPE_CODE[a_dtype], _DTYPE_CODE[b_dtype], _DTYPE_CODE[out_dtype],
-            _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws.data_ptr(),
-            ws.numel(), index, stream)
+            _DTYPE_CODE[bias_dtype] if bias_dtype is not None else -1, bool(fast_accum), ws_ptr, ws_bytes,
+            index, stream)
 
 
 def bf16_gemm_device_alpha(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, alpha_beta: torch.Tensor, *,
