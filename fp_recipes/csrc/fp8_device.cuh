@@ -8,8 +8,10 @@
 #include <cfloat>
 #include <climits>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 
 #include "common.h"
 #include "formats.cuh"
@@ -301,13 +303,32 @@ int sm_count() {
   return n;
 }
 
-// Persistent grid: as many resident blocks as the kernel's occupancy allows, at most one per tile.
+// Persistent grid: as many resident blocks as the kernel's occupancy allows, at most one per tile. The
+// occupancy query costs microseconds of host time, paid per launch before: it is cached per device and
+// kernel (a kernel's occupancy on a device never changes).
 template <typename Kernel>
 int64_t persistent_grid(Kernel kernel, int64_t ntiles) {
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  const int64_t resident = int64_t(std::max(per_sm, 1)) * sm_count();
+  static std::mutex mu;
+  static std::unordered_map<const void*, int64_t> cache[64];
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  const void* key = reinterpret_cast<const void*>(kernel);
+  int64_t resident = 0;
+  if (dev < 64) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache[dev].find(key);
+    if (it != cache[dev].end()) resident = it->second;
+  }
+  if (resident == 0) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    resident = int64_t(std::max(per_sm, 1)) * sm_count();
+    if (dev < 64) {
+      std::lock_guard<std::mutex> lock(mu);
+      cache[dev][key] = resident;
+    }
+  }
   return std::max<int64_t>(1, std::min<int64_t>(ntiles, resident));
 }
 

@@ -162,33 +162,6 @@ __global__ void __launch_bounds__(kThreads) multi_flat_kernel(const __grid_const
 // ---------------------------------------------------------------------------------------------
 // Host side
 
-// Resident blocks of a kernel on the current device, cached (the query costs host time per call).
-template <typename Kernel>
-int64_t cached_persistent_grid(Kernel kernel, int64_t ntiles) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, int64_t> cache[64];
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  const void* key = reinterpret_cast<const void*>(kernel);
-  int64_t resident = 0;
-  if (dev < 64) {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache[dev].find(key);
-    if (it != cache[dev].end()) resident = it->second;
-  }
-  if (resident == 0) {
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    resident = int64_t(std::max(per_sm, 1)) * sm_count();
-    if (dev < 64) {
-      std::lock_guard<std::mutex> lock(mu);
-      cache[dev][key] = resident;
-    }
-  }
-  return std::max<int64_t>(1, std::min<int64_t>(ntiles, resident));
-}
-
 bool aligned_to(const void* p, std::uintptr_t a) { return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0; }
 
 int vec_elems(DType t) { return t == DType::kFloat32 ? 4 : 8; }
@@ -267,7 +240,7 @@ void launch_flat(const MultiParams& p, DType in_dtype, Fp8Fmt fmt, bool reverse,
     dispatch_fmt(fmt, [&](auto ftag) {
       constexpr Fp8Fmt F = kMode == 0 ? Fp8Fmt::kE4M3 : decltype(ftag)::value;  // the amax pass casts nothing
       auto kernel = multi_flat_kernel<T, F, kMode>;
-      const int64_t grid = grid_blocks > 0 ? grid_blocks : cached_persistent_grid(kernel, p.tile_start[p.count]);
+      const int64_t grid = grid_blocks > 0 ? grid_blocks : persistent_grid(kernel, p.tile_start[p.count]);
       kernel<<<unsigned(grid), kThreads, 0, stream>>>(p, reverse);
       check_launch("fp8 multi_flat_kernel");
     });
@@ -280,8 +253,8 @@ int64_t flat_grid(const MultiParams& p, DType in_dtype, Fp8Fmt fmt, int mode) {
     using T = decltype(tag);
     dispatch_fmt(fmt, [&](auto ftag) {
       constexpr Fp8Fmt F = decltype(ftag)::value;
-      grid = mode == 2 ? cached_persistent_grid(multi_flat_kernel<T, F, 2>, p.tile_start[p.count])
-                       : cached_persistent_grid(multi_flat_kernel<T, F, 1>, p.tile_start[p.count]);
+      grid = mode == 2 ? persistent_grid(multi_flat_kernel<T, F, 2>, p.tile_start[p.count])
+                       : persistent_grid(multi_flat_kernel<T, F, 1>, p.tile_start[p.count]);
     });
   });
   return grid;
