@@ -78,15 +78,14 @@ def fp8_operand(t, transpose: bool) -> Fp8Operand:
 
 
 def nvfp4_operand(t, transpose: bool) -> Nvfp4Operand:
-    e4m3_max = int(getattr(t, "e4m3_max", 448))
+    # operand_kind says 'nvfp4' only for an NVFP4Tensor, whose constructor set these fields as int/bool
+    # (gemm_unit/gemm_unit_t: class defaults None), so they are read directly
     if not transpose:
         if t.data is None:
             raise ValueError("gemm: this NVFP4Tensor has no rowwise copy (quantized with rowwise=False)")
-        return Nvfp4Operand(t.data, t.scale, t.amax, bool(getattr(t, "row_scaled", False)), e4m3_max,
-                            False, getattr(t, "gemm_unit", None))
-    if getattr(t, "data_t", None) is None:
+        return Nvfp4Operand(t.data, t.scale, t.amax, t.row_scaled, t.e4m3_max, False, t.gemm_unit)
+    if t.data_t is None:
         raise ValueError("gemm: this NVFP4Tensor has no columnwise copy; the dgrad/wgrad GEMMs need "
                          "one (quantize with columnwise=True)")
     # The columnwise copy is always per-tensor scaled, even when the rowwise copy is row-scaled.
-    return Nvfp4Operand(t.data_t, t.scale_t, t.amax_t, False, e4m3_max,
-                        bool(getattr(t, "rht_columnwise", False)), getattr(t, "gemm_unit_t", None))
+    return Nvfp4Operand(t.data_t, t.scale_t, t.amax_t, False, t.e4m3_max, t.rht_columnwise, t.gemm_unit_t)
