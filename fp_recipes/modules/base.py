@@ -301,17 +301,16 @@ def columnwise_only(q: Any) -> Any:
     """The backward GEMMs read only the columnwise copy of x and W: keep just that one (halves the
     saved activation memory). Anything without a columnwise copy is kept whole."""
     name = type(q).__name__
-    if name == "Float8Tensor" and q.data_t is not None and q.data is not None:
-        # the same (already validated) fields without the rowwise copy: no constructor checks per call
-        new = object.__new__(type(q))
-        new.__dict__.update(q.__dict__)
-        new.data = None
-        return new
-    if name == "NVFP4Tensor" and q.data_t is not None and q.data is not None:
-        return type(q)(None, None, None, q.data_t, q.scale_t, q.amax_t, row_scaled=q.row_scaled,
-                       e4m3_max=q.e4m3_max, four_over_six=q.four_over_six, rht_columnwise=q.rht_columnwise,
-                       orig_dtype=q.orig_dtype, shape=q.shape)
-    return q
+    if name not in ("Float8Tensor", "NVFP4Tensor") or q.data_t is None or q.data is None:
+        return q
+    # the same (already validated) fields without the rowwise copy: no constructor checks per call
+    new = object.__new__(type(q))
+    new.__dict__.update(q.__dict__)
+    new.data = None
+    if name == "NVFP4Tensor":
+        new.scale = new.amax = None
+        new.gemm_unit = new.gemm_unit_t = None  # the GEMM caches go too, as a constructed copy has none
+    return new
 
 
 class QuantizedLinearFunction(torch.autograd.Function):
