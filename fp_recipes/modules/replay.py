@@ -190,7 +190,8 @@ def pack(objs: Sequence[Any]) -> Tuple[List[Optional[torch.Tensor]], List[Any]]:
 
     A tensor or None is kept as is; a quantized tensor (a plain object holding tensors) becomes a
     shell without its tensors; an object with ``split_saved() -> (tensors, shell)`` and
-    ``shell.with_saved_tensors(tensors)`` (the grouped FP8 casts) says itself what its tensors are."""
+    ``shell.with_saved_tensors(tensors)`` (Float8Tensor, NVFP4Tensor, the grouped FP8 casts) says itself
+    what its tensors are."""
     tensors: List[Optional[torch.Tensor]] = []
     shells: List[Any] = []
     for o in objs:

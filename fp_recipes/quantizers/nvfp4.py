@@ -163,6 +163,23 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
         """Free the cached BF16 GEMM operands (the GEMM then decodes the packed copies itself)."""
         self.gemm_unit = self.gemm_unit_t = None
 
+    def split_saved(self) -> "tuple[tuple, NVFP4Tensor]":
+        """(its tensors, a shell without them), for ``ctx.save_for_backward`` (``modules/replay.pack``):
+        the fields are known, so nothing is searched per call (the GEMM unit caches go with them)."""
+        shell = object.__new__(type(self))
+        shell.__dict__.update(self.__dict__)
+        shell.data = shell.scale = shell.amax = shell.data_t = shell.scale_t = shell.amax_t = None
+        shell.gemm_unit = shell.gemm_unit_t = None
+        return (self.data, self.scale, self.amax, self.data_t, self.scale_t, self.amax_t, self.gemm_unit,
+                self.gemm_unit_t), shell
+
+    def with_saved_tensors(self, tensors) -> "NVFP4Tensor":
+        """The inverse of :meth:`split_saved`, on the shell: a new tensor holding ``tensors``."""
+        t = object.__new__(type(self))
+        t.__dict__.update(self.__dict__)
+        t.data, t.scale, t.amax, t.data_t, t.scale_t, t.amax_t, t.gemm_unit, t.gemm_unit_t = tensors
+        return t
+
     # ---- movement and serialization ------------------------------------------------------------------
     def _tensors(self) -> Dict[str, Optional[torch.Tensor]]:
         return {"data": self.data, "scale": self.scale, "amax": self.amax,
