@@ -45,3 +45,18 @@ def test_columnwise_only_nvfp4_matches_a_constructed_copy():
     for name in _FIELDS + ("row_scaled", "e4m3_max", "four_over_six", "rht_columnwise", "orig_dtype", "shape"):
         assert getattr(got, name) is getattr(want, name) or getattr(got, name) == getattr(want, name), name
     assert torch.equal(got.dequantize_columnwise(), want.dequantize_columnwise())
+
+
+def test_rht_cast_of_an_unsupported_dtype_names_the_role():
+    import pytest
+
+    from fp_recipes.modules.base import quantize_operand
+
+    spec = fp_recipes.NVFP4BlockScaling().plan(
+        fp_recipes.QuantizerRole(fp_recipes.ModuleKind.LINEAR, fp_recipes.TensorKind.ACTIVATION))
+    assert spec.rht_columnwise and spec.columnwise
+    q = fp_recipes.make_quantizer(spec)
+    with pytest.raises(TypeError, match=r"quantize \(linear\[0\]\.activation\): input dtype int32 is not supported"):
+        quantize_operand(q, torch.ones(32, 64, dtype=torch.int32))
+    x = torch.randn(32, 64)  # FP32: cast to BF16 first, as before
+    assert torch.equal(quantize_operand(q, x).dequantize(), q(x.to(torch.bfloat16)).dequantize())
