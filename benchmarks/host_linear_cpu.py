@@ -65,7 +65,11 @@ class _StubExtension:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return lambda *args, **kwargs: None
+        # kept on the instance (never invalidated: every launcher does the same nothing), so a later
+        # access is a plain attribute read, as on the real extension module
+        launcher = lambda *args, **kwargs: None  # noqa: E731
+        setattr(self, name, launcher)
+        return launcher
 
 
 def install_stub_kernels() -> None:
