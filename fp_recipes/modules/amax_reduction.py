@@ -42,6 +42,9 @@ _COUNTERS: Dict[str, int] = {"all_reduce": 0}
 
 
 NO_REDUCTION = object()  # reduction_group(): the amaxes are not reduced (one process, or no group)
+# torch.distributed.is_available(), asked on the first update pass: fixed by the torch build, so nothing
+# invalidates it (whether a process group is initialised is asked every pass)
+_DIST_AVAILABLE: Optional[bool] = None
 
 
 def reduction_group(group: Any) -> Any:
@@ -53,9 +56,12 @@ def reduction_group(group: Any) -> Any:
       TransformerEngine does, unless the world has one rank (the reduction would be the identity).
       Without this, ranks that see different data drift apart silently. Opt out per recipe with
       ``DelayedScaling(reduce_amax=False)``."""
+    global _DIST_AVAILABLE
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if _DIST_AVAILABLE is None:
+        _DIST_AVAILABLE = dist.is_available()
+    if not (_DIST_AVAILABLE and dist.is_initialized()):
         return NO_REDUCTION
     if group is None and dist.get_world_size() == 1:
         return NO_REDUCTION
