@@ -40,12 +40,17 @@ def extension_error() -> Optional[str]:
     return _ext_error
 
 
+_RAW_STREAM: list = []  # torch's raw stream accessor (or None), looked up on first use
+
+
 def current_stream(device: Any) -> int:
     """The handle of ``device``'s current CUDA stream (None index: the current device), for a kernel
     launch. torch's raw accessor builds no Stream object: launches sit on hot paths where that host
     time adds up."""
     import torch
 
+    if not _RAW_STREAM:
+        _RAW_STREAM.append(getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    raw = _RAW_STREAM[0]
     index = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream

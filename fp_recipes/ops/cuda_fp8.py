@@ -594,6 +594,7 @@ def _plain_quantize_args(x, scale, fmt, rowwise, columnwise) -> bool:
     return (_plain_cast_args(x, fmt, rowwise, columnwise) and isinstance(scale, torch.Tensor)
             and scale.dtype == torch.float32 and scale.ndim == 0 and scale.device == x.device)
 
+
 @backend.register_cuda_impl("fp8_amax")
 def fp8_amax(x: torch.Tensor) -> torch.Tensor:
     check_amax_input(x)

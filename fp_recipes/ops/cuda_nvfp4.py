@@ -39,16 +39,8 @@ def _ext():
     return ext
 
 
-# torch's raw stream accessor, looked up once (None in a torch built without CUDA)
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
 def _stream_of(device: torch.device) -> int:
-    """The handle of ``device``'s current torch stream (a seam: benchmarks/host_linear_cpu.py stubs it).
-    A CUDA tensor's device always has an index: the raw accessor directly, without backend's lookups."""
-    index = device.index
-    if index is not None and _RAW_STREAM is not None:
-        return _RAW_STREAM(index)
+    """The handle of ``device``'s current torch stream (a seam: benchmarks/host_linear_cpu.py stubs it)."""
     return backend.current_stream(device)
 
 
