@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,3 +154,37 @@ def test_gpu_table_says_whether_a_recipe_is_faster(model, hint):
     assert (hint in text) if hint else ("try --model" not in text)
     report["results"][2]["tokens_per_s"] = 120.0
     assert "faster than the baseline here: current" in format_table(report)
+
+
+def test_tokens_per_second_leaves_out_the_first_steps(tmp_path, monkeypatch):
+    """tokens/s counts the training steps after the first 3 (first-use work: plans, allocator growth).
+    A fake clock makes step 1 take 100 s and every later one 1 s: 5 steps give exactly one step's tokens
+    per second (counting every step would give 5 x tokens / 104 s)."""
+    import dataclasses
+    import types
+
+    import torch.nn.functional as F
+
+    from fp_recipes.demo import train
+    from fp_recipes.demo.data import load_corpus
+    from fp_recipes.demo.model import SIZES
+
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(32, 127)) * 400)
+    cfg = dataclasses.replace(SIZES["tiny"], batch=2, seq_len=16)
+    corpus = load_corpus(str(text), cfg.seq_len)
+    clock, calls = [0.0], [0]
+
+    def cross_entropy(*args, **kwargs):  # inside the timed region of each step
+        clock[0] += 100.0 if calls[0] == 0 else 1.0
+        calls[0] += 1
+        return F.cross_entropy(*args, **kwargs)
+
+    monkeypatch.setattr(train, "F", types.SimpleNamespace(cross_entropy=cross_entropy))
+    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+    steps = 5
+    r = train.train_one("baseline", "", None, cfg, corpus, steps, 0, torch.device("cpu"), torch.float32,
+                        corpus.batch_starts(steps, cfg.batch, cfg.seq_len, 0), corpus.val_starts(2, cfg.seq_len),
+                        steps, "native", False)
+    assert train.untimed_steps(steps) == 3 and train.untimed_steps(1) == 0
+    assert r.tokens_per_s == cfg.batch * cfg.seq_len  # 2 timed steps of 1 s each

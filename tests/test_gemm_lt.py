@@ -225,3 +225,39 @@ def test_operands_at_16_byte_offsets_run_in_cublaslt_and_match_scaled_mm(offset)
     assert cublaslt.fp8_gemms([a], [s], [b], [s], [out]) == []
     ref = torch._scaled_mm(a.clone(), b.clone().t(), scale_a=s, scale_b=s, out_dtype=torch.bfloat16)
     assert torch.equal(out, ref)
+
+
+def test_grouped_gemms_are_planned_without_a_workspace_by_default(monkeypatch):
+    """The grouped default (GROUPED_WORKSPACE_BYTES = 0) passes no workspace and allocates none; a size
+    set on purpose passes that workspace. Checked without a GPU: the extension records its arguments."""
+    calls, made = [], []
+
+    class _Ext:
+        def lt_fp8_gemms(self, *args):
+            calls.append(args[-4:-2])  # (workspace address, workspace bytes)
+            return []
+
+    class _Ws:
+        def data_ptr(self):
+            return 4096
+
+        def numel(self):
+            return 32
+
+    def workspace(device, stream, nbytes=None):
+        made.append(nbytes)
+        return _Ws()
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_extension, "current_stream", lambda device: 7)
+    monkeypatch.setattr(cublaslt, "_workspace", workspace)
+    monkeypatch.setattr(_extension, "extension", lambda: _Ext())
+    args = ([16], [16], [16], [16], [16], [16], [16], [16], torch.float8_e4m3fn, torch.float8_e4m3fn,
+            torch.bfloat16, torch.device("cuda", 0))
+    assert DEFAULT_GROUPED_WORKSPACE == 0
+    monkeypatch.setattr(cublaslt, "GROUPED_WORKSPACE_BYTES", DEFAULT_GROUPED_WORKSPACE)
+    cublaslt.fp8_gemms_ptr(*args)
+    assert calls == [(0, 0)] and made == []
+    monkeypatch.setattr(cublaslt, "GROUPED_WORKSPACE_BYTES", 32)
+    cublaslt.fp8_gemms_ptr(*args)
+    assert calls[1] == (4096, 32) and made == [32]
