@@ -1,0 +1,178 @@
+"""What one host-side call costs on this GPU machine: a torch kernel launch, ``torch.empty``, a call into
+``fp_recipes._C`` with and without a kernel launch, a cuBLASLt GEMM through the cached plan, and the CUDA
+runtime/driver calls (with their mean host time) that one ``Linear`` forward+backward makes per recipe.
+
+The host-time targets of issues 13/14 are sums of such calls: this table says which ones a step can
+afford. Tiny shapes, so the GPU keeps up and no launch waits for queue space.
+
+    python benchmarks/host_costs.py [--json out.json] [--shape 4096,4096,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import fp_recipes  # noqa: E402
+from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockScaling  # noqa: E402
+from fp_recipes import _extension  # noqa: E402
+
+
+def per_call_us(fn, calls: int = 2000, batch: int = 100) -> float:
+    """Median over batches of the host time per call (the GPU is synchronised between batches, outside the
+    timed region, so no call waits for queue space)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls // batch):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn()
+        samples.append((time.perf_counter() - t0) / batch * 1e6)
+        torch.cuda.synchronize()
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def primitive_costs() -> dict[str, float]:
+    dev = torch.device("cuda")
+    ext = _extension.extension()
+    one = torch.zeros(1, device=dev)
+    x = torch.randn(16, 16, device=dev, dtype=torch.bfloat16)
+    amax = torch.zeros(1, device=dev)
+    scale = torch.ones(1, device=dev)
+    scale_inv = torch.ones(1, device=dev)
+    q = torch.empty(16, 16, device=dev, dtype=torch.float8_e4m3fn)
+    qt = torch.empty(16, 16, device=dev, dtype=torch.float8_e4m3fn)
+    d = torch.empty(16, 16, device=dev, dtype=torch.bfloat16)
+    stream = _extension.current_stream(dev)
+    xp, ap, sp, sip, qp, qtp, dp = (t.data_ptr() for t in (x, amax, scale, scale_inv, q, qt, d))
+    ws = torch.empty(32 << 20, dtype=torch.uint8, device=dev)
+    from fp_recipes.gemm import cublaslt
+
+    cublaslt._load()
+    rows = {
+        "python no-op function call": lambda: None,
+        "_extension.current_stream(dev)": lambda: _extension.current_stream(dev),
+        "torch.empty(1024, cuda)": lambda: torch.empty(1024, device=dev),
+        "torch.empty((16,16), fp8, cuda)": lambda: torch.empty((16, 16), dtype=torch.float8_e4m3fn, device=dev),
+        "tensor.view(-1)": lambda: x.view(-1),
+        "tensor.data_ptr()": lambda: x.data_ptr(),
+        "torch launch: one.add_(1)": lambda: one.add_(1),
+        "torch launch: one.zero_()": lambda: one.zero_(),
+        "torch.mm 16x16 bf16": lambda: torch.mm(x, x),
+        "torch._scaled_mm 16x16x16": lambda: torch._scaled_mm(q, qt.t(), scale, scale, out_dtype=torch.bfloat16),
+        "_C.device_count() (no launch)": lambda: ext.device_count(),
+        "_C.fp8_amax 16 elems (launch)": lambda: ext.fp8_amax(xp, 2, 256, ap, stream),
+        "_C.fp8_quantize 16x16 row (launch)": lambda: ext.fp8_quantize(xp, 2, 16, 16, sp, 3, qp, 0, sip, ap,
+                                                                        stream),
+        "_C.fp8_quantize 16x16 row+col": lambda: ext.fp8_quantize(xp, 2, 16, 16, sp, 3, qp, qtp, sip, ap, stream),
+        "_C.fp8_current_scaling_quantize 16x16": lambda: ext.fp8_current_scaling_quantize(
+            xp, 2, 16, 16, 3, False, 0.0, qp, qtp, sp, sip, ap, stream),
+        "_C.lt_fp8_gemm 16x16x16 (cached plan)": lambda: ext.lt_fp8_gemm(
+            qp, 16, qtp, 16, sp, sp, dp, 0, 16, 16, 16, 3, 3, 2, -1, False, ws.data_ptr(), ws.numel(),
+            torch.cuda.current_device(), stream),
+    }
+    return {name: per_call_us(fn) for name, fn in rows.items()}
+
+
+def linear_api_calls(recipe, shape, steps: int = 5) -> dict:
+    """CUDA runtime/driver calls and aten ops per forward+backward of one Linear (torch.profiler, CPU
+    activity with CUDA: the runtime API rows carry their host time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    m, k, n = shape
+    dev = torch.device("cuda")
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    mod = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+
+    def step():
+        x.grad = None
+        mod.weight.grad = None
+        if recipe is None:
+            y = mod(x)
+        else:
+            with fp_recipes.autocast(recipe=recipe):
+                y = mod(x)
+        y.backward(dy)
+        with torch.no_grad():
+            mod.weight.add_(1e-6)
+
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    # host time per step, no profiler: best batch of 20 steps (GPU synchronised between batches)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            step()
+        best = min(best, (time.perf_counter() - t0) / 20 * 1e3)
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    api, ops, kernels = {}, {}, {}
+    for e in prof.key_averages():
+        key = e.key
+        per_step = e.count / steps
+        host_us = e.self_cpu_time_total / max(e.count, 1)
+        if key.startswith(("cuda", "cu")) and not key.startswith("cudaDeviceSynchronize"):
+            api[key] = (per_step, host_us)
+        elif key.startswith("aten::"):
+            ops[key] = (per_step, host_us)
+        elif getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA"):
+            kernels[key[:90]] = per_step
+    return {"host_ms_per_step": best, "api": api, "aten": ops, "kernels": kernels}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=None)
+    p.add_argument("--shape", default="4096,4096,4096")
+    p.add_argument("--recipes", default="off,delayed,current,nvfp4")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("host_costs: needs a GPU")
+        return 0
+    print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    prim = primitive_costs()
+    print("\n| call | host us per call |\n|---|---|")
+    for name, us in prim.items():
+        print(f"| {name} | {us:.2f} |")
+    shape = tuple(map(int, args.shape.split(",")))
+    recipes = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling, "nvfp4": NVFP4BlockScaling}
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "primitives_us": prim, "linear": {}}
+    for name in args.recipes.split(","):
+        make = recipes[name]
+        r = linear_api_calls(make() if make else None, shape)
+        out["linear"][name] = r
+        print(f"\n== Linear {shape} fwd+bwd, {name}: host {r['host_ms_per_step']:.3f} ms per step")
+        print("| CUDA API call | per step | host us each |\n|---|---|---|")
+        for key, (cnt, us) in sorted(r["api"].items(), key=lambda kv: -kv[1][0] * kv[1][1]):
+            print(f"| {key} | {cnt:g} | {us:.2f} |")
+        print("| aten op (top 15 by host time) | per step | host us each (self) |\n|---|---|---|")
+        for key, (cnt, us) in sorted(r["aten"].items(), key=lambda kv: -kv[1][0] * kv[1][1])[:15]:
+            print(f"| {key} | {cnt:g} | {us:.2f} |")
+        print("| kernel | per step |\n|---|---|")
+        for key, cnt in sorted(r["kernels"].items(), key=lambda kv: -kv[1]):
+            print(f"| {key} | {cnt:g} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
