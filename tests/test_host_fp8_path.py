@@ -135,3 +135,66 @@ def test_plan_path_declines_without_cublaslt():
         pytest.skip("cuBLASLt is loaded here")
     a = _fp8((16, 16), torch.float8_e4m3fn, 7, "cpu")
     assert cublaslt.fp8_gemm(a, a, _scale(1.0, "cpu"), _scale(1.0, "cpu"), torch.float32) is None
+
+
+# ------------------------------------------------------------------- amax recorded by the cast kernel
+
+def _delayed_quantizer(length: int = 4, device: str = "cuda", columnwise: bool = False):
+    from fp_recipes.quantizers.float8 import Float8Quantizer
+    from fp_recipes.quantizers.roles import (ModuleKind, QFormat, QuantizerRole, QuantizerSpec, ScalingKind,
+                                             TensorKind)
+
+    spec = QuantizerSpec(role=QuantizerRole(ModuleKind.LINEAR, TensorKind.ACTIVATION, 0, None),
+                         scaling=ScalingKind.DELAYED, fmt=QFormat.E4M3, amax_history_len=length,
+                         columnwise=columnwise)
+    return Float8Quantizer(spec).to(device)
+
+
+@cuda
+@pytest.mark.parametrize("columnwise", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cast_records_amax_into_history_like_torch_maximum(columnwise, dtype, monkeypatch):
+    from fp_recipes.quantizers import float8 as f8
+
+    assert f8._cuda_quantize() is not None and f8._RECORDING[0](), "extension without fp8_quantize_record"
+    fused, twin = _delayed_quantizer(columnwise=columnwise), _delayed_quantizer(columnwise=columnwise)
+    starts = [0.0, 5.0, -3.0, float("nan"), 1e-30, -0.0]
+    for i, start in enumerate(starts):
+        x = (torch.randn(300, 272) * (i + 1)).to(dtype).cuda()
+        if i == 2:
+            x[7, 9] = float("nan")  # a NaN amax replaces a finite slot
+        if i == 4:
+            x.zero_()  # a zero amax: max(slot, 0)
+        for q in (fused, twin):
+            q.amax_history.fill_(7.0)
+            q.amax_history[0] = start
+        a = fused.quantize(x)
+        with monkeypatch.context() as mp:
+            mp.setattr(f8, "_RECORDING", [lambda: False, None])  # the cast, then torch.maximum
+            b = twin.quantize(x)
+        torch.cuda.synchronize()
+        assert torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8))
+        if columnwise:
+            assert torch.equal(a.data_t.view(torch.uint8), b.data_t.view(torch.uint8))
+        assert torch.equal(a.amax.view(torch.int32), b.amax.view(torch.int32))
+        assert torch.equal(fused.amax_history.view(torch.int32), twin.amax_history.view(torch.int32)), (i, start)
+
+
+@cuda
+def test_mapped_nonfinite_flags_warn_after_one_update_without_a_copy():
+    import warnings
+
+    from fp_recipes.modules import amax_reduction
+    from fp_recipes.quantizers.float8 import NonFiniteAmaxWarning
+
+    qs = [_delayed_quantizer(16) for _ in range(3)]
+    qs[1].amax_history[0] = float("inf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        amax_reduction.batched_update_scales(qs)
+        torch.cuda.synchronize()
+        amax_reduction.batched_update_scales(qs)  # the fast path: same list, same tensors
+    hits = [w for w in caught if issubclass(w.category, NonFiniteAmaxWarning)]
+    assert len(hits) == 1 and [getattr(q, "nonfinite_warned", False) for q in qs] == [False, True, False]
+    fast = amax_reduction._FAST_PLANS[tuple(map(id, qs))]
+    assert all(watch._mapped for _, _, watch, _ in fast.steps)  # read from mapped memory, no copy

@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -73,6 +75,19 @@ void register_fp8(py::module_& m) {
         py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
         py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
         py::arg("stream"));
+  // fp8_quantize that also max-merges the amax into amax_record (a delayed-scaling amax_history[0]) in
+  // the kernel: one launch instead of the cast plus a torch.maximum (fp8_kernels.h).
+  m.def("fp8_quantize_record",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t scale, int out_dtype,
+           std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_inv, std::uintptr_t amax,
+           std::uintptr_t amax_record, std::uintptr_t stream) {
+          require(amax_record != 0, "fp8_quantize_record: null amax_record");
+          launch_fp8_quantize(p(x), dt(in_dtype), rows, cols, p<const float>(scale), dt(out_dtype), p(out), p(out_t),
+                              p<float>(scale_inv), p<float>(amax), as_stream(stream), p<float>(amax_record));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
+        py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
+        py::arg("amax_record"), py::arg("stream"));
   m.def("fp8_current_scaling_quantize",
         [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int out_dtype, bool power_2,
            float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale,
@@ -166,6 +181,25 @@ void register_fp8(py::module_& m) {
         py::arg("block_size"), py::arg("out"), py::arg("out_dtype"), py::arg("stream"));
   m.def("per_token_max_hidden", &per_token_max_hidden, py::arg("unit8"),
         "Largest hidden size the per-token cast kernel takes (unit8: hidden and block_size multiples of 8).");
+  // Page-locked host memory mapped into the device address space (zeroed), for flags a kernel sets and
+  // the host reads without a copy (quantizers/float8.py: NonfiniteWatch). Returns (host, device)
+  // addresses; never freed (the caller keeps slabs for the life of the process).
+  m.def("mapped_host_alloc",
+        [](int64_t bytes) -> std::pair<std::uintptr_t, std::uintptr_t> {
+          require(bytes > 0, "mapped_host_alloc: bytes must be > 0");
+          void* host = nullptr;
+          check_cuda(cudaHostAlloc(&host, size_t(bytes), cudaHostAllocMapped | cudaHostAllocPortable),
+                     "cudaHostAlloc(mapped)");
+          std::memset(host, 0, size_t(bytes));
+          void* dev = nullptr;
+          const cudaError_t err = cudaHostGetDevicePointer(&dev, host, 0);
+          if (err != cudaSuccess) {
+            cudaFreeHost(host);
+            check_cuda(err, "cudaHostGetDevicePointer");
+          }
+          return {reinterpret_cast<std::uintptr_t>(host), reinterpret_cast<std::uintptr_t>(dev)};
+        },
+        py::arg("bytes"));
   // ptrs: a HOST int64 array of 2 * count device pointers (the histories, then the scales), cached by
   // the caller so that a step converts no Python lists.
   m.def("delayed_update_scales",

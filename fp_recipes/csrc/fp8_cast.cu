@@ -51,13 +51,13 @@ __device__ __forceinline__ float resolve_scale(const ScaleSpec& spec) {
 
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x, int64_t n,
-                                                        uint32_t* __restrict__ amax_bits) {
+                                                        uint32_t* __restrict__ amax_bits, float* record) {
   constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
   int64_t t0, t1;
   block_tile_range((n + kTile - 1) / kTile, t0, t1);
   uint32_t key = 0;
   for (int64_t t = t0; t < t1; ++t) amax_tile<T, kVec>(x, t * kTile, min(n, (t + 1) * kTile), key);
-  flush_amax(key, amax_bits);
+  flush_amax_record(key, amax_bits, record);
 }
 
 // Single tensor, row-major flat: rowwise copy only.
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x,
 template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
 __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x, int64_t n, ScaleSpec spec,
                                                         bool reverse, uint8_t* __restrict__ out,
-                                                        uint32_t* __restrict__ amax_bits) {
+                                                        uint32_t* __restrict__ amax_bits, float* record) {
   constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
   const float s = resolve_scale(spec);
   int64_t t0, t1;
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x,
     const int64_t t = reverse ? t1 - 1 - i : t0 + i;
     cast_tile<T, F, kAmax, kVec>(x, out, t * kTile, min(n, (t + 1) * kTile), s, key);
   }
-  if (kAmax) flush_amax(key, amax_bits);
+  if (kAmax) flush_amax_record(key, amax_bits, record);
 }
 
 // Rowwise and/or transposed copies in one pass: one 64x64 tile (cast_transpose_tile) per block.
@@ -86,12 +86,13 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __res
                                                                   int64_t N, ScaleSpec spec, bool vec_ok,
                                                                   uint8_t* __restrict__ out,
                                                                   uint8_t* __restrict__ out_t,
-                                                                  uint32_t* __restrict__ amax_bits) {
+                                                                  uint32_t* __restrict__ amax_bits,
+                                                                  float* record) {
   const float s = resolve_scale(spec);
   uint32_t key = 0;
   cast_transpose_tile<T, F, kAmax>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s, vec_ok,
                                    M % 16 == 0, out, out_t, key);
-  if (kAmax) flush_amax(key, amax_bits);
+  if (kAmax) flush_amax_record(key, amax_bits, record);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -390,14 +391,16 @@ __global__ void __launch_bounds__(kThreads, 8) dequant_kernel(const uint8_t* __r
 
 // grid > 0: use that many blocks (current scaling gives the amax kernel the cast kernel's grid, so
 // that both split the tensor into the same per-block ranges).
-void run_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_t stream, int64_t grid_blocks = 0) {
+// record: a delayed-scaling history slot the amax is also max-merged into (null: none).
+void run_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_t stream, int64_t grid_blocks = 0,
+              float* record = nullptr) {
   dispatch_input(in_dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
     dispatch_bool(aligned16(x), [&](auto vec) {
       auto kernel = amax_kernel<T, decltype(vec)::value>;
       const int64_t grid = grid_blocks > 0 ? grid_blocks : persistent_grid(kernel, (n + kTile - 1) / kTile);
-      kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, reinterpret_cast<uint32_t*>(amax));
+      kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, reinterpret_cast<uint32_t*>(amax), record);
       check_launch("fp8 amax_kernel");
     });
   });
@@ -422,7 +425,7 @@ int64_t rowwise_cast_grid(DType in_dtype, int64_t n, Fp8Fmt fmt, const void* x, 
 
 void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const ScaleSpec& spec, Fp8Fmt fmt,
               bool with_amax, void* out, void* out_t, float* amax, cudaStream_t stream, bool reverse = false,
-              int64_t grid_blocks = 0) {
+              int64_t grid_blocks = 0, float* record = nullptr) {
   const int64_t n = rows * cols;
   dispatch_input(in_dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -437,7 +440,8 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
             auto kernel = cast_kernel<T, F, kAmax, decltype(vec)::value>;
             const int64_t grid = grid_blocks > 0 ? grid_blocks : persistent_grid(kernel, (n + kTile - 1) / kTile);
             kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, spec, reverse,
-                                                  static_cast<uint8_t*>(out), reinterpret_cast<uint32_t*>(amax));
+                                                  static_cast<uint8_t*>(out), reinterpret_cast<uint32_t*>(amax),
+                                                  record);
             check_launch("fp8 cast_kernel");
           });
         } else {
@@ -449,7 +453,7 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
                               cols % V == 0;
           cast_transpose_kernel<T, F, kAmax><<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream>>>(
               static_cast<const T*>(x), rows, cols, spec, vec_ok, static_cast<uint8_t*>(out),
-              static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax));
+              static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax), record);
           check_launch("fp8 cast_transpose_kernel");
         }
       });
@@ -473,7 +477,7 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
 
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, float* amax_record) {
   require_input_dtype(in_dtype, "fp8_quantize input");
   check_shape(rows, cols);
   const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_quantize output dtype");
@@ -481,12 +485,12 @@ void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t co
   zero_amax(amax, 1, stream);
   ScaleSpec spec{scale, nullptr, 0.0f, 0.0f, 0, nullptr, scale_inv};
   if (out == nullptr && out_t == nullptr) {
-    // Neither copy wanted: still report amax and scale_inv.
-    if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
+    // Neither copy wanted: still report amax and scale_inv (and merge the amax into amax_record).
+    if (rows * cols > 0 || amax_record != nullptr) run_amax(x, in_dtype, rows * cols, amax, stream, 0, amax_record);
     run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
     return;
   }
-  run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream);
+  run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream, false, 0, amax_record);
 }
 
 void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,

@@ -100,6 +100,33 @@ __device__ __forceinline__ void flush_amax(uint32_t key, uint32_t* amax_bits) {
   if (threadIdx.x == 0 && key != 0u) atomicMax(amax_bits, key);
 }
 
+// *slot = torch.maximum(*slot, v) for v = the FP32 of a canonical key (a non-negative amax or the
+// canonical NaN): a NaN slot stays as it is, a NaN v replaces any other slot, else the larger value (the
+// slot may hold any float). Merging the blocks' partial maxima one by one gives the maximum of the whole
+// tensor's amax, as the one torch.maximum after the kernel did (NaN wins whichever block finds it).
+__device__ __forceinline__ void record_max(float* slot, uint32_t key) {
+  unsigned int* const p = reinterpret_cast<unsigned int*>(slot);
+  const float v = __uint_as_float(key);
+  unsigned int cur = *reinterpret_cast<volatile unsigned int*>(p);
+  while (true) {
+    const float o = __uint_as_float(cur);
+    if (o != o || !(v != v || v > o)) return;
+    const unsigned int prev = atomicCAS(p, cur, key);
+    if (prev == cur) return;
+    cur = prev;
+  }
+}
+
+// flush_amax, and the block's maximum also merged into a delayed-scaling history slot (record: null for
+// none). Every block merges, a zero maximum included (torch.maximum(slot, 0) of a negative slot is 0).
+__device__ __forceinline__ void flush_amax_record(uint32_t key, uint32_t* amax_bits, float* record) {
+  key = block_max_key(canonical_key(key));
+  if (threadIdx.x == 0) {
+    if (key != 0u) atomicMax(amax_bits, key);
+    if (record != nullptr) record_max(record, key);
+  }
+}
+
 // The current-scaling rule of the reference (ops/ref_fp8.py, fp8_current_scaling_quantize):
 // a = max(amax, eps) (NaN stays NaN); scale = RN(fmt_max / a), +Inf -> FLT_MAX; a == 0 or a not
 // finite -> 1; power of two: keep only sign and exponent bits (2^floor(log2 scale), exact).

@@ -18,9 +18,12 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
 // Delayed scaling: data = satRN(RN(x * scale[0])) as out_dtype (FP8 E4M3/E5M2) over the (rows, cols)
 // row-major input; out (rows, cols) and/or out_t (cols, rows) may be null (not wanted);
 // scale_inv[0] = RN(1 / scale[0]); amax[0] = max |x| of this input (computed in the same pass).
+// amax_record (null: none): an FP32 device value (a delayed-scaling amax_history[0]) updated in the same
+// pass as torch.maximum(*amax_record, amax[0]) would (NaN propagates; merged per block with a CAS), so the
+// quantizer needs no launch of its own to record the amax.
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream);
+                         cudaStream_t stream, float* amax_record = nullptr);
 
 // Current scaling, two launches: amax, then the cast with the scale computed on the device from it
 // (see fp8_current_scale in fp8_cast.cu). Writes amax[0], scale[0], scale_inv[0].

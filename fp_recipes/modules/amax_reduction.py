@@ -74,6 +74,11 @@ def reduce_and_update(quantizers: List[Any], group: Any) -> None:
     ``reduce_amax=False`` take no part in the reduction."""
     if not quantizers:
         return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        batched_update_scales(quantizers)  # the common case: nothing to reduce
+        return
     reduced = [q for q in quantizers if getattr(q.spec, "reduce_amax", True)]
     target = reduction_group(group) if reduced else NO_REDUCTION
     if target is not NO_REDUCTION:
@@ -186,8 +191,10 @@ def _kernel_plan(qs: List[Any], length: int, device: torch.device) -> Any:
         if len(_KERNEL_PLANS) >= 256:
             _KERNEL_PLANS.clear()
         watch = NonfiniteWatch(len(qs), device)
+        # the kernel sets the flags in mapped host memory where it can: report() then reads them without
+        # a copy or an event per update
         update = DelayedUpdate.build([q.amax_history for q in qs], [q.scale for q in qs], length, device,
-                                     watch.flags)
+                                     watch.flags, watch.mapped_flags())
         hit = _KERNEL_PLANS[key] = None if update is None else (update, watch, [q.scale for q in qs])
     return hit
 
@@ -208,13 +215,20 @@ def batched_update_scales(quantizers: List[Any]) -> None:
     if torch.compiler.is_compiling():
         _traced_update_scales(quantizers)
         return
+    key = tuple(map(id, quantizers))
+    fast = _FAST_PLANS.get(key)
+    if fast is not None and USE_UPDATE_KERNEL and fast.valid():
+        fast.run()
+        return
+    steps: Optional[List[Any]] = []  # the kernel launches of this update (None: some other path ran)
     groups: Dict[Any, List[Any]] = {}
     for q in quantizers:
-        key = _batch_key(q)
-        if key is None:
+        bkey = _batch_key(q)
+        if bkey is None:
             q.update_scale()
+            steps = None
         else:
-            groups.setdefault(key, []).append(q)
+            groups.setdefault(bkey, []).append(q)
     for (fmt_max, margin, algo, length, device), qs in groups.items():
         if USE_UPDATE_KERNEL and device.type == "cuda":
             hit = _kernel_plan(qs, length, device)
@@ -225,7 +239,10 @@ def batched_update_scales(quantizers: List[Any]) -> None:
                 # ops' in-place writes do (a cached quantized weight is keyed by its scale's version)
                 torch.autograd.graph.increment_version(scales)
                 watch.report(qs)
+                if steps is not None:
+                    steps.append((update, (fmt_max, margin, algo), watch, qs, scales))
                 continue
+        steps = None
         p = _plan(qs, length, device)
         torch.cat(p.dsts, out=p.flat)  # one gather of every history and scale
         bad = torch.isfinite(p.hist).all(dim=1).logical_not_()
@@ -244,6 +261,42 @@ def batched_update_scales(quantizers: List[Any]) -> None:
             p.stage_hist.zero_()
         torch._foreach_copy_(p.dsts, p.srcs)
         p.watch.report(qs)
+    if steps:
+        if len(_FAST_PLANS) >= 256:
+            _FAST_PLANS.clear()
+        _FAST_PLANS[key] = _FastUpdate(quantizers, steps)
+
+
+class _FastUpdate:
+    """What :func:`batched_update_scales` did for one list of quantizers when every batch ran the
+    one-launch kernel: the next update of the same list (the same quantizers in the same order, each
+    still holding the same state tensors at the same addresses) repeats the launches without grouping,
+    keys or plan lookups. Holds the quantizers, so the ids of its key stay theirs."""
+
+    __slots__ = ("checks", "steps", "scales")
+
+    def __init__(self, quantizers: List[Any], steps: List[Any]) -> None:
+        self.checks = [(q, q.amax_history, q.scale, q.amax_history.data_ptr(), q.scale.data_ptr(), q.spec)
+                       for q in quantizers]
+        self.steps = [(update, args, watch, qs) for update, args, watch, qs, _ in steps]
+        self.scales = [s for *_, scales in steps for s in scales]
+
+    def valid(self) -> bool:
+        for q, h, s, hp, sp, spec in self.checks:
+            if q.amax_history is not h or q.scale is not s or q.spec is not spec or h.data_ptr() != hp \
+                    or s.data_ptr() != sp:
+                return False
+        return True
+
+    def run(self) -> None:
+        for update, args, _, _ in self.steps:
+            update(*args)
+        torch.autograd.graph.increment_version(self.scales)
+        for _, _, watch, qs in self.steps:
+            watch.report(qs)
+
+
+_FAST_PLANS: Dict[Any, _FastUpdate] = {}
 
 
 def _traced_update_scales(quantizers: List[Any]) -> None:

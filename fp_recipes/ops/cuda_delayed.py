@@ -30,20 +30,25 @@ class DelayedUpdate:
     updates them all on the current stream."""
 
     def __init__(self, histories: List[torch.Tensor], scales: List[torch.Tensor], length: int,
-                 device: torch.device, flags: Optional[torch.Tensor] = None) -> None:
+                 device: torch.device, flags: Optional[torch.Tensor] = None, flags_ptr: int = 0) -> None:
         self.tensors = histories + scales  # keeps the storages (and so the pointers) alive
         self.flags = flags
         self.count, self.length, self.device = len(histories), length, device
-        self.table = torch.tensor([t.data_ptr() for t in self.tensors] + [0 if flags is None else flags.data_ptr()],
-                                  dtype=torch.int64)
+        # flags_ptr: the device address of the flags when they are not ``flags`` (mapped host memory)
+        flag_address = flags_ptr or (0 if flags is None else flags.data_ptr())
+        self.table = torch.tensor([t.data_ptr() for t in self.tensors] + [flag_address], dtype=torch.int64)
+        self._table_ptr = self.table.data_ptr()
+        self._same = device.index is None
 
     @staticmethod
     def build(histories: List[torch.Tensor], scales: List[torch.Tensor], length: int,
-              device: torch.device, flags: Optional[torch.Tensor] = None) -> Optional["DelayedUpdate"]:
+              device: torch.device, flags: Optional[torch.Tensor] = None,
+              flags_ptr: int = 0) -> Optional["DelayedUpdate"]:
         """The launcher for these tensors, or None where the kernel cannot take them (then the caller
         runs the torch ops): not FP32 on ``device``, a non-contiguous history, or shared storage
         (the warps of one launch must not update one tensor twice). ``flags``: None, or a contiguous
-        bool tensor of one entry per quantizer on ``device``."""
+        bool tensor of one entry per quantizer on ``device``; ``flags_ptr``: where the kernel sets them
+        instead (the device address of as many mapped host bytes; 0: in ``flags``)."""
         for h in histories:
             if h.dtype != torch.float32 or h.device != device or h.numel() != length or not h.is_contiguous():
                 return None
@@ -57,15 +62,15 @@ class DelayedUpdate:
         ptrs = [t.data_ptr() for t in histories + scales]
         if len(set(ptrs)) != len(ptrs):
             return None
-        return DelayedUpdate(histories, scales, length, device, flags)
+        return DelayedUpdate(histories, scales, length, device, flags, flags_ptr)
 
     def __call__(self, fmt_max: float, margin: int, algo: str) -> None:
         device = self.device
-        same = device.index is None or device.index == torch.cuda.current_device()
+        same = self._same or device.index == torch.cuda.current_device()
         with contextlib.nullcontext() if same else torch.cuda.device(device):
             # the binding hands the launcher the table and table + count: the scales, then the flags
             backend.extension().delayed_update_scales(
-                self.table.data_ptr(), self.count, self.length, float(fmt_max), int(margin), algo == "max",
+                self._table_ptr, self.count, self.length, float(fmt_max), int(margin), algo == "max",
                 backend.current_stream(device))
 
 

@@ -214,17 +214,46 @@ def _fp8_copies_or_none(x: torch.Tensor, fmt: str, rowwise: bool,
             x.new_empty((n, m), dtype=dt) if columnwise else None)
 
 
-def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool):
-    """The eager cast: (data or None, data_t or None, scale_inv, amax)."""
+def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
+                         record: Optional[torch.Tensor] = None):
+    """The eager cast: (data or None, data_t or None, scale_inv, amax). ``record``: see
+    :func:`fp8_quantize_recording`."""
     device = _require_cuda("fp8_quantize", x=x, scale=scale)
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-            DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-            _stream(device))
+    if record is None:
+        _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
+                DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
+                _stream(device))
+    else:
+        _launch(device, _ext().fp8_quantize_record, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
+                DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
+                record.data_ptr(), _stream(device))
     return data, data_t, scale_inv, amax
+
+
+def can_record_amax() -> bool:
+    """Whether the loaded extension has the cast that records into a history slot (one built before it
+    has not: the quantizer then records with a torch.maximum)."""
+    ext = backend.extension()
+    return ext is not None and hasattr(ext, "fp8_quantize_record")
+
+
+def fp8_quantize_recording(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
+                           record: torch.Tensor) -> FP8Quantized:
+    """:func:`fp8_quantize` (eager, CUDA) that also does ``torch.maximum(record, amax, out=record)`` inside
+    the cast kernel: ``record`` is a delayed-scaling ``amax_history[0]`` (an FP32 device value on x's
+    device), so recording the amax costs no launch of its own (issue 14). The caller checks that the
+    extension has it (:func:`can_record_amax`) and that ``record`` is an FP32 value on ``scale``'s device."""
+    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
+        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
+    if not x.is_contiguous():
+        x = _contiguous(x, "fp8_quantize", "x")
+    data, data_t, scale_inv, amax = _fp8_quantize_launch(x, scale, fmt, bool(rowwise), bool(columnwise), record)
+    return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
+                        scale_inv=scale_inv, amax=amax, scale=scale)
 
 
 def _with_placeholders(x: torch.Tensor, fmt: str, out: tuple) -> tuple:

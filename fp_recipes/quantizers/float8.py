@@ -196,6 +196,27 @@ def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     return t
 
 
+# [whether the loaded extension has the recording cast, the recording cast]: set by _cuda_quantize
+_RECORDING: List[Any] = [lambda: False, None]
+_CUDA_QUANTIZE: List[Any] = []
+
+
+def _cuda_quantize() -> Any:
+    """The CUDA implementation of ``fp8_quantize`` (the object ``resolved`` returns for a CUDA tensor), or
+    None; looked up once."""
+    if not _CUDA_QUANTIZE:
+        from ..ops import backend
+
+        impl = None
+        if backend.extension() is not None:
+            from ..ops import cuda_fp8
+
+            impl = cuda_fp8.fp8_quantize
+            _RECORDING[:] = [cuda_fp8.can_record_amax, cuda_fp8.fp8_quantize_recording]
+        _CUDA_QUANTIZE.append(impl)
+    return _CUDA_QUANTIZE[0]
+
+
 @torch.library.custom_op("fp_recipes::state_snapshot", mutates_args=())
 def _state_snapshot(t: torch.Tensor) -> torch.Tensor:
     return t.clone()
@@ -322,9 +343,12 @@ class Float8Quantizer(Quantizer):
             slot = self.amax_history[0]
             torch.maximum(slot, res.amax, out=slot)
             return _wrap_traced(res, x, self.fmt)
-        res = resolved("fp8_quantize", x2)(x2, self.scale, self.fmt, rowwise=spec.rowwise,
-                                           columnwise=spec.columnwise)
+        fn = resolved("fp8_quantize", x2)
         slot = self._slot0()
+        if fn is _cuda_quantize() and slot.dtype == torch.float32 and _RECORDING[0]():
+            # the CUDA cast records the amax into amax_history[0] itself (one launch, not two)
+            return _wrap(_RECORDING[1](x2, self.scale, self.fmt, spec.rowwise, spec.columnwise, slot), x, self.fmt)
+        res = fn(x2, self.scale, self.fmt, rowwise=spec.rowwise, columnwise=spec.columnwise)
         torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
         return _wrap(res, x, self.fmt)
 

@@ -10,6 +10,7 @@ made by other threads and streams meanwhile are untouched.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -102,15 +103,52 @@ def _on_capture(watch: "NonfiniteWatch", quantizers: Sequence[Any]) -> bool:
     return False
 
 
+# Whether an updating kernel may set the flags in mapped host memory (NonfiniteWatch.mapped_flags); off:
+# every report copies the device flags to pinned memory and records an event (the fallback path).
+USE_MAPPED_FLAGS = True
+
+# Slabs of page-locked, device-mapped host memory for NonfiniteWatch.mapped_flags: [host address, device
+# address, bytes left]. Never freed (a few bytes per quantizer list, for the life of the process).
+_MAPPED_SLAB: List[int] = [0, 0, 0]
+_MAPPED_SLAB_BYTES = 1 << 16
+_MAPPED_LOCK = threading.Lock()
+
+
+def _mapped_bytes(count: int) -> Optional[Tuple[int, int]]:
+    """(host address, device address) of ``count`` zeroed bytes of mapped host memory, or None: no
+    extension with the allocator, too many bytes, or the current stream captures (a page-locked
+    allocation is not allowed there)."""
+    from ..ops import backend
+
+    ext = backend.extension()
+    if ext is None or not hasattr(ext, "mapped_host_alloc") or count > _MAPPED_SLAB_BYTES:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    with _MAPPED_LOCK:
+        if _MAPPED_SLAB[2] < count:
+            try:
+                host, dev = ext.mapped_host_alloc(_MAPPED_SLAB_BYTES)
+            except (RuntimeError, ValueError):
+                return None
+            _MAPPED_SLAB[:] = [int(host), int(dev), _MAPPED_SLAB_BYTES]
+        used = _MAPPED_SLAB_BYTES - _MAPPED_SLAB[2]
+        _MAPPED_SLAB[2] -= (count + 15) // 16 * 16
+        return _MAPPED_SLAB[0] + used, _MAPPED_SLAB[1] + used
+
+
 class NonfiniteWatch:
     """Sticky per-quantizer flags, set on the device by a scale update that found a non-finite value in
     a history, and turned into one :class:`NonFiniteAmaxWarning` per quantizer without a host sync.
 
-    On CPU the flags are read at once. On CUDA each :meth:`report` first reads the pinned host copy
-    made by an earlier report if its copy has landed (``Event.query()``, no wait), then starts a new
-    non-blocking copy: a warning comes one or two updates after the step that saw the value, and the
-    step never waits for the GPU. The flags are never cleared (a copy in flight cannot lose a flag).
-    On a capturing stream nothing runs on the host (see :class:`DeferredReports`)."""
+    On CPU the flags are read at once. On CUDA, where the updating kernel sets them in host memory mapped
+    into the device's address space (:meth:`mapped_flags`: the one-launch update), each :meth:`report`
+    reads that memory directly: no copy, no event; a flag is seen by the first report after its update
+    ran. Otherwise each report first reads the pinned host copy made by an earlier report if its copy has
+    landed (``Event.query()``, no wait), then starts a new non-blocking copy: a warning comes one or two
+    updates after the step that saw the value, and the step never waits for the GPU. The flags are never
+    cleared (a copy in flight cannot lose a flag). On a capturing stream nothing runs on the host (see
+    :class:`DeferredReports`)."""
 
     def __init__(self, count: int, device: torch.device) -> None:
         self.flags = torch.zeros(count, dtype=torch.bool, device=device)
@@ -118,6 +156,16 @@ class NonfiniteWatch:
         self._event: Any = None
         self._copying = False
         self._all_warned = False
+        self._mapped: Optional[tuple] = None  # (host address, device address, zero bytes) or ()
+
+    def mapped_flags(self) -> int:
+        """The device address of ``count`` mapped host bytes for the updating kernel to set instead of
+        :attr:`flags` (0: none to be had; the kernel then sets :attr:`flags`). Decided once per watch."""
+        if self._mapped is None:
+            n = self.flags.numel()
+            got = _mapped_bytes(n) if USE_MAPPED_FLAGS and self.flags.device.type == "cuda" and n else None
+            self._mapped = (got[0], got[1], bytes(n)) if got is not None else ()
+        return self._mapped[1] if self._mapped else 0
 
     def report(self, quantizers: Sequence[Any]) -> None:
         if self.flags.device.type != "cuda":
@@ -125,6 +173,12 @@ class NonfiniteWatch:
                 self._warn(self.flags.tolist(), quantizers)
             return
         if _on_capture(self, quantizers) or self._all_warned:
+            return
+        mapped = self._mapped
+        if mapped:
+            raw = ctypes.string_at(mapped[0], len(mapped[2]))
+            if raw != mapped[2]:
+                self._warn([b != 0 for b in raw], quantizers)
             return
         if self._copying:
             if not self._event.query():
