@@ -198,3 +198,37 @@ def test_mapped_nonfinite_flags_warn_after_one_update_without_a_copy():
     assert len(hits) == 1 and [getattr(q, "nonfinite_warned", False) for q in qs] == [False, True, False]
     fast = amax_reduction._FAST_PLANS[tuple(map(id, qs))]
     assert all(watch._mapped for _, _, watch, _ in fast.steps)  # read from mapped memory, no copy
+
+
+@cuda
+@pytest.mark.parametrize("rows", [[300, 0, 17, 64], [5] * 70])  # a member without rows; > 64 members (2 chunks)
+@pytest.mark.parametrize("cols", [272, 40])  # full and partial 64-column tiles
+def test_multi_cast_records_every_members_amax_like_torch_maximum(rows, cols, monkeypatch):
+    """GroupedLinear's one multi-cast of delayed scaling records each expert's amax into its history slot
+    in the kernel: bit for bit what the cast followed by one _foreach_maximum_ records, whatever the slot
+    held (0, larger, negative, NaN, -0.0), with NaN inputs, and a member with no rows merging 0."""
+    from fp_recipes.quantizers import grouped
+
+    g = len(rows)
+    fused = [_delayed_quantizer(4, columnwise=True) for _ in range(g)]
+    twin = [_delayed_quantizer(4, columnwise=True) for _ in range(g)]
+    starts = [0.0, 1e6, -3.0, float("nan"), -0.0, 2.5]
+    parts = [(torch.randn(m, cols) * (i % 7 + 1)).to(torch.bfloat16).cuda() for i, m in enumerate(rows)]
+    if rows[0] > 10:
+        parts[0][3, 5] = float("nan")
+    for i in range(g):
+        for q in (fused[i], twin[i]):
+            q.amax_history.fill_(7.0)
+            q.amax_history[0] = starts[i % len(starts)]
+            q.scale.fill_(0.5 + i % 3)
+    a = grouped.fp8_multi_cast(fused, parts)
+    with monkeypatch.context() as mp:
+        mp.setattr(grouped, "_record_slots", lambda qs, device: [])  # the cast, then _foreach_maximum_
+        b = grouped.fp8_multi_cast(twin, parts)
+    torch.cuda.synchronize()
+    assert a.addressable and b.addressable
+    assert torch.equal(a.data_buf.view(torch.uint8), b.data_buf.view(torch.uint8))
+    assert torch.equal(a.data_t_buf.view(torch.uint8), b.data_t_buf.view(torch.uint8))
+    assert torch.equal(a.f32.view(torch.int32), b.f32.view(torch.int32))
+    for i in range(g):
+        assert torch.equal(fused[i].amax_history.view(torch.int32), twin[i].amax_history.view(torch.int32)), i

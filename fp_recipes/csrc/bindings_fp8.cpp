@@ -138,16 +138,22 @@ void register_fp8(py::module_& m) {
         [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
            const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t,
            const std::vector<std::uintptr_t>& scales, int out_dtype, std::uintptr_t scale_out,
-           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream, int64_t scale_inv_stride) {
-          const auto m = multi_members("fp8_multi_quantize", x, rows, out, out_t, scales);
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream, int64_t scale_inv_stride,
+           const std::vector<std::uintptr_t>& records) {
+          auto m = multi_members("fp8_multi_quantize", x, rows, out, out_t, scales);
+          require(records.empty() || records.size() == m.size(),
+                  "fp8_multi_quantize: records must have one pointer per member or none, got " +
+                      std::to_string(records.size()) + " for " + std::to_string(m.size()) + " members");
+          for (size_t i = 0; i < records.size(); ++i) m[i].record = p<float>(records[i]);
           launch_fp8_multi_quantize(m.data(), int64_t(m.size()), cols, dt(in_dtype), dt(out_dtype), p<float>(scale_out),
                                     p<float>(scale_inv), scale_inv_stride, p<float>(amax), as_stream(stream));
         },
         py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
         py::arg("scales"), py::arg("out_dtype"), py::arg("scale_out"), py::arg("scale_inv"), py::arg("amax"),
-        py::arg("stream"), py::arg("scale_inv_stride") = 1,
-        "Delayed-scaling FP8 cast of many (rows[g], cols) tensors in one launch; out / out_t / scales: one "
-        "pointer per member or an empty list (none).");
+        py::arg("stream"), py::arg("scale_inv_stride") = 1, py::arg("records") = std::vector<std::uintptr_t>{},
+        "Delayed-scaling FP8 cast of many (rows[g], cols) tensors in one launch; out / out_t / scales / records: "
+        "one pointer per member or an empty list (none). records: FP32 amax_history[0] slots the members' "
+        "amaxes are max-merged into (torch.maximum's rule).");
   m.def("fp8_multi_current_scaling_quantize",
         [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
            const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t, int out_dtype,

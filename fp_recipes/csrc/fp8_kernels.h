@@ -62,10 +62,13 @@ struct Fp8MultiMember {
   void* out;           // (rows, cols) FP8, or null (not wanted)
   void* out_t;         // (cols, rows) FP8, or null (not wanted)
   const float* scale;  // delayed scaling: this member's FP32 scale (device scalar); unused by current
+  float* record;       // delayed scaling: an FP32 device value (the member's amax_history[0]) updated as
+                       // torch.maximum(*record, amax_g) in the same pass (null: none); unused by current
 };
 
 // Delayed: data = satRN(RN(x * scale_g)), scale_inv[g * scale_inv_stride] = RN(1 / scale_g),
-// amax[g] = max |x_g| (same pass); scale_out[g] = scale_g (the scales gathered; scale_out may be null).
+// amax[g] = max |x_g| (same pass); scale_out[g] = scale_g (the scales gathered; scale_out may be null);
+// a member's record (if not null) max-merged with amax_g, a member without elements merging 0.
 // scale_inv_stride (1..64 floats): 4 puts every scale_inv at a 16-byte aligned address, which cuBLASLt
 // requires of a GEMM's scale pointer.
 void launch_fp8_multi_quantize(const Fp8MultiMember* members, int64_t num_members, int64_t cols, DType in_dtype,

@@ -46,6 +46,7 @@ struct MultiParams {
   uint8_t* out[kMultiChunk];
   uint8_t* out_t[kMultiChunk];
   const float* scale[kMultiChunk];      // delayed: each member's scale (device scalar)
+  float* record[kMultiChunk];           // delayed: each member's amax_history[0] or null (see Fp8MultiMember)
   int64_t rows[kMultiChunk];
   int32_t tile_start[kMultiChunk + 1];  // prefix of this launch's per-member tile counts
   uint8_t flags[kMultiChunk];
@@ -80,7 +81,8 @@ __device__ __forceinline__ float member_scale(const MultiParams& p, int g) {
   return kCurrent ? fp8_current_scale(p.amax_in[g], p.fmt_max, p.amax_epsilon, p.power_2) : *p.scale[g];
 }
 
-// Block 0: scale (current: computed; delayed: gathered) and scale_inv = RN(1 / scale) of every member.
+// Block 0: scale (current: computed; delayed: gathered) and scale_inv = RN(1 / scale) of every member;
+// delayed: a member without tiles (no elements) records its amax of 0 (no other block visits it).
 template <bool kCurrent>
 __device__ __forceinline__ void write_scales(const MultiParams& p) {
   if (blockIdx.x != 0) return;
@@ -88,6 +90,7 @@ __device__ __forceinline__ void write_scales(const MultiParams& p) {
     const float s = member_scale<kCurrent>(p, g);
     if (p.scale_out != nullptr) p.scale_out[g] = s;
     p.scale_inv[int64_t(g) * p.scale_inv_stride] = __fdiv_rn(1.0f, s);
+    if (!kCurrent && p.record[g] != nullptr && p.tile_start[g] == p.tile_start[g + 1]) record_max(p.record[g], 0u);
   }
 }
 
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) multi_cast_transpose_kernel(const __
   cast_transpose_tile<T, F, kAmax>(static_cast<const T*>(p.x[g]), p.rows[g], p.cols, int64_t(ty) * kTR,
                                    int64_t(tx) * kTC, s, (fl & kTileVec) != 0, (fl & kTVec) != 0, p.out[g],
                                    p.out_t[g], key);
-  if (kAmax) flush_amax(key, p.amax_bits + g);
+  if (kAmax) flush_amax_record(key, p.amax_bits + g, p.record[g]);
 }
 
 // Flat tiles over each member's rows * cols elements, a persistent grid (contiguous tile range per
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) multi_flat_kernel(const __grid_const
   for (int i = 0; i < block_tiles; ++i) {
     const int t = int(reverse ? t1 - 1 - i : t0 + i);
     if (t < lo || t >= hi) {  // block-uniform: a new member
-      if (kAmax && cur >= 0) flush_amax(key, p.amax_bits + cur);
+      if (kAmax && cur >= 0) flush_amax_record(key, p.amax_bits + cur, kMode == 1 ? p.record[cur] : nullptr);
       key = 0;
       cur = member_of(p, t);
       lo = p.tile_start[cur];
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) multi_flat_kernel(const __grid_const
       cast_tile<T, F, kAmax, false>(x, out, ts, te, s, key);
     }
   }
-  if (kAmax && cur >= 0) flush_amax(key, p.amax_bits + cur);
+  if (kAmax && cur >= 0) flush_amax_record(key, p.amax_bits + cur, kMode == 1 ? p.record[cur] : nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,6 +202,7 @@ void fill_chunk(MultiParams& p, const Fp8MultiMember* members, int64_t first, in
     p.out[i] = static_cast<uint8_t*>(m.out);
     p.out_t[i] = static_cast<uint8_t*>(m.out_t);
     p.scale[i] = m.scale;
+    p.record[i] = m.record;
     p.rows[i] = m.rows;
     const bool x16 = aligned16(m.x);
     const bool out_ok = m.out == nullptr || aligned_to(m.out, std::uintptr_t(V));

@@ -74,6 +74,29 @@ def _quantize_weights(multi: bool, quantizers: list, weights: Sequence[torch.Ten
     return hit
 
 
+def _bias_grads(dys: Sequence[torch.Tensor], dtypes: Sequence[Optional[torch.dtype]],
+                need: Sequence[bool]) -> List[Optional[torch.Tensor]]:
+    """Each expert's bias gradient, ``dys[g].sum(0)`` accumulated in FP32 and rounded to the bias dtype.
+    Every expert's FP32 sum goes into one (G, n) buffer (the same reduction, written in place) and one
+    conversion rounds them all: G + 1 launches instead of 2 G, the same bits."""
+    wanted = [g for g, dt in enumerate(dtypes) if dt is not None and need[g]]
+    out: List[Optional[torch.Tensor]] = [None] * len(dtypes)
+    if not wanted:
+        return out
+    first = dys[wanted[0]]
+    sums = first.new_empty((len(wanted), first.shape[1]), dtype=torch.float32)
+    for i, g in enumerate(wanted):
+        torch.sum(dys[g], 0, dtype=torch.float32, out=sums[i])
+    by_dtype: dict = {}
+    for i, g in enumerate(wanted):
+        by_dtype.setdefault(dtypes[g], []).append(i)
+    for dt, rows in by_dtype.items():
+        converted = (sums if len(rows) == len(wanted) else sums[rows]).to(dt).unbind(0)
+        for j, i in enumerate(rows):
+            out[wanted[i]] = converted[j]
+    return out
+
+
 class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     @torch_autocast_forward
@@ -135,9 +158,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
             for g in range(num):  # an expert without rows: a zero gradient
                 if need_dw[g] and dws[g] is None:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
-        dbs = [dys[g].sum(0, dtype=torch.float32).to(b_dtypes[g]) if b_dtypes[g] is not None and need[_PARAMS + num + g] else None
-               for g in range(num)]
-        return (dx, None, None, None, None, None, *dws, *dbs)
+        return (dx, None, None, None, None, None, *dws, *_bias_grads(dys, b_dtypes, need[_PARAMS + num:]))
 
 
 class GroupedLinear(QuantizedModule):

@@ -235,7 +235,7 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
 
 
 def can_record_amax() -> bool:
-    """Whether the loaded extension has the cast that records into a history slot (one built before it
+    """Whether the loaded extension has the casts that record into a history slot (one built before them
     has not: the quantizer then records with a torch.maximum)."""
     ext = backend.extension()
     return ext is not None and hasattr(ext, "fp8_quantize_record")
@@ -424,17 +424,18 @@ def _multi_scalars(x0: torch.Tensor, g: int, separate: bool) -> tuple[torch.Tens
 
 def _multi_launch(xs, rows: list, cols: int, fp8_dtype: torch.dtype, out: list, out_t: list,
                   scales: Optional[Sequence[torch.Tensor]], power_2: bool, eps: float, scale: int, scale_inv: int,
-                  amax: int, scale_inv_stride: int = 1) -> None:
+                  amax: int, scale_inv_stride: int = 1, records: Sequence[int] = ()) -> None:
     """The one place the multi-tensor casts are launched: delayed scaling when ``scales`` (one FP32 device
     scalar per member) is given, else current scaling; ``scale``/``scale_inv``/``amax`` are addresses of
-    the (G,) FP32 outputs (scale_inv with the given stride, in floats)."""
+    the (G,) FP32 outputs (scale_inv with the given stride, in floats). ``records`` (delayed scaling, one
+    address per member or none): FP32 ``amax_history[0]`` slots the kernel max-merges each amax into."""
     x0 = xs[0]
     x_ptrs = [x.data_ptr() for x in xs]
     with _on(x0.device):
         if scales is not None:
-            _ext().fp8_multi_quantize(x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t,
-                                      [t.data_ptr() for t in scales], DTYPE_CODE[fp8_dtype], scale, scale_inv, amax,
-                                      _stream(x0.device), scale_inv_stride)
+            args = (x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, [t.data_ptr() for t in scales],
+                    DTYPE_CODE[fp8_dtype], scale, scale_inv, amax, _stream(x0.device), scale_inv_stride)
+            _ext().fp8_multi_quantize(*args, list(records)) if records else _ext().fp8_multi_quantize(*args)
         else:
             _ext().fp8_multi_current_scaling_quantize(
                 x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[fp8_dtype], bool(power_2),
@@ -511,7 +512,7 @@ def _multi_result(xs, buffers, rowwise: bool, columnwise: bool) -> FP8MultiQuant
 
 
 def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Optional[Sequence[torch.Tensor]] = None,
-                           power_2: bool = False, amax_epsilon: float = 0.0):
+                           power_2: bool = False, amax_epsilon: float = 0.0, records: Sequence[int] = ()):
     """The multi-tensor cast for callers that take addresses (the grouped FP8 layer's GEMMs): both
     copies of every member into three fresh buffers, no per-member tensor views (each view costs host
     time). Delayed scaling when ``scales`` is given (one FP32 device scalar per member), else current
@@ -520,7 +521,9 @@ def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Opti
     Returns ``(data, data_t, f32, starts)``: ``data`` (total, cols) holds member g's rows from
     ``starts[g]``; ``data_t`` (total * cols,) holds member g's (cols, rows_g) transposed block from
     ``starts[g] * cols``; ``f32`` (6 G,) FP32 holds member g's scale_inv at ``[4 g]`` (16-byte aligned,
-    as cuBLASLt requires of scale pointers), its amax at ``[4 G + g]`` and scale at ``[5 G + g]``."""
+    as cuBLASLt requires of scale pointers), its amax at ``[4 G + g]`` and scale at ``[5 G + g]``.
+    ``records`` (delayed scaling): the addresses of the members' FP32 ``amax_history[0]``, each updated
+    as ``torch.maximum(slot, amax_g)`` by the cast kernel itself (empty: none)."""
     rows, cols, g = [x.shape[0] for x in xs], xs[0].shape[1], len(xs)
     starts = list(accumulate(rows, initial=0))
     data, data_t = _multi_buffers(xs, fmt, True, True, starts[-1], cols)
@@ -528,7 +531,7 @@ def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Opti
     out, out_t = _multi_pointers(rows, cols, data, data_t, True, True)
     fb = f32.data_ptr()
     _multi_launch(xs, rows, cols, data.dtype, out, out_t, scales, power_2, amax_epsilon, fb + 20 * g, fb, fb + 16 * g,
-                  scale_inv_stride=4)
+                  scale_inv_stride=4, records=records)
     return data, data_t, f32, starts
 
 

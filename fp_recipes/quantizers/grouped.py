@@ -405,6 +405,21 @@ def _cuda_lane(x: torch.Tensor):
     return cuda_fp8.fp8_multi_cast_buffers
 
 
+def _record_slots(quantizers: Sequence[Any], device: torch.device) -> List[int]:
+    """The addresses of the members' ``amax_history[0]`` for the multi-cast kernel to record into (one
+    launch: no amax views, no ``_foreach_maximum_``), or [] where it cannot: an extension without the
+    recording casts, or a history that is not FP32 on the input's device (then
+    :meth:`Fp8MultiCast.record_amaxes` records)."""
+    from ..ops import cuda_fp8
+
+    if not cuda_fp8.can_record_amax():
+        return []
+    slots = [q._slot0() for q in quantizers]
+    if any(s.dtype != torch.float32 or s.device != device for s in slots):
+        return []
+    return [s.data_ptr() for s in slots]
+
+
 def fp8_multi_cast(quantizers: Sequence[FP8MemberQuantizer], parts: Sequence[torch.Tensor], *,
                    record: bool = True) -> Fp8MultiCast:
     """Cast every ``parts[g]`` (2-D, one cols) by ``quantizers[g]`` (one spec that
@@ -416,10 +431,13 @@ def fp8_multi_cast(quantizers: Sequence[FP8MemberQuantizer], parts: Sequence[tor
     lane = _cuda_lane(parts[0]) if _kernel_ready(parts, quantizers, delayed) else None
     rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
     if lane is not None:
+        records = _record_slots(quantizers, parts[0].device) if delayed and record else ()
         data, data_t, f32, starts = lane(
             parts, fmt, scales=[q.scale for q in quantizers] if delayed else None,
-            power_2=bool(spec.use_power_2_scales), amax_epsilon=float(spec.amax_epsilon))
+            power_2=bool(spec.use_power_2_scales), amax_epsilon=float(spec.amax_epsilon), records=records)
         casts = Fp8MultiCast(data, data_t, f32, data.dtype, rows, cols, starts)
+        if records:
+            return casts  # the kernel recorded every member's amax into its history
     else:
         if delayed:
             res = ops.fp8_multi_quantize(parts, [q.scale for q in quantizers], fmt, rowwise=True, columnwise=True)
