@@ -162,8 +162,7 @@ __global__ void __launch_bounds__(kThreads) row_amax_kernel(const T* x, int64_t 
 }
 
 int grid_for(int64_t work_items) {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = sm_count_cached();
   const int64_t want = (work_items + kThreads - 1) / kThreads;
   const int64_t cap = static_cast<int64_t>(sms) * 8;
   return static_cast<int>(want < 1 ? 1 : (want < cap ? want : cap));

@@ -3,6 +3,7 @@
 // intrinsic in the contract's order (the files are also compiled with -fmad=false).
 #pragma once
 
+#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
@@ -10,6 +11,25 @@
 
 namespace fp_recipes {
 namespace nvfp4 {
+
+// Host side: the multiprocessor count of the current device, which the launchers size their grids from.
+// Queried once per device (cudaDeviceGetAttribute costs microseconds of host time per launch, and a
+// device's SM count never changes); thread-safe (relaxed atomics: every thread stores the same value).
+// 132 where a query fails, as the launchers assumed before.
+inline int sm_count_cached() {
+  static std::atomic<int> cached[64];  // static storage: zero-initialised
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  const bool slot = dev >= 0 && dev < 64;
+  if (slot) {
+    const int known = cached[dev].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int sms = 132;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  if (slot && sms > 0) cached[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
 
 // The contract's min(v, bound) is fminf (torch.fmin): a NaN operand yields the other one.
 __device__ __forceinline__ float fmin_bound(float a, float b) { return fminf(a, b); }

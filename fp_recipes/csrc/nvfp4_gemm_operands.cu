@@ -102,8 +102,7 @@ __global__ void __launch_bounds__(kThreads) row_scale_kernel(const float* d, int
 template <typename T>
 void launch_row_scale(const float* d, int64_t M, int64_t N, const float* amax_a, bool a_rows, const float* amax_b,
                       bool b_cols, const void* bias, DType bias_t, void* out, cudaStream_t stream) {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = sm_count_cached();
   const int64_t want = (M * N + kThreads - 1) / kThreads;
   const int64_t cap = static_cast<int64_t>(sms) * 16;
   row_scale_kernel<T><<<static_cast<unsigned>(want < cap ? want : cap), kThreads, 0, stream>>>(

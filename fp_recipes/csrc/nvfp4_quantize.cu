@@ -764,8 +764,7 @@ bool row_scaled_fits(const KParams& kp) {
 template <typename T, int kFos, bool kFused>
 void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) {
   if (kp.M == 0 || kp.N == 0) return;
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = sm_count_cached();
   const int64_t cap = static_cast<int64_t>(sms) * 16;
   const unsigned grid = static_cast<unsigned>(kp.M < cap ? kp.M : cap);
   if (kp.N / 16 <= 2 * kThreads) {
@@ -786,15 +785,20 @@ void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
   const int64_t tiles = ((kp.N + 63) / 64) * ((kp.M + C::kRows - 1) / C::kRows);
   int64_t grid = tiles < 2147483647 ? tiles : 2147483647;  // the kernel's loop takes any grid size
   if (waves > 0) {
-    static int per_sm = 0;
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    // resident blocks per SM of this instantiation, queried once per device (thread-safe: relaxed
+    // atomics, every thread stores the same value)
+    static std::atomic<int> occupancy[64];
+    const int sms = sm_count_cached();
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = -1;
+    int per_sm = dev >= 0 ? occupancy[dev].load(std::memory_order_relaxed) : 0;
     if (per_sm == 0) {
       int occ = 0;
       if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT>, kThreads, 0) !=
               cudaSuccess || occ < 1)
         occ = 1;
       per_sm = occ;
+      if (dev >= 0) occupancy[dev].store(occ, std::memory_order_relaxed);
     }
     const int64_t want = static_cast<int64_t>(sms) * per_sm * waves;
     if (want < grid) grid = want;
@@ -834,8 +838,7 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
         return;
       }
     }
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int sms = sm_count_cached();
     constexpr int kPer = RowwiseCfg<kFos>::kU * kThreads;
     const int64_t want = (total + kPer - 1) / kPer;
     const int64_t grid = want < static_cast<int64_t>(sms) * 16 ? want : static_cast<int64_t>(sms) * 16;

@@ -161,9 +161,15 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
         copies = [(a.data, a.scale), (b.data, b.scale)]
     else:
         copies = [(op.data, op.scale) for op, u in ((a, ua), (b, ub)) if u is None]
+    unit_operands = cuda_nvfp4.nvfp4_unit_operands
     try:
-        decoded, alpha_beta = cuda_nvfp4.nvfp4_unit_operands(
-            copies, None if row else amax_a, None if row else amax_b, a.e4m3_max, b.e4m3_max, device=dev)
+        if unit_operands is cuda_nvfp4.own_unit_operands:
+            # alpha in the stream's workspace: the GEMM below is the next launch on this stream that reads it
+            decoded, alpha_beta = unit_operands(copies, None if row else amax_a, None if row else amax_b,
+                                                a.e4m3_max, b.e4m3_max, device=dev, alpha_workspace=True)
+        else:  # replaced (tests' fakes take the public keywords only)
+            decoded, alpha_beta = unit_operands(
+                copies, None if row else amax_a, None if row else amax_b, a.e4m3_max, b.e4m3_max, device=dev)
     except ValueError:  # non-contiguous or unaligned copies: the torch emulation takes them
         return None
     if ua is None:

@@ -234,25 +234,25 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
             row_am = torch.empty((m,), dtype=torch.float32, device=dev_t)
             if columnwise:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
-            ext.nvfp4_row_amax(x_ptr, code, m, n, _ptr(row_am), _ptr(t_am), stream, dev, ws=ws)
+            ext.nvfp4_row_amax(x_ptr, code, m, n, _ptr(row_am), _ptr(t_am), stream, dev, ws)
     else:
         need_g = rowwise or block_2d or (columnwise and not rht)
         if amax is not None:
             g_am = amax.reshape(()).to(torch.float32).clone()
             if rht:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
-                ext.nvfp4_amax(x_ptr, code, m, n, 0, t_am.data_ptr(), stream, dev, ws=ws)
+                ext.nvfp4_amax(x_ptr, code, m, n, 0, t_am.data_ptr(), stream, dev, ws)
         elif need_g and rht and share_amax:
             # Eager: both amaxes in one 8-byte buffer, which the launcher zeroes with one memset when it has no
             # workspace (views of one buffer: not allowed as a custom op's outputs).
             both = torch.empty((2,), dtype=torch.float32, device=dev_t)
             g_am, t_am = both[0], both[1]
-            ext.nvfp4_amax(x_ptr, code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev, ws=ws)
+            ext.nvfp4_amax(x_ptr, code, m, n, g_am.data_ptr(), t_am.data_ptr(), stream, dev, ws)
         else:
             g_am = torch.empty((), dtype=torch.float32, device=dev_t) if need_g else None
             t_am = torch.empty((), dtype=torch.float32, device=dev_t) if rht else None
             ext.nvfp4_amax(x_ptr, code, m, n, 0 if g_am is None else g_am.data_ptr(),
-                           0 if t_am is None else t_am.data_ptr(), stream, dev, ws=ws)
+                           0 if t_am is None else t_am.data_ptr(), stream, dev, ws)
         if columnwise and not rht:
             t_am = g_am.clone() if rowwise and not share_amax else g_am
 
@@ -280,7 +280,8 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
             _ptr(t_am) if columnwise else 0,
             rht, block_2d, fos, mse, float(e4m3_max), stochastic_rounding,
             (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev,
-            unit=0 if unit is None else unit.data_ptr(), unit_t=0 if unit_t is None else unit_t.data_ptr(), **({"row_amax_out": _ptr(row_am)} if fused_row_amax else {}))
+            0 if unit is None else unit.data_ptr(), 0 if unit_t is None else unit_t.data_ptr(),  # unit, unit_t
+            *((_ptr(row_am),) if fused_row_amax else ()))  # row_amax_out (a binding without it: never passed)
     out_amax = rowwise_amax if rowwise else _empty_f32(dev_t)
     out_amax_t = t_am if columnwise else _empty_f32(dev_t)
     if rowwise and columnwise and out_amax_t is out_amax and not share_amax:
@@ -589,13 +590,14 @@ class QuantizePlan:
     :func:`nvfp4_quantize` does on every call). Immutable: a quantizer makes a new one when its spec
     changes."""
 
-    __slots__ = ("options", "valid", "flags", "rowwise", "columnwise", "block_2d", "row_scaled", "rht")
+    __slots__ = ("options", "valid", "flags", "rowwise", "columnwise", "block_2d", "row_scaled", "rht", "launches")
 
     def __init__(self, *, rowwise: bool, columnwise: bool, block_2d: bool, row_scaled: bool, four_over_six: bool,
                  e4m3_max: int, err_mode: str, err_fast_math: bool, rht: bool, stochastic_rounding: bool) -> None:
         self.options = dict(rowwise=rowwise, columnwise=columnwise, block_2d=block_2d, row_scaled=row_scaled,
                             four_over_six=four_over_six, e4m3_max=e4m3_max, err_mode=err_mode, rht=rht,
                             stochastic_rounding=stochastic_rounding)  # _check_options' keywords
+        self.launches: Dict[tuple, "_Launch"] = {}  # (x.shape, x.dtype) -> its resolved launch (see _Launch)
         try:
             _check_static_options(**self.options)
             self.valid = True
@@ -616,9 +618,23 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
     flattened to 2-D) and whose ``seed``/``offset`` are its own ints in [0, 2^64). ``units``: (rowwise,
     columnwise) unit operands to write as :func:`nvfp4_quantize_with_units` does, or None. Returns
     ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)``, absent ones None."""
+    launch = None
+    if amax is None and units is None:
+        launch = plan.launches.get((x.shape, x.dtype))
+        if launch is not None:  # this shape and dtype passed the checks below before
+            _require_cuda(x, "nvfp4_quantize")
+            res = launch.run(x.contiguous(), seed, offset)
+            if res is not None:
+                return res
     if not plan.valid:
         _check_options(x, amax, seed=seed, offset=offset, **plan.options)  # raises nvfp4_quantize's error
     _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
+    if launch is None and amax is None and units is None and x.numel() and len(plan.launches) < _MAX_LAUNCHES:
+        _require_cuda(x, "nvfp4_quantize")
+        launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x)  # kept once x passed every check
+        res = launch.run(x.contiguous(), seed, offset)
+        if res is not None:
+            return res
     if amax is not None:
         _check_amax_override(x, amax, plan.row_scaled)
         amax = amax.contiguous()
@@ -633,6 +649,114 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
         data_t = scale_t = amax_t = None
     unit, unit_t = (None, None) if wanted is None else wanted
     return data, scale, out_amax, data_t, scale_t, amax_t, unit, unit_t
+
+
+# Resolved launches kept per plan (distinct input shapes and dtypes of one quantizer; a model's quantizer
+# sees one or a few). Past the cap, new shapes take the general path.
+_MAX_LAUNCHES = 64
+
+
+class _Launch:
+    """One quantizer plan's quantization of one input shape and dtype (no amax override, no unit
+    operands): the output shapes, the dtype code and how the amaxes are laid out, resolved once, so a
+    call allocates only the outputs it returns and makes the kernel calls directly. The same launches,
+    arguments and bytes as :func:`_quantize_kernels` with ``share_amax=True``; :meth:`run` returns None
+    where that path is needed (unaligned x, a device whose E2M1 check chose the reference twin)."""
+
+    __slots__ = ("m", "n", "code", "rowwise", "columnwise", "row_scaled", "block_2d", "rht", "mode", "need_g",
+                 "data_shape", "scale_shape", "data_t_shape", "scale_t_shape", "row_shape", "tail")
+
+    def __init__(self, plan: "QuantizePlan", x: torch.Tensor) -> None:
+        m, n = x.shape
+        rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math, rht, sr = plan.flags
+        self.m, self.n, self.code = m, n, _DTYPE_CODES[x.dtype]
+        self.rowwise, self.columnwise, self.row_scaled, self.block_2d, self.rht = (rowwise, columnwise, row_scaled,
+                                                                                  block_2d, rht)
+        self.need_g = rowwise or block_2d or (columnwise and not rht)
+        if row_scaled:
+            # the per-row amax inside the quantize launch (rowwise only, where the build has it), else a
+            # row amax launch (with the global amax of the columnwise copy)
+            self.mode = "fused_row" if rowwise and not columnwise else "row"
+        else:
+            self.mode = "both" if self.need_g and rht else "plain"
+        self.data_shape, self.scale_shape = (m, n // 2), (m, n // BLOCK)
+        self.data_t_shape, self.scale_t_shape = (n, m // 2), (n, m // BLOCK)
+        self.row_shape = (m,)
+        fos = _FOS_OFF if not four_over_six else (_FOS_FAST if err_fast_math else _FOS_STRICT)
+        # nvfp4_quantize's arguments between amax_t and the seed
+        self.tail = (rht, block_2d, fos, mse, float(e4m3_max), sr)
+
+    def run(self, x: torch.Tensor, seed: int, offset: int) -> Optional[tuple]:
+        """The outputs ``(data, scale, amax, data_t, scale_t, amax_t, None, None)`` (absent copies None),
+        or None (nothing launched) where the general path must run."""
+        x_ptr = x.data_ptr()
+        dev_t = x.device
+        if x_ptr % 16 or (x.is_cuda and (_E2M1.get(dev_t.index) or _e2m1_mode(dev_t)) == "reference"):
+            return None
+        m, n, code = self.m, self.n, self.code
+        stream, dev = _stream_of(dev_t), dev_t.index
+        ext = backend.extension() or _ext()  # (_ext raises the missing extension's error)
+        mode = self.mode
+        row_am = g_am = t_am = None
+        row_amax_out = 0
+        if mode == "both":
+            # both amaxes in one 8-byte buffer (x's, then the post-RHT one of the columnwise copy)
+            both = torch.empty((2,), dtype=torch.float32, device=dev_t)
+            g_am, t_am = both.unbind()
+            g_ptr = both.data_ptr()
+            t_ptr = g_ptr + 4
+            ws = _AMAX_WS.get((dev, stream))
+            ext.nvfp4_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev,
+                           ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream))
+            rowwise_amax = g_am
+        elif mode == "plain":
+            g_ptr = t_ptr = 0
+            if self.need_g:
+                g_am = torch.empty((), dtype=torch.float32, device=dev_t)
+                g_ptr = g_am.data_ptr()
+            if self.rht:
+                t_am = torch.empty((), dtype=torch.float32, device=dev_t)
+                t_ptr = t_am.data_ptr()
+            ws = _AMAX_WS.get((dev, stream))
+            ext.nvfp4_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev,
+                           ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream))
+            if self.columnwise and not self.rht:
+                t_am, t_ptr = g_am, g_ptr
+            rowwise_amax = g_am
+        else:
+            row_am = torch.empty(self.row_shape, dtype=torch.float32, device=dev_t)
+            g_ptr = row_am.data_ptr()  # the rowwise amax: the per-row one
+            t_ptr = 0
+            if mode == "fused_row" and getattr(ext, "nvfp4_fused_row_amax", False):
+                row_amax_out = g_ptr
+            else:
+                if self.columnwise:
+                    t_am = torch.empty((), dtype=torch.float32, device=dev_t)
+                    t_ptr = t_am.data_ptr()
+                ws = _AMAX_WS.get((dev, stream))
+                ext.nvfp4_row_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev,
+                                   ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream))
+            rowwise_amax = row_am
+        data = scale = data_t = scale_t = None
+        data_ptr = scale_ptr = data_t_ptr = scale_t_ptr = 0
+        if self.rowwise:
+            data = torch.empty(self.data_shape, dtype=torch.uint8, device=dev_t)
+            scale = torch.empty(self.scale_shape, dtype=torch.float8_e4m3fn, device=dev_t)
+            data_ptr, scale_ptr = data.data_ptr(), scale.data_ptr()
+        if self.columnwise:
+            data_t = torch.empty(self.data_t_shape, dtype=torch.uint8, device=dev_t)
+            scale_t = torch.empty(self.scale_t_shape, dtype=torch.float8_e4m3fn, device=dev_t)
+            data_t_ptr, scale_t_ptr = data_t.data_ptr(), scale_t.data_ptr()
+        rht, block_2d, fos, mse, e4m3_max, sr = self.tail
+        args = (x_ptr, code, m, n, data_ptr, scale_ptr, g_ptr if (self.rowwise or block_2d) else 0, self.row_scaled,
+                data_t_ptr, scale_t_ptr, t_ptr, rht, block_2d, fos, mse, e4m3_max, sr, seed, offset, stream, dev)
+        if row_amax_out:
+            ext.nvfp4_quantize(*args, 0, 0, row_amax_out)  # unit, unit_t, row_amax_out
+        else:
+            ext.nvfp4_quantize(*args, 0, 0)  # unit, unit_t (the arguments _quantize_kernels passes)
+        if not self.rowwise:
+            rowwise_amax = None
+        return data, scale, rowwise_amax, data_t, scale_t, t_am, None, None
 
 
 @backend.register_cuda_impl("nvfp4_dequantize")
@@ -657,7 +781,7 @@ def unit_operands_available() -> bool:
 
 def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: Optional[torch.Tensor] = None,
                         e4m3_max_a: int = 448, e4m3_max_b: int = 448, *, with_alpha: bool = True,
-                        device: Optional[torch.device] = None):
+                        device: Optional[torch.device] = None, alpha_workspace: bool = False):
     """BF16 unit values (E2M1 x E4M3, no global factor; exact) of up to four NVFP4 copies, each
     ``(data (rows, K/2) uint8, scale (rows, K/16) e4m3)`` contiguous on one CUDA device, in one launch.
     No copies (``device`` given) with ``with_alpha``: the launch writes only alpha (both GEMM operands
@@ -667,13 +791,19 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
     RN(RN(amax_a * amax_b) * RN(1/(36 E_a E_b))) (bit-equal to ``ref_nvfp4.nvfp4_gemm_alpha``; an absent
     amax counts as 1, the unit alpha of a row-scaled GEMM) for a cuBLASLt call that reads it on the
     device. Returns ``(list of (rows, K) bfloat16 tensors, alpha_beta or None)``. No validation beyond
-    what the kernel needs: callers (gemm/nvfp4_emulated.py) pass an NVFP4Tensor's own copies."""
-    if not (0 < len(copies) or (with_alpha and device is not None)) or len(copies) > 4:
+    what the kernel needs: callers (gemm/nvfp4_emulated.py) pass an NVFP4Tensor's own copies.
+
+    ``alpha_workspace`` (the emulated GEMM, which consumes alpha_beta in its next launch on the same
+    stream): alpha_beta is this stream's 16-byte alpha workspace instead of a fresh allocation, valid
+    until the next call on the stream writes it again (launches on one stream run in order, so the
+    GEMM reads it before the next decode launch overwrites it)."""
+    num = len(copies)
+    if not (0 < num or (with_alpha and device is not None)) or num > 4:
         raise ValueError(f"nvfp4_unit_operands: 1 to 4 copies per call (0 with alpha and a device), got "
-                         f"{len(copies)}")
-    dev = copies[0][0].device if copies else device
-    outs, data_p, scale_p, out_p, blocks = [], [], [], [], []
-    for data, scale in copies:
+                         f"{num}")
+    dev = copies[0][0].device if num else device
+    outs, data_p, scale_p, out_p, blocks = [None] * num, [0] * num, [0] * num, [0] * num, [0] * num
+    for i, (data, scale) in enumerate(copies):
         rows, half = data.shape
         # the pointers _ptr() gives, from the shapes: data has rows * half elements, scale (once its shape
         # is checked) rows * (half // 8), the fresh output (null when empty) rows * half * 2
@@ -683,18 +813,47 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
             raise ValueError("nvfp4_unit_operands: each copy needs contiguous uint8 data (rows, K/2) at an "
                              "8-byte aligned address and contiguous e4m3 scales (rows, K/16) on one device; got "
                              f"{data.dtype} {tuple(data.shape)} and {scale.dtype} {tuple(scale.shape)}")
-        out = torch.empty((rows, half * 2), dtype=torch.bfloat16, device=dev)
-        outs.append(out)
-        data_p.append(data_ptr)
-        scale_p.append(scale.data_ptr() if rows * (half // 8) else 0)
-        out_p.append(out.data_ptr())
-        blocks.append(rows * half // 8)
-    alpha_beta = torch.empty((4,), dtype=torch.float32, device=dev) if with_alpha else None
+        out = outs[i] = torch.empty((rows, half * 2), dtype=torch.bfloat16, device=dev)
+        data_p[i] = data_ptr
+        scale_p[i] = scale.data_ptr() if rows * (half // 8) else 0
+        out_p[i] = out.data_ptr()
+        blocks[i] = rows * half // 8
     stream, index = _stream_of(dev), dev.index
-    _ext().nvfp4_decode_unit_bf16(data_p, scale_p, out_p, blocks, _ptr(amax_a), _ptr(amax_b), float(e4m3_max_a),
-                                  float(e4m3_max_b), 0 if alpha_beta is None else alpha_beta.data_ptr(), stream,
-                                  index)
+    alpha_beta = None
+    if with_alpha:
+        alpha_beta = _ALPHA_WS.get((index, stream)) if alpha_workspace else None
+        if alpha_beta is None:
+            alpha_beta = _alpha_ws(dev, stream) if alpha_workspace else \
+                torch.empty((4,), dtype=torch.float32, device=dev)
+    ext = backend.extension() or _ext()  # (_ext raises the missing extension's error)
+    # _ptr() of the amaxes, inline
+    amax_a_ptr = 0 if amax_a is None or not amax_a.numel() else amax_a.data_ptr()
+    amax_b_ptr = 0 if amax_b is None or not amax_b.numel() else amax_b.data_ptr()
+    ext.nvfp4_decode_unit_bf16(data_p, scale_p, out_p, blocks, amax_a_ptr, amax_b_ptr, float(e4m3_max_a),
+                               float(e4m3_max_b), 0 if alpha_beta is None else alpha_beta.data_ptr(), stream, index)
     return outs, alpha_beta
+
+
+#: nvfp4_unit_operands as defined here: the emulated GEMM passes alpha_workspace only to this one (tests replace
+#: the module attribute with fakes of the other keywords)
+own_unit_operands = nvfp4_unit_operands
+
+# The emulated GEMM's {alpha, beta} (FP32, 16 bytes) per (device, stream): written by the decode launch and
+# read by the cuBLASLt GEMM right after it on the same stream (see nvfp4_unit_operands).
+_ALPHA_WS: dict = {}
+
+
+def _alpha_ws(device: torch.device, stream: int) -> torch.Tensor:
+    """This stream's alpha workspace, created on first use; a fresh tensor (not kept) while the stream is
+    being captured into a CUDA graph without one (the graph's memory pool then holds it), as for the amax
+    workspace."""
+    key = (device.index, stream)
+    ws = _ALPHA_WS.get(key)
+    if ws is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.empty((4,), dtype=torch.float32, device=device)
+        ws = _ALPHA_WS[key] = torch.zeros((4,), dtype=torch.float32, device=device)
+    return ws
 
 
 def nvfp4_row_scale_epilogue(d: torch.Tensor, amax_a: torch.Tensor, a_rows: bool, amax_b: torch.Tensor,

@@ -292,7 +292,7 @@ class NVFP4Quantizer(Quantizer):
             # traced code may not mutate the quantizer: a throwaway plan there, without the CUDA part
             plan = _QuantizePlan(self.spec, eager=False) if compiling else self._make_plan()
         check_input(x, plan.what)
-        x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        x2 = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
         if compiling:
             return self._quantize_traced(x, x2, amax, plan)
         if plan.cuda is not None and resolved("nvfp4_quantize", x2) is plan.cuda.nvfp4_quantize:
@@ -319,7 +319,20 @@ class NVFP4Quantizer(Quantizer):
             raise self._input_error(exc, x, x2) from exc
         if plan.stochastic_rounding:
             self._advance_offset(x2)
-        return _own_tensor(plan, res, x)
+        # The tensor from the wrapper's own outputs, without the constructor's checks: the kernels made each
+        # copy in its documented dtype and shape from x flattened to 2-D (the checks cost microseconds per
+        # cast, on the step's host path). Traced code and the reference path construct.
+        t = object.__new__(NVFP4Tensor)
+        t.data, t.scale, t.amax, t.data_t, t.scale_t, t.amax_t, unit, unit_t = res
+        t.row_scaled = plan.row_scaled
+        t.e4m3_max = plan.e4m3_max
+        t.four_over_six = plan.four_over_six
+        t.rht_columnwise = plan.rht
+        t.orig_dtype = x.dtype
+        t._shape = x.shape
+        if unit is not None or unit_t is not None:  # else the class's None
+            t.gemm_unit, t.gemm_unit_t = unit, unit_t
+        return t
 
     def _quantize_ops(self, x: torch.Tensor, x2: torch.Tensor, amax: Optional[torch.Tensor],
                       plan: "_QuantizePlan", seed: Any, offset: Any, traced_offset: bool = False) -> NVFP4Tensor:
@@ -490,19 +503,3 @@ class _QuantizePlan:
             self.cuda = cuda_nvfp4
             self.cuda_plan = cuda_nvfp4.QuantizePlan(**self.options)
 
-
-def _own_tensor(plan: _QuantizePlan, res: tuple, x: torch.Tensor) -> NVFP4Tensor:
-    """The CUDA wrapper's outputs for ``x`` as an NVFP4Tensor without the constructor's checks: the
-    kernels made each copy in its documented dtype and shape from ``x`` flattened to 2-D (the checks cost
-    microseconds per cast, on the step's host path). Traced code and the reference path construct."""
-    t = object.__new__(NVFP4Tensor)
-    t.data, t.scale, t.amax, t.data_t, t.scale_t, t.amax_t, unit, unit_t = res
-    t.row_scaled = plan.row_scaled
-    t.e4m3_max = plan.e4m3_max
-    t.four_over_six = plan.four_over_six
-    t.rht_columnwise = plan.rht
-    t.orig_dtype = x.dtype
-    t._shape = x.shape
-    if unit is not None or unit_t is not None:  # else the class's None
-        t.gemm_unit, t.gemm_unit_t = unit, unit_t
-    return t
