@@ -309,8 +309,13 @@ def backward_operands(qs: GemmQuantizers, x: torch.Tensor, weight: torch.Tensor,
     if override is BackwardOverride.HIGH_PRECISION:
         return x, amp_cast(weight, amp_dtype)
     if override is BackwardOverride.DEQUANTIZED:
-        xd = qx if isinstance(qx, torch.Tensor) else qx.dequantize(torch.float32).reshape(x.shape)
-        wd = qw if isinstance(qw, torch.Tensor) else qw.dequantize(torch.float32).reshape(weight.shape)
+        # (no reshape, a view op, of a dequantized operand that has its shape already)
+        xd = qx if isinstance(qx, torch.Tensor) else qx.dequantize(torch.float32)
+        if xd is not qx and xd.shape != x.shape:
+            xd = xd.reshape(x.shape)
+        wd = qw if isinstance(qw, torch.Tensor) else qw.dequantize(torch.float32)
+        if wd is not qw and wd.shape != weight.shape:
+            wd = wd.reshape(weight.shape)
         return xd, wd
     return columnwise_only(qx), columnwise_only(qw)
 
