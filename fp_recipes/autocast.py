@@ -154,7 +154,8 @@ def unregister_outermost_exit_hook(fn_or_handle: Any) -> bool:
 
 def _run_outermost_exit_hooks(state: AutocastState) -> None:
     for hid, handle in list(_hooks.items()):
-        cb = handle.callback()
+        ref = handle._ref
+        cb = handle._fn if ref is None else ref()  # (handle.callback(), inline)
         if cb is None:  # a weak hook whose owner is gone
             _hooks.pop(hid, None)
             continue
@@ -203,6 +204,12 @@ def _compiling() -> bool:
     return _IS_COMPILING()
 
 
+class _EntryDepths(threading.local):
+    """An autocast's stack heights at entry, per thread (``depths``: None until this thread enters it)."""
+
+    depths: Optional[List[int]] = None
+
+
 def _recipe_from_env_for_trace() -> Optional["Recipe"]:
     """``recipe=None`` inside a function torch.compile traces: the environment's recipe, read once
     while tracing (a constant of the graph; a later change of the variables is not seen by it)."""
@@ -234,25 +241,31 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
         self.amax_reduction_group = amax_reduction_group
         # stack heights at entry, per thread (re-entrant decorator use); an autocast that torch.compile
         # traces keeps them in a plain list (the graph runs in the calling thread)
-        self._local = None if _compiling() else threading.local()
+        is_compiling = _IS_COMPILING
+        compiling = is_compiling() if is_compiling is not None else _compiling()
+        self._local = None if compiling else _EntryDepths()
         self._traced_depths: List[int] = []
 
     def _depths_for(self, compiling: bool) -> List[int]:
         """The stack heights at entry of this thread (of the trace, while ``compiling``)."""
-        if self._local is None or compiling:
+        local = self._local
+        if local is None or compiling:
             return self._traced_depths
-        depths = getattr(self._local, "depths", None)
+        depths = local.depths
         if depths is None:
-            depths = self._local.depths = []
+            depths = local.depths = []
         return depths
 
     def __enter__(self) -> AutocastState:
         _stack = _local.stack
-        compiling = _compiling()
-        if self.enabled and self.recipe is None and compiling:
+        is_compiling = _IS_COMPILING  # (_compiling(), inline once it is known)
+        compiling = is_compiling() if is_compiling is not None else _compiling()
+        recipe = self.recipe
+        if self.enabled and recipe is None and compiling:
             recipe = _recipe_from_env_for_trace()
         elif self.enabled:
-            recipe = _resolve_recipe(self.recipe)  # None when FP_RECIPES_RECIPE=none
+            if recipe is None or not _RECIPE_CLASS or not isinstance(recipe, _RECIPE_CLASS[0]):
+                recipe = _resolve_recipe(recipe)  # None when FP_RECIPES_RECIPE=none
         else:
             recipe = None if self.recipe is None else _resolve_recipe(self.recipe)  # type check
         enabled = self.enabled and recipe is not None
@@ -268,17 +281,35 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
             depth=len(_stack) + 1,
             records=records,
         )
-        self._depths_for(compiling).append(len(_stack))
+        local = self._local  # (self._depths_for(compiling), inline)
+        if local is None or compiling:
+            depths = self._traced_depths
+        else:
+            depths = local.depths
+            if depths is None:
+                depths = local.depths = []
+        depths.append(state.depth - 1)
         _stack.append(state)
         return state
 
     def __exit__(self, exc_type, exc, tb) -> None:
         _stack = _local.stack
-        compiling = _compiling()
-        height = self._depths_for(compiling).pop()
+        is_compiling = _IS_COMPILING
+        compiling = is_compiling() if is_compiling is not None else _compiling()
+        local = self._local
+        if local is None or compiling:
+            height = self._traced_depths.pop()
+        else:
+            depths = local.depths
+            if depths is None:
+                depths = local.depths = []
+            height = depths.pop()
         exiting = _stack[height]
         del _stack[height:]  # restore the enclosing state (drops anything left above us too)
-        if exc_type is None and exiting.enabled and not _any_enabled(_stack):
+        if exc_type is None and exiting.enabled:
+            for s in _stack:  # (_any_enabled(_stack), inline)
+                if s.enabled:
+                    return
             if compiling:  # traced: the hooks' updates become graph ops (inference mode is eager-only)
                 _run_outermost_exit_hooks(exiting)
                 return

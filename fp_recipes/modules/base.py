@@ -34,7 +34,7 @@ from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, Qua
                                 ScalingKind, TensorKind)
 from . import replay
 from . import state as qstate
-from ..autocast import AutocastState, _resolve_recipe, get_autocast_state
+from ..autocast import AutocastState, _local as _autocast_tls, _resolve_recipe, get_autocast_state
 from .amax_reduction import reducer
 from .weight_cache import AUTO, WeightCache, cache_mode, cacheable
 
@@ -168,14 +168,21 @@ def quantize_weight(quantizer: Optional[Any], weight: torch.Tensor, group: Any =
     records a delayed-scaling weight's amax (the amax of the cached weight, kept with the copy) and
     hands the quantizer to the reducer, so the history and the scale updates are those of a forward
     that quantized again. A checkpoint recompute (``record=False``) reuses but does not store."""
-    if cache is None or not cacheable(quantizer, weight):
+    if cache is None or quantizer is None:
         return quantize_operand(quantizer, weight, group, record=record)
-    key = (quantizer,)
-    hit = cache.lookup(key, (weight,), mode)
+    # (cacheable(quantizer, weight), inline)
+    if (type(weight) not in _PLAIN_TENSORS and getattr(weight, "fp_recipes_prequantized", None) is not None) \
+            or getattr(quantizer.spec, "stochastic_rounding", False):
+        return quantize_operand(quantizer, weight, group, record=record)
+    own = type(cache) is WeightCache  # (else a wrapper with lookup/store only: graphs.py's _HoldingCache)
+    hit = cache.lookup_one(quantizer, weight, mode) if own else cache.lookup((quantizer,), (weight,), mode)
     if hit is None:
         q = quantize_operand(quantizer, weight, group, record=record)
         if record:
-            cache.store(key, (weight,), q)
+            if own:
+                cache.store_one(quantizer, weight, q)
+            else:
+                cache.store((quantizer,), (weight,), q)
         return q
     if record and quantizer.spec.scaling is ScalingKind.DELAYED:
         quantizer.record_amax(hit.amax)
@@ -256,9 +263,14 @@ def torch_autocast_forward(forward):
     @functools.wraps(forward)
     def wrapped(ctx, x, *args):
         device_type = x.device.type
-        amp = ctx.amp_dtype = torch_autocast_dtype(device_type)
-        if amp is None:
+        try:  # (torch_autocast_dtype, inline: one call fewer per forward)
+            enabled = torch.is_autocast_enabled(device_type)
+        except RuntimeError:  # a device type autocast does not know (meta): never enabled
+            enabled = False
+        if not enabled:
+            ctx.amp_dtype = None
             return forward(ctx, x, *args)
+        ctx.amp_dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
             return forward(ctx, x, *args)
     return wrapped
@@ -272,7 +284,11 @@ def torch_autocast_backward(backward):
     @functools.wraps(backward)
     def wrapped(ctx, dy, *args):
         device_type = dy.device.type
-        if torch_autocast_dtype(device_type) is None:
+        try:  # (torch_autocast_dtype, inline)
+            enabled = torch.is_autocast_enabled(device_type)
+        except RuntimeError:
+            enabled = False
+        if not enabled:
             return backward(ctx, dy, *args)
         with torch.autocast(device_type, enabled=False):
             return backward(ctx, dy, *args)
@@ -293,8 +309,13 @@ def backward_operands(qs: GemmQuantizers, x: torch.Tensor, weight: torch.Tensor,
     if override is BackwardOverride.HIGH_PRECISION:
         return x, amp_cast(weight, amp_dtype)
     if override is BackwardOverride.DEQUANTIZED:
-        xd = qx if isinstance(qx, torch.Tensor) else qx.dequantize(torch.float32).reshape(x.shape)
-        wd = qw if isinstance(qw, torch.Tensor) else qw.dequantize(torch.float32).reshape(weight.shape)
+        # (no reshape, a view op, of a dequantized operand that has its shape already)
+        xd = qx if isinstance(qx, torch.Tensor) else qx.dequantize(torch.float32)
+        if xd is not qx and xd.shape != x.shape:
+            xd = xd.reshape(x.shape)
+        wd = qw if isinstance(qw, torch.Tensor) else qw.dequantize(torch.float32)
+        if wd is not qw and wd.shape != weight.shape:
+            wd = wd.reshape(weight.shape)
         return xd, wd
     return columnwise_only(qx), columnwise_only(qw)
 
@@ -335,10 +356,17 @@ class QuantizedLinearFunction(torch.autograd.Function):
             x, b = amp_cast(x, amp), amp_cast(bias, amp)
         quantizers = qs.quantizers
         wq = quantizers[_WEIGHT]
-        if m == 0:
+        aq = quantizers[_ACTIVATION]
+        if m == 0 or aq is None:
             qx = x
         else:
-            qx = quantize_operand(quantizers[_ACTIVATION], x, group, record=record)
+            spec = aq.spec
+            if spec.rht_columnwise and spec.columnwise and x.dtype != torch.bfloat16:
+                qx = quantize_operand(aq, x, group, record=record)
+            else:  # (quantize_operand, inline: an activation is never a prequantized weight)
+                qx = aq.quantize(x)
+                if record and spec.scaling is ScalingKind.DELAYED:
+                    reducer.record_forward(aq, group)
         qw = quantize_weight(wq, weight if wq is not None else amp_cast(weight, amp), group,
                              record=record, cache=cache, mode=mode)
         if m == 0:
@@ -349,12 +377,25 @@ class QuantizedLinearFunction(torch.autograd.Function):
         ctx.shapes = (m, k, n)
         ctx.compute_dtype = x.dtype
         ctx.has_bias = bias is not None
-        x_op, w_op = backward_operands(qs, x, weight, qx, qw, amp)
+        if qs.backward_override is None:  # (backward_operands, inline)
+            x_op, w_op = columnwise_only(qx), columnwise_only(qw)
+        else:
+            x_op, w_op = backward_operands(qs, x, weight, qx, qw, amp)
         # Every tensor the backward reads goes through save_for_backward (the quantized operands as
         # their component tensors): freed after a backward that does not retain the graph, kept for
         # retain_graph=True, dropped and recomputed by activation checkpointing.
-        tensors, ctx.shells = replay.pack((x_op, w_op))
-        ctx.save_for_backward(*tensors)
+        if type(x_op).__name__ in _SPLIT_TYPES and type(w_op).__name__ in _SPLIT_TYPES:
+            # (replay.pack for two quantized tensors that split themselves, inline; the same shells)
+            xt, xs = x_op.split_saved()
+            wt, ws = w_op.split_saved()
+            n_x = len(xt)
+            ctx.shells = [("custom", xs, n_x), ("custom", ws, len(wt))]
+            ctx.split_at = n_x
+            ctx.save_for_backward(*xt, *wt)
+        else:
+            tensors, ctx.shells = replay.pack((x_op, w_op))
+            ctx.split_at = None
+            ctx.save_for_backward(*tensors)
         return y
 
     @staticmethod
@@ -364,8 +405,16 @@ class QuantizedLinearFunction(torch.autograd.Function):
         m, k, n = ctx.shapes
         in_dtype, w_dtype, b_dtype = ctx.dtypes
         x_dtype = ctx.compute_dtype
-        x_op, w_op = replay.unpack(ctx.shells, ctx.saved_tensors)
-        start_backward(qs, dy)
+        n_x = ctx.split_at
+        if n_x is None:
+            x_op, w_op = replay.unpack(ctx.shells, ctx.saved_tensors)
+        else:  # (replay.unpack of the two shells the forward made, inline)
+            saved = ctx.saved_tensors
+            x_shell, w_shell = ctx.shells
+            x_op = x_shell[1].with_saved_tensors(list(saved[:n_x]))
+            w_op = w_shell[1].with_saved_tensors(list(saved[n_x:]))
+        if qs.record is not None or qs.flush_forward:  # (else start_backward does nothing)
+            start_backward(qs, dy)
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], \
             ctx.has_bias and ctx.needs_input_grad[2]
         dy = dy.contiguous()
@@ -375,8 +424,17 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dw = torch.zeros(n, k, dtype=w_dtype, device=dy.device) if need_dw else None
             db = torch.zeros(n, dtype=b_dtype, device=dy.device) if need_db else None
             return dx, dw, db, None, None, None
-        qdy = quantize_operand(qs.quantizers[_GRAD_OUTPUT], dy, qs.amax_reduction_group, backward=True) \
-            if (need_dx or need_dw) else dy
+        gq = qs.quantizers[_GRAD_OUTPUT]
+        if gq is None or not (need_dx or need_dw):
+            qdy = dy
+        else:
+            spec = gq.spec
+            if spec.rht_columnwise and spec.columnwise and dy.dtype != torch.bfloat16:
+                qdy = quantize_operand(gq, dy, qs.amax_reduction_group, backward=True)
+            else:  # (quantize_operand, inline)
+                qdy = gq.quantize(dy)
+                if spec.scaling is ScalingKind.DELAYED:
+                    reducer.record_backward(gq, qs.amax_reduction_group)
         if need_dx:
             dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype)
             if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
@@ -384,7 +442,9 @@ class QuantizedLinearFunction(torch.autograd.Function):
         if need_dw:
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db:
-            db = dy.sum(0, dtype=torch.float32).to(b_dtype)  # FP32 accumulation without an FP32 copy of dy
+            db = dy.sum(0, dtype=torch.float32)  # FP32 accumulation without an FP32 copy of dy
+            if b_dtype is not torch.float32:
+                db = db.to(b_dtype)
         return dx, dw, db, None, None, None
 
 
@@ -405,6 +465,21 @@ def start_backward(qs: GemmQuantizers, anchor: Optional[torch.Tensor] = None) ->
 
         with torch.inference_mode(False):
             reducer.on_outermost_exit(AutocastState(True, None, qs.amax_reduction_group, 0))
+
+
+#: the quantized tensor types whose ``split_saved``/``with_saved_tensors`` the Function calls directly
+_SPLIT_TYPES = ("Float8Tensor", "NVFP4Tensor")
+
+# Linear's shortcut (QuantizedModule._linear_shortcut): the C calls it makes instead of Python helpers
+_LINEAR_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, QuantizedLinearFunction)
+_functorch_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+_graph_task_id = torch._C._current_graph_task_id
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_grad_enabled = torch.is_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
+#: the QuantizedModule methods the shortcut inlines
+_SHORTCUT_INLINES = ("gemm_quantizers", "check_input", "weight_cache_for", "_linear_shortcut")
 
 
 def token_multiple(qs: GemmQuantizers) -> int:
@@ -434,8 +509,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     if x.dtype not in _INPUT_DTYPES:
         check_input_dtype("linear", x)
     if x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"linear: input has {x.shape[-1]} features, weight expects {weight.shape[1]} "
-                         f"(weight shape {tuple(weight.shape)})")
+        _feature_mismatch(x, weight)
     x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     tokens = x2.shape[0]
     if qs.token_multiple != 1:  # (token_multiple(qs), read directly)
@@ -444,6 +518,11 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     if x.ndim == 2 and y.shape[0] == tokens:
         return y
     return _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
+
+
+def _feature_mismatch(x: torch.Tensor, weight: torch.Tensor) -> None:
+    raise ValueError(f"linear: input has {x.shape[-1]} features, weight expects {weight.shape[1]} "
+                     f"(weight shape {tuple(weight.shape)})")
 
 
 def _fresh_view(y: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
@@ -501,6 +580,13 @@ class QuantizedModule(torch.nn.Module):
       SR seeds/offsets of that recipe's quantizers and the recipe's identity (extra state)."""
 
     module_kind: ModuleKind = ModuleKind.LINEAR
+    #: whether :meth:`_linear_shortcut` may stand in for the methods it inlines (a subclass that
+    #: overrides one of them takes the general path)
+    _shortcut_ok = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._shortcut_ok = all(getattr(cls, name) is getattr(QuantizedModule, name) for name in _SHORTCUT_INLINES)
 
     def __init__(self) -> None:
         super().__init__()
@@ -629,6 +715,92 @@ class QuantizedModule(torch.nn.Module):
                 sets = [qs.variant(record=record) for qs in sets]
             self._records.push(record, weak=torch.is_grad_enabled() and sets is not None)
         return sets
+
+    def _linear_shortcut(self, x: torch.Tensor, is_first_microbatch: Optional[bool], norm: bool = False) -> Any:
+        """The forward of a Linear (``norm``: a LayerNormLinear, ``(out, ln_out)``) in the common eager
+        case, with what :meth:`gemm_quantizers`, :meth:`check_input`, :meth:`weight_cache_for` and
+        :func:`quantized_linear` do inlined; None, having done nothing, when a condition fails (the
+        caller then takes the general path, which decides everything afresh):
+
+        * not traced by torch.compile (the one compile check of an eager call);
+        * this class and instance use the base class's ``gemm_quantizers``, ``check_input`` and
+          ``weight_cache_for`` (``make_graphed_callables`` sets its own on the instance), and the
+          parameters are registered ones named ``weight`` and ``bias``;
+        * no checkpoint recompute (no record waiting, or not inside a backward) and no record to make
+          (grad enabled with no saved-tensors hook, or grad disabled outside a training module /
+          inside inference mode): see ``replay.py``;
+        * no recipe (plain ``F.linear``), or a recipe to quantize with whose sets the previous call
+          found (``self._last``: the same recipe object, under an autocast or the module's own recipe
+          alike; cleared by a load waiting for its recipe and by ``reset_quantizer_state``), and an
+          FP32/BF16/FP16 input."""
+        if not self._shortcut_ok or torch.compiler.is_compiling():
+            return None
+        d = self.__dict__
+        if "gemm_quantizers" in d or "weight_cache_for" in d or "check_input" in d or "_weight_cache" not in d:
+            return None
+        if self._records._items and _graph_task_id() != -1:
+            return None
+        stack = _autocast_tls.stack
+        if stack:
+            state = stack[-1]
+            recipe = state.recipe if state.enabled else None
+            module_mode = False
+            group = state.amax_reduction_group
+        else:
+            recipe = self.recipe
+            module_mode = True
+            group = self.amax_reduction_group
+        if _grad_enabled():
+            if _top_hooks(False) is not None:
+                return None
+        elif self.training and not _inference_mode():
+            return None
+        params = self._parameters
+        if "weight" not in params or "bias" not in params:
+            return None
+        weight = params["weight"]
+        bias = params["bias"]
+        if recipe is None:  # plain torch
+            if norm:
+                ln_out = x = self.normalize(x)
+                return torch.nn.functional.linear(x, weight, bias), ln_out
+            return torch.nn.functional.linear(x, weight, bias)
+        last = self._last
+        if last is None or last[0] is not recipe or last[1] is not module_mode or weight is None \
+                or x.dtype not in _INPUT_DTYPES or x.ndim == 0:
+            return None
+        sets = last[2]
+        qs = sets[0]
+        if qs.amax_reduction_group is not group:
+            for s in sets:
+                s.amax_reduction_group = group
+        # (weight_cache_for)
+        mode = AUTO if is_first_microbatch is None else cache_mode(is_first_microbatch)
+        cache = d["_weight_cache"]
+        if cache is not None:
+            if not self.training or not self.cache_quantized_weights or _inference_mode():
+                cache.clear()
+                cache = None
+            elif mode == AUTO and self._sharded_params:
+                cache = None
+        if norm:
+            ln_out = x = self.normalize(x)
+        # (quantized_linear)
+        if x.shape[-1] != weight.shape[1]:
+            _feature_mismatch(x, weight)
+        ndim = x.ndim
+        x2 = x if ndim == 2 else x.reshape(-1, x.shape[-1])
+        tokens = x2.shape[0]
+        if qs.token_multiple != 1:
+            x2 = pad_tokens(x2, qs.token_multiple)
+        if _functorch_active():
+            y = QuantizedLinearFunction.apply(x2, weight, bias, qs, cache, mode)
+        else:  # what Function.apply runs then (QuantizedLinearFunction defines no setup_context)
+            y = _LINEAR_APPLY(_unwrap_if_dead(x2), _unwrap_if_dead(weight),
+                              None if bias is None else _unwrap_if_dead(bias), qs, cache, mode)
+        if ndim != 2 or y.shape[0] != tokens:
+            y = _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
+        return (y, ln_out) if norm else y
 
     def _traced_gemm_quantizers(self) -> Optional[List[GemmQuantizers]]:
         """:meth:`gemm_quantizers` as torch.compile traces it.

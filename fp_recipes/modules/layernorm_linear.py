@@ -66,6 +66,9 @@ class LayerNormLinear(QuantizedModule):
     def forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool] = None
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         """``is_first_microbatch``: as for :class:`Linear` (the quantized weight's cache)."""
+        both = self._linear_shortcut(x, is_first_microbatch, True)
+        if both is not None:
+            return both if self.return_layernorm_output else both[0]
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
         ln_out = self.normalize(x)

@@ -63,6 +63,9 @@ class Linear(QuantizedModule):
         """``is_first_microbatch`` (TransformerEngine's): None reuses the quantized weight while it is
         unchanged (automatic), True quantizes and caches it, False reuses the cached copy (see
         docs/modules.md, "Weight casts once per optimizer step")."""
+        y = self._linear_shortcut(x, is_first_microbatch)
+        if y is not None:
+            return y
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
         if sets is None:

@@ -79,7 +79,7 @@ class _Entry:
     """``weights``: one (weak reference, version, address, dtype) per weight; ``scales``: one
     :func:`_scale_key` per quantizer."""
 
-    __slots__ = ("quantizers", "weights", "scales", "value")
+    __slots__ = ("quantizers", "weights", "scales", "value", "n")
 
 
 def _scale_key(q: Any) -> Optional[tuple]:
@@ -110,7 +110,7 @@ class WeightCache:
         if mode == REFRESH:
             return None
         e = self._entries.get(id(quantizers[0]))
-        if e is None or len(e.quantizers) != len(quantizers):
+        if e is None or e.n != len(quantizers):
             return None
         for q, q0 in zip(quantizers, e.quantizers):
             if q is not q0:
@@ -136,9 +136,48 @@ class WeightCache:
         e.weights = tuple([(weakref.ref(w), w._version, w.data_ptr(), w.dtype) for w in weights])
         e.scales = tuple([_scale_key(q) for q in quantizers])
         e.value = value
+        e.n = len(e.quantizers)
         if not self._entries:
             _CACHES.add(self)  # (an empty cache has nothing for the optimizer hook to drop)
         self._entries[id(quantizers[0])] = e
+
+
+    def lookup_one(self, quantizer: Any, weight: torch.Tensor, mode: str) -> Any:
+        """``lookup((quantizer,), (weight,), mode)`` (one weight: no sequences built or zipped per call)."""
+        if mode == REFRESH:
+            return None
+        e = self._entries.get(id(quantizer))
+        if e is None or e.n != 1 or e.quantizers[0] is not quantizer:
+            return None
+        ref, version, ptr, dtype = e.weights[0]
+        if ref() is not weight:
+            return None
+        if mode == REUSE:
+            return e.value
+        if weight._version != version or weight.data_ptr() != ptr or weight.dtype != dtype:
+            return None
+        key = e.scales[0]
+        if key is not None:
+            scale = quantizer.scale
+            if scale is not key[0] or scale._version != key[1]:
+                return None
+        return e.value
+
+    def store_one(self, quantizer: Any, weight: torch.Tensor, value: Any) -> None:
+        """``store((quantizer,), (weight,), value)``."""
+        if not _HOOK:
+            _ensure_hook()
+        e = _Entry()
+        e.quantizers = (quantizer,)
+        e.weights = ((weakref.ref(weight), weight._version, weight.data_ptr(), weight.dtype),)
+        s = getattr(quantizer, "scale", None)  # (_scale_key, inline)
+        e.scales = ((s, s._version),) if isinstance(s, torch.Tensor) and hasattr(quantizer, "amax_history") \
+            else (None,)
+        e.value = value
+        e.n = 1
+        if not self._entries:
+            _CACHES.add(self)
+        self._entries[id(quantizer)] = e
 
 
 def cacheable(quantizer: Any, weight: torch.Tensor) -> bool:
