@@ -30,6 +30,7 @@ See docs/cuda_graphs.md.
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -582,6 +583,24 @@ def _surface(g: _Graphed) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     return user, user + g.params
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Collect garbage now, then keep Python's cyclic collector off while the graphs are captured.
+
+    Garbage from earlier captures (a graphed model in a reference cycle) may hold CUDA graphs; if the
+    collector frees one mid-capture, its ``cudaGraphExecDestroy`` is refused on the capturing stream and
+    invalidates the capture (``cudaErrorStreamCaptureInvalidated``). ``torch.cuda.graph`` no longer
+    collects before a capture by default, so this does it."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _capture(capture: _Capture, graphed: List[_Graphed], warmup: int, allow_unused: bool, pool: Any,
              mode: str) -> None:
     variants: List[Optional[bool]] = [True, False] if capture.weight_caching else [None]
@@ -612,7 +631,7 @@ def _capture(capture: _Capture, graphed: List[_Graphed], warmup: int, allow_unus
     stream = torch.cuda.Stream()
     quantizers = [q for m in capture.mods for qs in (m.quantizer_sets or ()) for q in qs.quantizers.values()
                   if q is not None]
-    with DeferredReports(stream, quantizers) as reports:
+    with DeferredReports(stream, quantizers) as reports, _no_cyclic_gc():
         for first in variants:
             keep = capture.keep if first else None
             for g in graphed:  # forwards in order

@@ -450,3 +450,32 @@ def test_reports_are_deferred_on_the_capture_stream_only():
         after.report([mine])
         assert after._copying
     torch.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_capture_survives_garbage_holding_older_graphs():
+    """An earlier graphed model left in a reference cycle holds CUDA graphs; if Python's collector frees it
+    during a later capture, the graph's destruction is refused on the capturing stream and invalidates
+    that capture. make_graphed_callables collects first and keeps the collector off while capturing (here
+    the collector would otherwise run at almost every allocation)."""
+    import gc
+
+    for _ in range(2):
+        old = Linear(H, H).cuda()
+        old_graphed = make_graphed_callables(old, (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                             recipe=DelayedScaling())
+        old.cycle = [old, old_graphed]  # unreachable once the names go: only the cyclic collector frees it
+        del old, old_graphed
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        model = Linear(H, H).cuda()
+        graphed = make_graphed_callables(model, (torch.randn(TOKENS, H, device="cuda", requires_grad=True),),
+                                         recipe=DelayedScaling())
+    finally:
+        gc.set_threshold(*thresholds)
+    assert gc.isenabled()
+    x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    graphed(x).sum().backward()
+    torch.cuda.synchronize()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
