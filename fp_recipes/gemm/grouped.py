@@ -156,6 +156,12 @@ def _multi_cast_gemms(a: _Side, b: _Side, gs: Sequence[int], out_dtype, biases, 
     return outs
 
 
+def _native(device: torch.device, fp8_a: torch.dtype, fp8_b: torch.dtype) -> bool:
+    """Whether FP8 GEMMs of these dtypes run natively on ``device`` (a CUDA device of sm_89+); the host
+    benchmark (benchmarks/host_grouped_cpu.py) replaces it to run this path's Python on CPU tensors."""
+    return device.type == "cuda" and fp8_native_gemm_available(device, fp8_a, fp8_b)
+
+
 def _gemms(gs: Sequence[int], out: Callable[[int], torch.Tensor], out_ptrs: Callable[[], List[int]], a: _Side,
            b: _Side, out_dtype: torch.dtype, device: torch.device,
            biases: Optional[Sequence[Optional[torch.Tensor]]], fast_accum: bool) -> None:
@@ -169,7 +175,7 @@ def _gemms(gs: Sequence[int], out: Callable[[int], torch.Tensor], out_ptrs: Call
     fp8_a, fp8_b = a.casts.dtype, b.casts.dtype
     if biases is not None and all(bias is None for bias in biases):
         biases = None
-    native = device.type == "cuda" and fp8_native_gemm_available(device, fp8_a, fp8_b)
+    native = _native(device, fp8_a, fp8_b)
     bias_ok = biases is None or all(biases[g] is None or biases[g].dtype == out_dtype for g in gs)
     if native and USE_CUBLASLT and bias_ok and a.casts.addressable and b.casts.addressable and \
             cublaslt.available():
