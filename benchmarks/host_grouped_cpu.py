@@ -55,7 +55,7 @@ def install_stub_grouped() -> None:
     install_stub_kernels()
     _extension._ext, _extension._ext_loaded = _StubGroupedExtension(), True
     floats = (torch.float32, torch.float16, torch.bfloat16)
-    q_grouped._cuda_lane = lambda x: cuda_fp8.fp8_multi_cast_buffers if x.dtype in floats else None
+    q_grouped._cuda_lane = lambda x: cuda_fp8 if x.dtype in floats else None
     gemm_grouped._native = lambda device, a, b: True
     cublaslt._state["loaded"], cublaslt._state["error"] = True, None
     _extension.current_stream = lambda device: 0
