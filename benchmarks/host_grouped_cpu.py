@@ -70,11 +70,14 @@ def make_step(recipe_name: str, experts: int, m: int, k: int, n: int, bias: bool
     splits = list(splits) if splits is not None else [m] * experts
     x = torch.randn(sum(splits), k, requires_grad=True)
     weights = layer.weights()
+    params = [x, *layer.parameters()]
 
     def step() -> None:
         with fp_recipes.autocast(recipe=recipe):
             y = layer(x, splits)
         y.backward(torch.ones_like(y))
+        for t in params:
+            t.grad = None  # as optimizer.zero_grad(): no gradient accumulation in the count
         if changing:
             with torch.no_grad():
                 for w in weights:
