@@ -171,3 +171,71 @@ def test_stub_benchmark_call_counts_bounded():
     for row, (aten, calls) in _MEASURED.items():
         assert res[row]["aten_ops"] <= aten * _MARGIN, (row, res[row])
         assert res[row]["python_calls"] <= calls * _MARGIN, (row, res[row])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [[64, 0, 32, 128], [1], [0, 0], [17, 33, 5] * 23])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("delayed", [True, False])
+def test_cuda_cast_rows_writes_the_bytes_of_the_split_views(rows, dtype, delayed):
+    """On the GPU: fp8_multi_cast_rows(x, rows) (addresses by arithmetic) writes the same bytes, and
+    records the same histories, as fp8_multi_cast_buffers(x.split(rows))."""
+    from fp_recipes.ops import cuda_fp8
+
+    cols, g = 96, len(rows)
+    x = (torch.randn(sum(rows), cols, generator=torch.Generator().manual_seed(g)) * 3).to(dtype).cuda()
+    scales = [torch.tensor(0.5 * (i + 1), device="cuda") for i in range(g)] if delayed else None
+    got = cuda_fp8.fp8_multi_cast_rows(x, rows, "e4m3", scales=scales)
+    want = cuda_fp8.fp8_multi_cast_buffers(list(x.split(rows)), "e4m3", scales=scales)
+    torch.cuda.synchronize()
+    assert got[3] == want[3]
+    for a, b in zip(got[:2], want[:2]):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    for a, b in ((got[2], want[2]),):  # scale_inv at [4 i], amax, scale (the rest is padding)
+        a, b = a.view(torch.int32), b.view(torch.int32)
+        for sl in (slice(0, 4 * g, 4), slice(4 * g, 6 * g)):
+            assert torch.equal(a[sl], b[sl])
+    if delayed and cuda_fp8.can_record_amax():
+        slots = [torch.full((1,), -1.0, device="cuda") for _ in range(2 * g)]
+        cuda_fp8.fp8_multi_cast_rows(x, rows, "e4m3", scales=scales, records=[s.data_ptr() for s in slots[:g]])
+        cuda_fp8.fp8_multi_cast_buffers(list(x.split(rows)), "e4m3", scales=scales,
+                                        records=[s.data_ptr() for s in slots[g:]])
+        torch.cuda.synchronize()
+        assert torch.equal(torch.cat(slots[:g]), torch.cat(slots[g:]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("bias", [True, False])
+def test_cuda_grouped_rows_path_equals_the_list_entry(name, bias, monkeypatch):
+    """On the GPU: GroupedLinear with x / dy cast whole by rows gives the bits of the same layer whose
+    multi-cast gets the experts' split views (fp8_multi_cast called without rows)."""
+    from fp_recipes.quantizers import grouped as QG
+
+    def run(split_views):
+        if split_views:
+            orig = QG.fp8_multi_cast
+
+            def by_views(quantizers, parts, *, record=True, rows=None):
+                if rows is not None:
+                    parts = list(parts.split(list(rows)))
+                return orig(quantizers, parts, record=record)
+            monkeypatch.setattr(GL, "fp8_multi_cast", by_views)
+        else:
+            monkeypatch.setattr(GL, "fp8_multi_cast", QG.fp8_multi_cast)
+        torch.manual_seed(5)
+        grp = GroupedLinear(8, 64, 48, bias=bias, params_dtype=torch.bfloat16, device="cuda")
+        recipe = RECIPES[name]()
+        outs = []
+        for splits in ([32, 0, 48, 16, 0, 16, 32, 16], [0, 0, 0, 64, 0, 0, 0, 0], [16] * 8):
+            x = torch.randn(sum(splits), 64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+            dy = torch.randn(sum(splits), 48, dtype=torch.bfloat16, device="cuda")
+            grp.zero_grad(set_to_none=True)
+            with fp_recipes.autocast(recipe=recipe):
+                y = grp(x, splits)
+            y.backward(dy)
+            outs += [y.detach(), x.grad] + [p.grad for p in grp.parameters()]
+        outs += [t for k, t in sorted(grp.state_dict().items()) if k.startswith("qstate_")]
+        return outs
+
+    _same(run(False), run(True))

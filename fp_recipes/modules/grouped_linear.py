@@ -39,13 +39,16 @@ MULTI_CAST = True
 _PARAMS = 6  # apply(x, m_splits, sets, cache, mode, multi, *weights, *biases): where the parameters start
 _ROLES = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
 _QUANTIZERS = attrgetter("quantizers")
-_ACT, _WGT, _GRAD = (itemgetter(t) for t in _ROLES)
+_GETTERS = {t: itemgetter(t) for t in _ROLES}
 
 
-def _role_quantizers(sets: Sequence[GemmQuantizers], get) -> list:
-    """Every expert's quantizer of one role (``get``: one of _ACT, _WGT, _GRAD): ``[qs.activation for qs
-    in sets]`` iterated in C (no Python frame per expert)."""
-    return list(map(get, map(_QUANTIZERS, sets)))
+def _role_quantizers(sets: Sequence[GemmQuantizers], role: TensorKind, fast: bool) -> list:
+    """Every expert's quantizer of one role, ``[qs.quantizers[role] for qs in sets]``; iterated in C where
+    ``fast`` (the eager multi path: no Python frame per expert). torch.compile cannot trace operator's
+    getters; the traced path is never the multi path."""
+    if fast:
+        return list(map(_GETTERS[role], map(_QUANTIZERS, sets)))
+    return [qs.quantizers[role] for qs in sets]
 
 
 def _quantize_experts(multi: bool, quantizers: list, parts: Union[torch.Tensor, Sequence[torch.Tensor]],
@@ -109,7 +112,6 @@ def _bias_grads(dys: Sequence[torch.Tensor], dtypes: Sequence[Optional[torch.dty
     return out
 
 
-_DTYPE = attrgetter("dtype")
 _LIVE: dict = {}  # m_splits -> the experts with rows (a tuple of ints: immutable, shared by every call)
 
 
@@ -135,14 +137,14 @@ class _GroupedLinearFunction(torch.autograd.Function):
         if not multi:  # (the multi-cast takes FP8 per-tensor recipes only: no NVFP4 shapes to check)
             for qs, m in zip(sets, m_splits):
                 _check_nvfp4_shapes(qs, m, k, n)
-        ctx.meta = (k, n, list(map(_DTYPE, weights)), [None if b is None else b.dtype for b in biases], x.dtype)
+        ctx.meta = (k, n, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases], x.dtype)
         # torch.autocast (see base.py): x and the biases in its dtype; quantized weights from the masters
         x = amp_cast(x, amp).contiguous()
         # the multi-cast takes x whole (its experts' rows by address); the per-expert path, views
         xs = x if multi else torch.split(x, list(m_splits), dim=0)
-        qx = _quantize_experts(multi, _role_quantizers(sets, _ACT), xs, m_splits, group, record=record)
-        qw = _quantize_weights(multi, _role_quantizers(sets, _WGT), weights, group, record, cache, mode, amp)
-        live = _live(m_splits)
+        qx = _quantize_experts(multi, _role_quantizers(sets, TensorKind.ACTIVATION, multi), xs, m_splits, group, record=record)
+        qw = _quantize_weights(multi, _role_quantizers(sets, TensorKind.WEIGHT, multi), weights, group, record, cache, mode, amp)
+        live = _live(m_splits) if multi else [g for g in range(num) if m_splits[g] > 0]
         y = grouped_gemm(qx, qw, out_dtype=x.dtype, biases=biases if amp is None else [amp_cast(b, amp) for b in biases],
                          use_fast_accum=True, groups=live) if live else x.new_zeros(0, n)
         ctx.sets, ctx.m_splits, ctx.multi, ctx.compute_dtype = sets, m_splits, multi, x.dtype
@@ -169,14 +171,14 @@ class _GroupedLinearFunction(torch.autograd.Function):
         k, n, w_dtypes, b_dtypes, in_dtype = ctx.meta
         need = ctx.needs_input_grad
         need_dw = need[_PARAMS:_PARAMS + num]
-        live = _live(m_splits)
+        live = _live(m_splits) if multi else [g for g in range(num) if m_splits[g] > 0]
         dy = dy.contiguous()
         # the multi-cast takes dy whole; views per expert only where they are read
         need_db = need[_PARAMS + num:]
         dys = torch.split(dy, list(m_splits), dim=0) if not multi or any(need_db) else None
         dx, dws = None, [None] * num
         if need[0] or any(need_dw):
-            qdy = _quantize_experts(multi, _role_quantizers(sets, _GRAD), dy if multi else dys, m_splits,
+            qdy = _quantize_experts(multi, _role_quantizers(sets, TensorKind.GRAD_OUTPUT, multi), dy if multi else dys, m_splits,
                                     sets[0].amax_reduction_group, backward=True)
             if need[0]:
                 dx = grouped_gemm(qdy, w_op, transpose_b=True, out_dtype=ctx.compute_dtype, groups=live) \
@@ -230,6 +232,8 @@ class GroupedLinear(QuantizedModule):
         """(:meth:`weights`, :meth:`biases`) as tuples, read from ``_parameters`` by one C-level getter
         (``getattr(self, f"weight{g}")`` runs Module.__getattr__ in Python per parameter); through
         :meth:`weights`/:meth:`biases` where a parameter is not in ``_parameters``."""
+        if torch.compiler.is_compiling():  # (dynamo cannot trace operator.itemgetter)
+            return tuple(self.weights()), tuple(self.biases())
         get = self.__dict__.get("_param_getters")
         if get is None:
             g = self._num_gemms
