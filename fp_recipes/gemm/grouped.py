@@ -145,15 +145,48 @@ def _multi_cast_gemms(a: _Side, b: _Side, gs: Sequence[int], out_dtype, biases, 
         return y
     outs: List[Optional[torch.Tensor]] = [None] * len(a.casts.rows)
     by_dtype: dict = {}
-    for g in gs:
-        dt = out_dtype if isinstance(out_dtype, torch.dtype) else out_dtype[g]
-        # one tensor per group: autograd hands a fresh gradient to .grad as it is, but copies a view
-        outs[g] = torch.empty(a.rows(g), b.rows(g), dtype=dt, device=device)
-        by_dtype.setdefault(dt, []).append(g)
+    one = isinstance(out_dtype, torch.dtype)
+    if one or len(set(out_dtype)) == 1:  # one dtype (the usual case): one list, no per-group bookkeeping
+        dt = out_dtype if one else out_dtype[0]
+        by_dtype[dt] = gs
+        a_rows, b_rows, c_a, c_b = a.casts.rows, b.casts.rows, a.casts.cols, b.casts.cols
+        for g in gs:
+            # one tensor per group: autograd hands a fresh gradient to .grad as it is, but copies a view
+            outs[g] = torch.empty(c_a if a.transposed else a_rows[g], c_b if b.transposed else b_rows[g], dtype=dt,
+                                  device=device)
+    else:
+        for g in gs:
+            dt = out_dtype[g]
+            outs[g] = torch.empty(a.rows(g), b.rows(g), dtype=dt, device=device)
+            by_dtype.setdefault(dt, []).append(g)
     for dt, dgs in by_dtype.items():
         _gemms(dgs, lambda g: outs[g], lambda: [outs[g].data_ptr() for g in dgs], a, b, dt, device, biases,
                fast_accum)
     return outs
+
+
+def _side_lists(side: _Side, gs: Sequence[int]) -> tuple:
+    """(operand addresses, scale_inv addresses, rows, contraction depths) of one side for groups ``gs``,
+    in one pass of integer arithmetic over the cast's layout (what ``side.ptrs(gs)``,
+    ``side.casts.scale_ptrs(gs)``, ``side.rows(g)`` and ``side.depth(g)`` give, without a call per group):
+    group g's rowwise copy starts at ``data_buf + starts[g] * cols`` and its transposed copy at
+    ``data_t_buf + starts[g] * cols`` (FP8: one byte per element), its scale_inv at ``f32 + 16 g``."""
+    casts = side.casts
+    starts, rows, cols = casts.starts, casts.rows, casts.cols
+    base = (casts.data_t_buf if side.transposed else casts.data_buf).data_ptr()
+    ptrs = [base + starts[g] * cols for g in gs]
+    fb = casts.f32.data_ptr()
+    scales = [fb + 16 * g for g in gs]
+    sizes = [rows[g] for g in gs]
+    if side.transposed:  # (cols, rows_g): cols rows, contraction over the group's rows
+        return ptrs, scales, [cols] * len(sizes), sizes
+    return ptrs, scales, sizes, [cols] * len(sizes)
+
+
+def _native(device: torch.device, fp8_a: torch.dtype, fp8_b: torch.dtype) -> bool:
+    """Whether FP8 GEMMs of these dtypes run natively on ``device`` (a CUDA device of sm_89+); the host
+    benchmark (benchmarks/host_grouped_cpu.py) replaces it to run this path's Python on CPU tensors."""
+    return device.type == "cuda" and fp8_native_gemm_available(device, fp8_a, fp8_b)
 
 
 def _gemms(gs: Sequence[int], out: Callable[[int], torch.Tensor], out_ptrs: Callable[[], List[int]], a: _Side,
@@ -169,14 +202,15 @@ def _gemms(gs: Sequence[int], out: Callable[[int], torch.Tensor], out_ptrs: Call
     fp8_a, fp8_b = a.casts.dtype, b.casts.dtype
     if biases is not None and all(bias is None for bias in biases):
         biases = None
-    native = device.type == "cuda" and fp8_native_gemm_available(device, fp8_a, fp8_b)
+    native = _native(device, fp8_a, fp8_b)
     bias_ok = biases is None or all(biases[g] is None or biases[g].dtype == out_dtype for g in gs)
     if native and USE_CUBLASLT and bias_ok and a.casts.addressable and b.casts.addressable and \
             cublaslt.available():
         bias_ptrs = None if biases is None else [0 if biases[g] is None else biases[g].data_ptr() for g in gs]
+        a_ptrs, a_scales, ms, ks = _side_lists(a, gs)
+        b_ptrs, b_scales, ns, _ = _side_lists(b, gs)
         skipped = cublaslt.fp8_gemms_ptr(
-            a.ptrs(gs), a.casts.scale_ptrs(gs), b.ptrs(gs), b.casts.scale_ptrs(gs), out_ptrs(),
-            [a.rows(g) for g in gs], [b.rows(g) for g in gs], [a.depth(g) for g in gs],
+            a_ptrs, a_scales, b_ptrs, b_scales, out_ptrs(), ms, ns, ks,
             fp8_a, fp8_b, out_dtype, device, bias=bias_ptrs, bias_dtype=out_dtype if bias_ptrs else None,
             fast_accum=fast_accum)
         todo = [gs[i] for i in skipped]

@@ -7,7 +7,9 @@ number of experts, and experts with zero rows, are fine."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from itertools import compress
+from operator import attrgetter, itemgetter
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -36,20 +38,33 @@ MULTI_CAST = True
 
 _PARAMS = 6  # apply(x, m_splits, sets, cache, mode, multi, *weights, *biases): where the parameters start
 _ROLES = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
+_QUANTIZERS = attrgetter("quantizers")
+_GETTERS = {t: itemgetter(t) for t in _ROLES}
 
 
-def _quantize_experts(multi: bool, quantizers: list, parts: Sequence[torch.Tensor], splits: Optional[Sequence[int]],
-                      group, *, backward: bool = False, record: bool = True):
+def _role_quantizers(sets: Sequence[GemmQuantizers], role: TensorKind, fast: bool) -> list:
+    """Every expert's quantizer of one role, ``[qs.quantizers[role] for qs in sets]``; iterated in C where
+    ``fast`` (the eager multi path: no Python frame per expert). torch.compile cannot trace operator's
+    getters; the traced path is never the multi path."""
+    if fast:
+        return list(map(_GETTERS[role], map(_QUANTIZERS, sets)))
+    return [qs.quantizers[role] for qs in sets]
+
+
+def _quantize_experts(multi: bool, quantizers: list, parts: Union[torch.Tensor, Sequence[torch.Tensor]],
+                      splits: Optional[Sequence[int]], group, *, backward: bool = False, record: bool = True):
     """One operand of every expert: an Fp8MultiCast (``multi``), else a list (one quantization per expert
-    with rows; an expert without rows keeps its empty slice). A delayed quantizer whose expert got no
-    rows (``splits[g] == 0``; ``splits=None``: every expert, the weights) saw no tensor this step: it is
-    not handed to the reducer. ``record=False``: a checkpoint recompute, which records nothing."""
+    with rows; an expert without rows keeps its empty slice). ``parts``: one tensor per expert, or
+    (``multi`` with ``splits``) the whole (sum(splits), cols) tensor, which the multi-cast splits by
+    address arithmetic (no view per expert). A delayed quantizer whose expert got no rows
+    (``splits[g] == 0``; ``splits=None``: every expert, the weights) saw no tensor this step: it is not
+    handed to the reducer. ``record=False``: a checkpoint recompute, which records nothing."""
     if not multi:
         return [quantize_operand(q, p, group, backward=backward, record=record) if m else p
                 for q, p, m in zip(quantizers, parts, splits)]
-    casts = fp8_multi_cast(quantizers, parts, record=record)
+    casts = fp8_multi_cast(quantizers, parts, record=record, rows=splits)
     if record and quantizers[0].spec.scaling is ScalingKind.DELAYED:
-        seen = quantizers if splits is None else [q for q, m in zip(quantizers, splits) if m > 0]
+        seen = quantizers if splits is None else list(compress(quantizers, splits))  # splits[g] > 0
         (reducer.record_backward_many if backward else reducer.record_forward_many)(seen, group)
     return casts
 
@@ -85,8 +100,8 @@ def _bias_grads(dys: Sequence[torch.Tensor], dtypes: Sequence[Optional[torch.dty
         return out
     first = dys[wanted[0]]
     sums = first.new_empty((len(wanted), first.shape[1]), dtype=torch.float32)
-    for i, g in enumerate(wanted):
-        torch.sum(dys[g], 0, dtype=torch.float32, out=sums[i])
+    for row, g in zip(sums.unbind(0), wanted):  # (one unbind: no select per expert)
+        torch.sum(dys[g], 0, dtype=torch.float32, out=row)
     by_dtype: dict = {}
     for i, g in enumerate(wanted):
         by_dtype.setdefault(dtypes[g], []).append(i)
@@ -95,6 +110,19 @@ def _bias_grads(dys: Sequence[torch.Tensor], dtypes: Sequence[Optional[torch.dty
         for j, i in enumerate(rows):
             out[wanted[i]] = converted[j]
     return out
+
+
+_LIVE: dict = {}  # m_splits -> the experts with rows (a tuple of ints: immutable, shared by every call)
+
+
+def _live(m_splits: tuple) -> tuple:
+    """The experts with rows, ``[g for g, m in enumerate(m_splits) if m > 0]``, computed once per split."""
+    live = _LIVE.get(m_splits)
+    if live is None:
+        if len(_LIVE) >= 4096:  # token routing varies per step: keep it bounded
+            _LIVE.clear()
+        live = _LIVE[m_splits] = tuple(g for g, m in enumerate(m_splits) if m > 0)
+    return live
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
@@ -106,16 +134,18 @@ class _GroupedLinearFunction(torch.autograd.Function):
         weights, biases = params[:num], params[num:]
         k, n = x.shape[1], weights[0].shape[0]
         group, record, amp = sets[0].amax_reduction_group, not sets[0].replay, ctx.amp_dtype
-        for qs, m in zip(sets, m_splits):
-            _check_nvfp4_shapes(qs, m, k, n)
+        if not multi:  # (the multi-cast takes FP8 per-tensor recipes only: no NVFP4 shapes to check)
+            for qs, m in zip(sets, m_splits):
+                _check_nvfp4_shapes(qs, m, k, n)
         ctx.meta = (k, n, [w.dtype for w in weights], [None if b is None else b.dtype for b in biases], x.dtype)
         # torch.autocast (see base.py): x and the biases in its dtype; quantized weights from the masters
         x = amp_cast(x, amp).contiguous()
-        xs = torch.split(x, list(m_splits), dim=0)
-        qx = _quantize_experts(multi, [qs.activation for qs in sets], xs, m_splits, group, record=record)
-        qw = _quantize_weights(multi, [qs.weight for qs in sets], weights, group, record, cache, mode, amp)
-        live = [g for g in range(num) if m_splits[g] > 0]
-        y = grouped_gemm(qx, qw, out_dtype=x.dtype, biases=[amp_cast(b, amp) for b in biases],
+        # the multi-cast takes x whole (its experts' rows by address); the per-expert path, views
+        xs = x if multi else torch.split(x, list(m_splits), dim=0)
+        qx = _quantize_experts(multi, _role_quantizers(sets, TensorKind.ACTIVATION, multi), xs, m_splits, group, record=record)
+        qw = _quantize_weights(multi, _role_quantizers(sets, TensorKind.WEIGHT, multi), weights, group, record, cache, mode, amp)
+        live = _live(m_splits) if multi else [g for g in range(num) if m_splits[g] > 0]
+        y = grouped_gemm(qx, qw, out_dtype=x.dtype, biases=biases if amp is None else [amp_cast(b, amp) for b in biases],
                          use_fast_accum=True, groups=live) if live else x.new_zeros(0, n)
         ctx.sets, ctx.m_splits, ctx.multi, ctx.compute_dtype = sets, m_splits, multi, x.dtype
         # what the backward GEMMs read (the columnwise copies, or by backward_override), as saved
@@ -140,14 +170,16 @@ class _GroupedLinearFunction(torch.autograd.Function):
         start_backward(sets[0], dy)
         k, n, w_dtypes, b_dtypes, in_dtype = ctx.meta
         need = ctx.needs_input_grad
-        need_dw = [need[_PARAMS + g] for g in range(num)]
-        live = [g for g in range(num) if m_splits[g] > 0]
+        need_dw = need[_PARAMS:_PARAMS + num]
+        live = _live(m_splits) if multi else [g for g in range(num) if m_splits[g] > 0]
         dy = dy.contiguous()
-        dys = torch.split(dy, list(m_splits), dim=0)
+        # the multi-cast takes dy whole; views per expert only where they are read
+        need_db = need[_PARAMS + num:]
+        dys = torch.split(dy, list(m_splits), dim=0) if not multi or any(need_db) else None
         dx, dws = None, [None] * num
         if need[0] or any(need_dw):
-            qdy = _quantize_experts(multi, [qs.grad_output for qs in sets], dys, m_splits, sets[0].amax_reduction_group,
-                                    backward=True)
+            qdy = _quantize_experts(multi, _role_quantizers(sets, TensorKind.GRAD_OUTPUT, multi), dy if multi else dys, m_splits,
+                                    sets[0].amax_reduction_group, backward=True)
             if need[0]:
                 dx = grouped_gemm(qdy, w_op, transpose_b=True, out_dtype=ctx.compute_dtype, groups=live) \
                     if live else dy.new_zeros(0, k, dtype=ctx.compute_dtype)
@@ -158,7 +190,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
             for g in range(num):  # an expert without rows: a zero gradient
                 if need_dw[g] and dws[g] is None:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
-        return (dx, None, None, None, None, None, *dws, *_bias_grads(dys, b_dtypes, need[_PARAMS + num:]))
+        return (dx, None, None, None, None, None, *dws,
+                *(_bias_grads(dys, b_dtypes, need_db) if dys is not None else [None] * num))
 
 
 class GroupedLinear(QuantizedModule):
@@ -195,11 +228,30 @@ class GroupedLinear(QuantizedModule):
     def biases(self) -> List[Optional[torch.Tensor]]:
         return [getattr(self, f"bias{g}") for g in range(self._num_gemms)]
 
+    def _weights_biases(self) -> tuple:
+        """(:meth:`weights`, :meth:`biases`) as tuples, read from ``_parameters`` by one C-level getter
+        (``getattr(self, f"weight{g}")`` runs Module.__getattr__ in Python per parameter); through
+        :meth:`weights`/:meth:`biases` where a parameter is not in ``_parameters``."""
+        if torch.compiler.is_compiling():  # (dynamo cannot trace operator.itemgetter)
+            return tuple(self.weights()), tuple(self.biases())
+        get = self.__dict__.get("_param_getters")
+        if get is None:
+            g = self._num_gemms
+            get = self.__dict__["_param_getters"] = (
+                itemgetter(*[f"weight{i}" for i in range(g)]), itemgetter(*[f"bias{i}" for i in range(g)]))
+        params = self._parameters
+        try:
+            if self._num_gemms == 1:
+                return (get[0](params),), (get[1](params),)
+            return get[0](params), get[1](params)
+        except KeyError:  # a parameter moved out of _parameters (torch.nn.utils.parametrize, say)
+            return tuple(self.weights()), tuple(self.biases())
+
     def _check_splits(self, x: torch.Tensor, m_splits: Sequence[int]) -> tuple:
         splits = tuple(split_sizes(m_splits))
         if len(splits) != self._num_gemms:
             raise ValueError(f"GroupedLinear: got {len(splits)} m_splits for {self._num_gemms} GEMMs")
-        if any(m < 0 for m in splits):
+        if splits and min(splits) < 0:
             raise ValueError(f"GroupedLinear: m_splits must be >= 0, got {list(splits)}")
         if sum(splits) != x.shape[0]:
             raise ValueError(f"GroupedLinear: m_splits sum to {sum(splits)} but the input has "
@@ -218,13 +270,14 @@ class GroupedLinear(QuantizedModule):
         splits = self._check_splits(x, m_splits)
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
-        weights, biases = self.weights(), self.biases()
+        weights, biases = self._weights_biases()
         if sets is None:
             outs = [F.linear(xg, w, b) for xg, w, b in zip(torch.split(x, list(splits)), weights, biases)]
             return torch.cat(outs, dim=0)
         cache, mode = self.weight_cache_for(is_first_microbatch)
         multi = MULTI_CAST and not torch.compiler.is_compiling() and self._multi_cast_fits(sets)
-        multiple = max(token_multiple(qs) for qs in sets)
+        # (FP8 per-tensor recipes, the multi-cast's, block no tokens)
+        multiple = 1 if multi else max(token_multiple(qs) for qs in sets)
         if multiple == 1 or all(m % multiple == 0 for m in splits):
             return _GroupedLinearFunction.apply(x, splits, sets, cache, mode, multi, *weights, *biases)
         # NVFP4 blocks the tokens of each expert in 16s: pad every expert's rows, slice them off after

@@ -54,6 +54,7 @@ FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PER_TOKEN_FMT_CODE = {"e5m6": 0, "e4m3": 1}
 
 _EMPTY_SHAPE = (0,)
+_DATA_PTR = torch.Tensor.data_ptr  # for map(): the members' addresses without a Python frame per member
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -424,16 +425,22 @@ def _multi_scalars(x0: torch.Tensor, g: int, separate: bool) -> tuple[torch.Tens
 
 def _multi_launch(xs, rows: list, cols: int, fp8_dtype: torch.dtype, out: list, out_t: list,
                   scales: Optional[Sequence[torch.Tensor]], power_2: bool, eps: float, scale: int, scale_inv: int,
-                  amax: int, scale_inv_stride: int = 1, records: Sequence[int] = ()) -> None:
+                  amax: int, scale_inv_stride: int = 1, records: Sequence[int] = (),
+                  x_ptrs: Optional[list] = None) -> None:
     """The one place the multi-tensor casts are launched: delayed scaling when ``scales`` (one FP32 device
-    scalar per member) is given, else current scaling; ``scale``/``scale_inv``/``amax`` are addresses of
-    the (G,) FP32 outputs (scale_inv with the given stride, in floats). ``records`` (delayed scaling, one
-    address per member or none): FP32 ``amax_history[0]`` slots the kernel max-merges each amax into."""
+    scalar per member, or a list of their addresses) is given, else current scaling;
+    ``scale``/``scale_inv``/``amax`` are addresses of the (G,) FP32 outputs (scale_inv with the given
+    stride, in floats). ``records`` (delayed scaling, one address per member or none): FP32
+    ``amax_history[0]`` slots the kernel max-merges each amax into. ``x_ptrs``: the members' addresses
+    when the caller computed them (``xs`` then only gives the dtype and device)."""
     x0 = xs[0]
-    x_ptrs = [x.data_ptr() for x in xs]
+    if x_ptrs is None:
+        x_ptrs = list(map(_DATA_PTR, xs))
     with _on(x0.device):
         if scales is not None:
-            args = (x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, [t.data_ptr() for t in scales],
+            if scales and not isinstance(scales[0], int):
+                scales = list(map(_DATA_PTR, scales))
+            args = (x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, scales,
                     DTYPE_CODE[fp8_dtype], scale, scale_inv, amax, _stream(x0.device), scale_inv_stride)
             _ext().fp8_multi_quantize(*args, list(records)) if records else _ext().fp8_multi_quantize(*args)
         else:
@@ -509,6 +516,33 @@ def _multi_result(xs, buffers, rowwise: bool, columnwise: bool) -> FP8MultiQuant
     else:
         data_t_views = [None] * g
     return FP8MultiQuantized(data=data_views, data_t=data_t_views, scale_inv=scale_inv, amax=amax, scale=scale)
+
+
+def fp8_multi_cast_rows(x: torch.Tensor, rows: Sequence[int], fmt: str, *, scales: Optional[Sequence] = None,
+                        power_2: bool = False, amax_epsilon: float = 0.0, records: Sequence[int] = ()):
+    """:func:`fp8_multi_cast_buffers` of the consecutive row blocks of ONE contiguous 2-D CUDA tensor
+    (member g: rows ``[starts[g], starts[g+1])`` of ``x``, ``sum(rows) == x.shape[0]``): the members'
+    addresses are ``x``'s plus integer offsets, so no per-member view is made (the grouped layer's
+    activations and output gradients). ``scales`` (delayed scaling): one FP32 device scalar per member,
+    or their addresses. The same launch, arguments and result as ``fp8_multi_cast_buffers(x.split(rows))``.
+    Arguments are trusted."""
+    cols, g = x.shape[1], len(rows)
+    starts = list(accumulate(rows, initial=0))
+    total = starts[-1]
+    data, data_t = _multi_buffers((x,), fmt, True, True, total, cols)
+    f32 = x.new_empty((6 * g,), dtype=torch.float32)
+    # an empty member view's data_ptr() is 0: so is its address here
+    base, row_bytes = x.data_ptr(), cols * x.element_size()
+    x_ptrs = [base + s * row_bytes if r else 0 for s, r in zip(starts, rows)] if cols else [0] * g
+    if total * cols:
+        db, dtb = data.data_ptr(), data_t.data_ptr()
+        out, out_t = [db + s * cols for s in starts[:-1]], [dtb + s * cols for s in starts[:-1]]
+    else:
+        out, out_t = [], []
+    fb = f32.data_ptr()
+    _multi_launch((x,), list(rows), cols, data.dtype, out, out_t, scales, power_2, amax_epsilon, fb + 20 * g, fb,
+                  fb + 16 * g, scale_inv_stride=4, records=records, x_ptrs=x_ptrs)
+    return data, data_t, f32, starts
 
 
 def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Optional[Sequence[torch.Tensor]] = None,

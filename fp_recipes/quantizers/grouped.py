@@ -17,7 +17,8 @@ buffers (:func:`fp_recipes.gemm.grouped.grouped_gemm`).
 from __future__ import annotations
 
 import math
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import attrgetter, eq, is_
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -383,58 +384,92 @@ class Fp8MultiCast:
         return Fp8MultiCast(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views)
 
 
+_SCALE = attrgetter("scale")
+_HISTORY = attrgetter("amax_history")
+_DEVICE = attrgetter("device")
+_DTYPE = attrgetter("dtype")
+_DATA_PTR = torch.Tensor.data_ptr
+
+
 def _kernel_ready(parts: Sequence[torch.Tensor], quantizers: Sequence[Any], delayed: bool) -> bool:
     """What the multi-cast kernel takes on trust: members of one dtype and device, each contiguous,
     and (delayed scaling) FP32 scales on that device. Anything else (an expert's weight cast or moved
-    on its own, say) goes through the dispatched ops, which check, copy or say what is wrong."""
+    on its own, say) goes through the dispatched ops, which check, copy or say what is wrong.
+    (The checks iterate in C: map over attribute getters, no Python frame per member.)"""
     dtype, device = parts[0].dtype, parts[0].device
-    if any(p.dtype != dtype or p.device != device or not p.is_contiguous() for p in parts):
+    if not (all(map(is_, map(_DTYPE, parts), repeat(dtype))) and all(map(eq, map(_DEVICE, parts), repeat(device)))
+            and all(map(torch.Tensor.is_contiguous, parts))):
         return False
-    return not delayed or all(q.scale.device == device and q.scale.dtype == torch.float32 for q in quantizers)
+    return not delayed or _scales_ready(list(map(_SCALE, quantizers)), device)
+
+
+def _scales_ready(scales: Sequence[torch.Tensor], device: torch.device) -> bool:
+    return all(map(eq, map(_DEVICE, scales), repeat(device))) and \
+        all(map(is_, map(_DTYPE, scales), repeat(torch.float32)))
 
 
 def _cuda_lane(x: torch.Tensor):
-    """The CUDA multi-cast's buffer-level entry point (no per-member views: the GEMMs take addresses)
-    for a CUDA input with the extension, else None (the dispatched ops run)."""
+    """The CUDA multi-cast's buffer-level entry points (``ops/cuda_fp8.py``: ``fp8_multi_cast_buffers``
+    and ``fp8_multi_cast_rows``; no per-member views: the GEMMs take addresses) for a CUDA input with
+    the extension, else None (the dispatched ops run)."""
     if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return None
     from ..ops import backend
     if backend.cuda_impl("fp8_multi_quantize") is None:
         return None
     from ..ops import cuda_fp8
-    return cuda_fp8.fp8_multi_cast_buffers
+    return cuda_fp8
 
 
 def _record_slots(quantizers: Sequence[Any], device: torch.device) -> List[int]:
     """The addresses of the members' ``amax_history[0]`` for the multi-cast kernel to record into (one
     launch: no amax views, no ``_foreach_maximum_``), or [] where it cannot: an extension without the
     recording casts, or a history that is not FP32 on the input's device (then
-    :meth:`Fp8MultiCast.record_amaxes` records)."""
+    :meth:`Fp8MultiCast.record_amaxes` records). ``amax_history[0]`` starts where the history does
+    (its data_ptr), so no slot view is needed."""
     from ..ops import cuda_fp8
 
     if not cuda_fp8.can_record_amax():
         return []
-    slots = [q._slot0() for q in quantizers]
-    if any(s.dtype != torch.float32 or s.device != device for s in slots):
+    hists = list(map(_HISTORY, quantizers))
+    if not all(map(is_, map(_DTYPE, hists), repeat(torch.float32))) or \
+            not all(map(eq, map(_DEVICE, hists), repeat(device))):
         return []
-    return [s.data_ptr() for s in slots]
+    return list(map(_DATA_PTR, hists))
 
 
-def fp8_multi_cast(quantizers: Sequence[FP8MemberQuantizer], parts: Sequence[torch.Tensor], *,
-                   record: bool = True) -> Fp8MultiCast:
+def fp8_multi_cast(quantizers: Sequence[FP8MemberQuantizer], parts: Union[torch.Tensor, Sequence[torch.Tensor]], *,
+                   record: bool = True, rows: Optional[Sequence[int]] = None) -> Fp8MultiCast:
     """Cast every ``parts[g]`` (2-D, one cols) by ``quantizers[g]`` (one spec that
     :func:`fp8_multi_cast_fits`), both copies, in one multi-tensor cast; delayed scaling records every
     member's amax into its history (members with no rows too: an amax of 0; ``record=False``: none).
-    Each member is bit-identical to ``quantizers[g].quantize(parts[g])``."""
+    Each member is bit-identical to ``quantizers[g].quantize(parts[g])``.
+
+    ``rows``: ``parts`` is ONE contiguous 2-D tensor whose consecutive row blocks of these sizes are the
+    members (``parts.split(rows)``, without making those views on the CUDA lane: the member addresses
+    are arithmetic)."""
     spec, fmt = quantizers[0].spec, quantizers[0].fmt
     delayed = spec.scaling is ScalingKind.DELAYED
-    lane = _cuda_lane(parts[0]) if _kernel_ready(parts, quantizers, delayed) else None
-    rows, cols = [p.shape[0] for p in parts], parts[0].shape[1]
+    if rows is not None:  # one tensor, split by rows
+        x, rows = parts, list(rows)
+        ready = x.is_contiguous() and (not delayed or _scales_ready(list(map(_SCALE, quantizers)), x.device))
+        lane = _cuda_lane(x) if ready else None
+        if lane is None:
+            parts = x.split(rows)
+        device, cols = x.device, x.shape[1]
+    else:
+        lane = _cuda_lane(parts[0]) if _kernel_ready(parts, quantizers, delayed) else None
+        rows, cols, device = [p.shape[0] for p in parts], parts[0].shape[1], parts[0].device
     if lane is not None:
-        records = _record_slots(quantizers, parts[0].device) if delayed and record else ()
-        data, data_t, f32, starts = lane(
-            parts, fmt, scales=[q.scale for q in quantizers] if delayed else None,
-            power_2=bool(spec.use_power_2_scales), amax_epsilon=float(spec.amax_epsilon), records=records)
+        records = _record_slots(quantizers, device) if delayed and record else ()
+        scales = list(map(_DATA_PTR, map(_SCALE, quantizers))) if delayed else None
+        power_2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
+        if isinstance(parts, torch.Tensor):
+            data, data_t, f32, starts = lane.fp8_multi_cast_rows(parts, rows, fmt, scales=scales, power_2=power_2,
+                                                                 amax_epsilon=eps, records=records)
+        else:
+            data, data_t, f32, starts = lane.fp8_multi_cast_buffers(parts, fmt, scales=scales, power_2=power_2,
+                                                                    amax_epsilon=eps, records=records)
         casts = Fp8MultiCast(data, data_t, f32, data.dtype, rows, cols, starts)
         if records:
             return casts  # the kernel recorded every member's amax into its history
