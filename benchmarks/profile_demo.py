@@ -8,6 +8,7 @@ each of them the GPU waits while the host enqueues the next layers: host work pe
 as idle GPU time, not in a kernel table.
 
     python benchmarks/profile_demo.py [--size large] [--recipes off,delayed,current] [--steps 4] [--top 12]
+                                      [--data random|demo] [--train 3]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from fp_recipes.demo.runs import build_recipe  # noqa: E402
 from profile_model import kind_of  # noqa: E402
 
 
-def make_step(name: str, size: str):
+def make_step(name: str, size: str, corpus=None):
     cfg = SIZES[size]
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -43,8 +44,12 @@ def make_step(name: str, size: str):
     gen = torch.Generator(device="cpu").manual_seed(1)
 
     def step() -> None:
-        x = torch.randint(0, 256, (cfg.batch, cfg.seq_len + 1), generator=gen).to(dev)
-        inp, tgt = x[:, :-1], x[:, 1:]
+        if corpus is None:  # random bytes: the router of a fresh model spreads them evenly
+            x = torch.randint(0, 256, (cfg.batch, cfg.seq_len + 1), generator=gen)
+            inp, tgt = x[:, :-1].to(dev), x[:, 1:].to(dev)
+        else:  # the demo's text: a trained router's expert loads are uneven
+            starts = torch.randint(0, corpus.train.numel() - cfg.seq_len - 1, (cfg.batch,), generator=gen)
+            inp, tgt = (t.to(dev) for t in corpus.batch(starts, cfg.seq_len))
         with fp_recipes.autocast(enabled=recipe is not None, recipe=recipe):
             logits, aux = model(inp)
         loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
@@ -54,12 +59,23 @@ def make_step(name: str, size: str):
         opt.step()
         loss.item()
 
+    loads: list = []  # the experts' row counts of the first MoE layer's last call
+
+    def record_loads(module, args) -> None:
+        loads[:] = list(args[1])
+
+    from fp_recipes import GroupedLinear
+
+    first = next((m for m in model.modules() if isinstance(m, GroupedLinear)), None)
+    if first is not None:
+        first.register_forward_pre_hook(record_loads)
+    step.loads = loads
     return step, cfg.batch * cfg.seq_len
 
 
-def profile_recipe(name: str, size: str, steps: int, top: int) -> dict:
-    step, tokens = make_step(name, size)
-    for _ in range(3):
+def profile_recipe(name: str, size: str, steps: int, top: int, corpus=None, train: int = 3) -> dict:
+    step, tokens = make_step(name, size, corpus)
+    for _ in range(train):
         step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -82,10 +98,12 @@ def profile_recipe(name: str, size: str, steps: int, top: int) -> dict:
     print(f"\n== {name}: wall {wall:.1f} ms/step ({tokens / wall * 1e3:,.0f} tokens/s), kernels {gpu:.1f} ms, "
           f"GPU idle {wall - gpu:.1f} ms ({(wall - gpu) / wall:.0%})")
     print("   " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    if step.loads:
+        print(f"   rows per expert, first MoE layer, last step: {step.loads}")
     for kname, (ms, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   {ms:7.3f} ms  x{n / steps:4.0f}  [{kind_of(kname)}] {kname[:100]}")
     return {"recipe": name, "wall_ms": wall, "kernel_ms": gpu, "idle_ms": wall - gpu, "tokens_per_s": tokens / wall * 1e3,
-            "by_kind_ms": dict(by_kind)}
+            "by_kind_ms": dict(by_kind), "expert_rows": list(step.loads)}
 
 
 def main() -> int:
@@ -94,13 +112,21 @@ def main() -> int:
     p.add_argument("--recipes", default="off,delayed,current")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--data", choices=["random", "demo"], default="random",
+                   help="random bytes, or the demo's text (Python's standard library)")
+    p.add_argument("--train", type=int, default=3, help="steps trained before measuring (the router learns)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_demo: needs a GPU")
         return 0
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__} | size {args.size}")
-    rows = [profile_recipe(n, args.size, args.steps, args.top) for n in args.recipes.split(",")]
+    corpus = None
+    if args.data == "demo":
+        from fp_recipes.demo.data import load_corpus
+
+        corpus = load_corpus(None, SIZES[args.size].seq_len)
+    rows = [profile_recipe(n, args.size, args.steps, args.top, corpus, args.train) for n in args.recipes.split(",")]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
