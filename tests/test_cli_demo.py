@@ -188,3 +188,53 @@ def test_tokens_per_second_leaves_out_the_first_steps(tmp_path, monkeypatch):
                         steps, "native", False)
     assert train.untimed_steps(steps) == 3 and train.untimed_steps(1) == 0
     assert r.tokens_per_s == cfg.batch * cfg.seq_len  # 2 timed steps of 1 s each
+
+
+def test_moe_pads_each_experts_rows_to_16_under_a_recipe_with_the_same_result():
+    """Under a quantization recipe the demo's MoE layer pads every expert's rows to a multiple of 16 with
+    zero rows (FP8 weight gradients contract over tokens); with the fresh model's zero biases a zero row
+    stays zero through both layers, so output and gradients equal the unpadded computation bit for bit."""
+    import torch
+    import torch.nn.functional as F
+
+    import fp_recipes
+    from fp_recipes.demo import model as M
+
+    cfg = M.SIZES["tiny"]
+    torch.manual_seed(0)
+    moe = M.MoEFFN(cfg, device="cpu", params_dtype=torch.float32)
+    for name, p in moe.named_parameters():
+        if "bias" in name:
+            torch.nn.init.zeros_(p)
+    seen = []
+    moe.fc1.register_forward_pre_hook(lambda mod, args: seen.append(list(args[1])))
+    x = torch.randn(2, 24, cfg.d_model, requires_grad=True)
+
+    def unpadded(self, x):  # the layer without padding (as BF16 / FP32 runs compute it)
+        h = self.norm(x).reshape(-1, x.shape[-1])
+        probs = self.router(h.float()).softmax(-1)
+        gate, expert = probs.topk(self.top_k, dim=-1)
+        gate = gate / gate.sum(-1, keepdim=True)
+        order = torch.argsort(expert.reshape(-1), stable=True)
+        token = order // self.top_k
+        splits = torch.bincount(expert.reshape(-1), minlength=self.experts).tolist()
+        y = self.fc2(F.gelu(self.fc1(h[token], splits)), splits) * gate.reshape(-1)[order, None]
+        return torch.zeros_like(h).index_add_(0, token, y).reshape(x.shape)
+
+    recipe = fp_recipes.Float8CurrentScaling()
+    with fp_recipes.autocast(recipe=recipe):
+        y, _ = moe(x)
+    with fp_recipes.autocast(recipe=recipe):
+        ref = unpadded(moe, x)
+    padded, plain = seen
+    assert all(m % 16 == 0 for m in padded) and sum(padded) > sum(plain) and \
+        all(p >= m and p - m < 16 for p, m in zip(padded, plain))
+    assert torch.equal(y, ref)
+    params = [x] + list(moe.parameters())
+    g1 = torch.autograd.grad(y.square().sum(), params, allow_unused=True)
+    g2 = torch.autograd.grad(ref.square().sum(), params, allow_unused=True)
+    for a, b in zip(g1, g2):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+    seen.clear()
+    moe(x)  # no recipe: rows as routed
+    assert seen == [plain]

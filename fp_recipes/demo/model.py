@@ -17,6 +17,7 @@ from typing import Dict, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..autocast import get_autocast_state
 from ..modules import GroupedLinear, LayerNormLinear, Linear
 
 __all__ = ["ModelConfig", "SIZES", "GPT"]
@@ -76,6 +77,9 @@ class DenseFFN(torch.nn.Module):
         return self.fc2(F.gelu(self.fc1(x))), x.new_zeros((), dtype=torch.float32)
 
 
+EXPERT_ROW_MULTIPLE = 16  # rows per expert are padded to this (see MoEFFN.forward)
+
+
 class MoEFFN(torch.nn.Module):
     """Top-k routed experts. The load-balancing loss (Switch Transformer's) keeps every expert fed."""
 
@@ -97,8 +101,26 @@ class MoEFFN(torch.nn.Module):
         order = torch.argsort(flat_expert, stable=True)  # permutation: each expert's rows contiguous
         token = order // self.top_k
         counts = torch.bincount(flat_expert, minlength=self.experts)
-        splits = counts.tolist()
-        y = self.fc2(F.gelu(self.fc1(h[token], splits)), splits)
+        # Under a quantization recipe each expert's rows are padded to a multiple of 16 with zero rows (as
+        # Megatron's moe_router_padding_for_fp8 does): FP8 GEMMs contract over tokens in the weight gradient and
+        # need multiples of 16 there, and the casts' transposed copies are vectorised only then. A zero
+        # row changes no other row's output and adds nothing to a gradient (its output is dropped).
+        if get_autocast_state().enabled:
+            m = EXPERT_ROW_MULTIPLE
+            padded = (counts + (m - 1)) // m * m
+            splits = padded.tolist()
+            starts = torch.cumsum(counts, 0) - counts
+            padded_starts = torch.cumsum(padded, 0) - padded
+            sorted_expert = flat_expert[order]
+            slot = padded_starts[sorted_expert] + torch.arange(order.numel(), device=order.device) \
+                - starts[sorted_expert]
+            rows = torch.full((sum(splits),), h.shape[0], dtype=torch.long, device=h.device)  # the zero row
+            rows[slot] = token
+            h_zero = torch.cat([h, h.new_zeros(1, h.shape[1])])
+            y = self.fc2(F.gelu(self.fc1(h_zero[rows], splits)), splits)[slot]
+        else:  # BF16 / FP32: no padding
+            splits = counts.tolist()
+            y = self.fc2(F.gelu(self.fc1(h[token], splits)), splits)
         y = y * gate.reshape(-1)[order, None].to(y.dtype)
         out = torch.zeros_like(h).index_add_(0, token, y)  # un-permute and sum the k experts
         frac = counts.float() / flat_expert.numel()
