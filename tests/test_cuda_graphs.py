@@ -479,3 +479,25 @@ def test_capture_survives_garbage_holding_older_graphs():
     graphed(x).sum().backward()
     torch.cuda.synchronize()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_no_cyclic_gc_during_capture_restores_the_collector():
+    """The capture guard collects first, keeps the cyclic collector off inside, and restores it as it was,
+    also when the capture raises (a collector the user had turned off stays off)."""
+    import gc
+
+    assert gc.isenabled()
+    with graphs_module._no_cyclic_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="capture failed"):
+        with graphs_module._no_cyclic_gc():
+            raise RuntimeError("capture failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with graphs_module._no_cyclic_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
