@@ -20,9 +20,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import fp_recipes  # noqa: E402
-from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockScaling  # noqa: E402
+from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling  # noqa: E402
 from fp_recipes import _extension  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_host import make_step  # noqa: E402
 
 
 def per_call_us(fn, calls: int = 2000, batch: int = 100) -> float:
@@ -89,24 +91,7 @@ def linear_api_calls(recipe, shape, steps: int = 5) -> dict:
     activity with CUDA: the runtime API rows carry their host time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    m, k, n = shape
-    dev = torch.device("cuda")
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-    mod = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
-
-    def step():
-        x.grad = None
-        mod.weight.grad = None
-        if recipe is None:
-            y = mod(x)
-        else:
-            with fp_recipes.autocast(recipe=recipe):
-                y = mod(x)
-        y.backward(dy)
-        with torch.no_grad():
-            mod.weight.add_(1e-6)
-
+    step = make_step(recipe, *shape)  # profile_host.py's step: the weight changes after every step
     for _ in range(10):
         step()
     torch.cuda.synchronize()

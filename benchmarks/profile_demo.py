@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import time
-from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +30,7 @@ import fp_recipes  # noqa: E402
 from fp_recipes.demo.model import GPT, SIZES  # noqa: E402
 from fp_recipes.demo.train import AUX_LOSS_WEIGHT  # noqa: E402
 from fp_recipes.demo.runs import build_recipe  # noqa: E402
-from profile_model import kind_of  # noqa: E402
+from profile_model import kernel_table, kind_of  # noqa: E402
 
 
 def make_step(name: str, size: str, corpus=None):
@@ -86,14 +85,7 @@ def profile_recipe(name: str, size: str, steps: int, top: int, corpus=None, trai
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    per_kernel = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per_kernel[e.name][0] += e.device_time_total / steps / 1e3
-            per_kernel[e.name][1] += 1
-    by_kind = defaultdict(float)
-    for kname, (ms, _) in per_kernel.items():
-        by_kind[kind_of(kname)] += ms
+    per_kernel, by_kind = kernel_table(prof, steps)
     gpu = sum(by_kind.values())
     print(f"\n== {name}: wall {wall:.1f} ms/step ({tokens / wall * 1e3:,.0f} tokens/s), kernels {gpu:.1f} ms, "
           f"GPU idle {wall - gpu:.1f} ms ({(wall - gpu) / wall:.0%})")

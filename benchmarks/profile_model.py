@@ -35,14 +35,8 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_row(label: str, step, steps: int, top: int) -> None:
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+def kernel_table(prof, steps: int) -> tuple:
+    """({kernel name: [ms per step, launches]}, {kind: ms per step}) of a torch.profiler run of ``steps``."""
     per_kernel = defaultdict(lambda: [0.0, 0])
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -51,6 +45,18 @@ def profile_row(label: str, step, steps: int, top: int) -> None:
     by_kind = defaultdict(float)
     for name, (ms, _) in per_kernel.items():
         by_kind[kind_of(name)] += ms
+    return per_kernel, by_kind
+
+
+def profile_row(label: str, step, steps: int, top: int) -> None:
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per_kernel, by_kind = kernel_table(prof, steps)
     total = sum(by_kind.values())
     print(f"\n== {label}: {total:.2f} ms of kernels per step")
     print("   " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
