@@ -678,6 +678,13 @@ class QuantizedModule(torch.nn.Module):
         return self
 
     # ------------------------------------------------------------------ per call
+    def _call_recipe(self, state: Optional[AutocastState]) -> tuple:
+        """(recipe, module_mode, amax reduction group) of this call: inside an autocast (``state`` with a
+        depth) its recipe (None when disabled) and group, else the module's own (``module_mode``)."""
+        if state is not None and state.depth:
+            return (state.recipe if state.enabled else None), False, state.amax_reduction_group
+        return self.recipe, True, self.amax_reduction_group
+
     def gemm_quantizers(self) -> Optional[List[GemmQuantizers]]:
         """The quantizers for this call (None: no quantization, plain torch).
 
@@ -689,13 +696,7 @@ class QuantizedModule(torch.nn.Module):
             if record is not None:
                 return replay.replay_sets(record, lambda qs, quantizers: qs.variant(quantizers, replay=True,
                                                                                     record=None))
-        state = get_autocast_state()
-        if state.depth:
-            recipe = state.recipe if state.enabled else None
-            module_mode = False
-        else:
-            recipe = self.recipe
-            module_mode = True
+        recipe, module_mode, group = self._call_recipe(get_autocast_state())
         if recipe is None:
             sets = None
         else:
@@ -704,7 +705,6 @@ class QuantizedModule(torch.nn.Module):
                 sets = last[2]
             else:
                 sets = self._sets_for(recipe, module_mode)
-            group = self.amax_reduction_group if module_mode else state.amax_reduction_group
             if sets[0].amax_reduction_group is not group:
                 for qs in sets:
                     qs.amax_reduction_group = group
@@ -741,15 +741,7 @@ class QuantizedModule(torch.nn.Module):
         if self._records._items and _graph_task_id() != -1:
             return None
         stack = _autocast_tls.stack
-        if stack:
-            state = stack[-1]
-            recipe = state.recipe if state.enabled else None
-            module_mode = False
-            group = state.amax_reduction_group
-        else:
-            recipe = self.recipe
-            module_mode = True
-            group = self.amax_reduction_group
+        recipe, module_mode, group = self._call_recipe(stack[-1] if stack else None)
         if _grad_enabled():
             if _top_hooks(False) is not None:
                 return None
@@ -812,15 +804,7 @@ class QuantizedModule(torch.nn.Module):
         torch.compile's own activation checkpointing recomputes inside the graph, where the state
         updates are not repeated."""
 
-        state = get_autocast_state()
-        if state.depth:
-            recipe = state.recipe if state.enabled else None
-            module_mode = False
-            group = state.amax_reduction_group
-        else:
-            recipe = self.recipe
-            module_mode = True
-            group = self.amax_reduction_group
+        recipe, module_mode, group = self._call_recipe(get_autocast_state())
         if recipe is None:
             return None
         _require_compile_support()
