@@ -82,8 +82,6 @@ def reduce_and_update(quantizers: List[Any], group: Any) -> None:
     reduced = [q for q in quantizers if getattr(q.spec, "reduce_amax", True)]
     target = reduction_group(group) if reduced else NO_REDUCTION
     if target is not NO_REDUCTION:
-        import torch.distributed as dist
-
         amaxes = torch.stack([q.amax_history[0] for q in reduced]).float()
         # NaN -> +Inf first: MAX then propagates a non-finite amax on every backend (NaN need not
         # survive MAX), so every rank drops it together, as one process holding all ranks' data would.
