@@ -92,7 +92,7 @@ def install_stub_kernels() -> None:
     cuda_fp8._call = lambda op, impl, *args: impl(*args)
     cuda_fp8._stream = lambda device: 0
     for name in ("fp8_amax", "fp8_quantize", "fp8_current_scaling_quantize", "fp8_dequantize",
-                 "per_token_cast", "cast_back"):
+                 "per_token_cast", "cast_back", "bias_grad"):
         setattr(ops, name, getattr(cuda_fp8, name))
     gemm_fp8.fp8_native_gemm_available = lambda *args: True
 

@@ -88,6 +88,42 @@ void register_fp8(py::module_& m) {
         py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
         py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
         py::arg("amax_record"), py::arg("stream"));
+  // The casts with a fused bias gradient of the input (the grad_output of a Linear with a bias): the tile
+  // sums in the cast's pass, then one reduction into db (fp8_kernels.h, BiasGradOut). amax_record may be 0.
+  m.def("fp8_quantize_dbias",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t scale, int out_dtype,
+           std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_inv, std::uintptr_t amax,
+           std::uintptr_t amax_record, std::uintptr_t partials, std::uintptr_t db, int db_dtype,
+           std::uintptr_t stream) {
+          const BiasGradOut bias{p<float>(partials), p(db), dt(db_dtype)};
+          launch_fp8_quantize(p(x), dt(in_dtype), rows, cols, p<const float>(scale), dt(out_dtype), p(out), p(out_t),
+                              p<float>(scale_inv), p<float>(amax), as_stream(stream), p<float>(amax_record), &bias);
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
+        py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
+        py::arg("amax_record"), py::arg("partials"), py::arg("db"), py::arg("db_dtype"), py::arg("stream"));
+  m.def("fp8_current_scaling_quantize_dbias",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int out_dtype, bool power_2,
+           float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale,
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t partials, std::uintptr_t db, int db_dtype,
+           std::uintptr_t stream) {
+          const BiasGradOut bias{p<float>(partials), p(db), dt(db_dtype)};
+          launch_fp8_current_scaling_quantize(p(x), dt(in_dtype), rows, cols, dt(out_dtype), power_2, amax_epsilon,
+                                              p(out), p(out_t), p<float>(scale), p<float>(scale_inv),
+                                              p<float>(amax), as_stream(stream), &bias);
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("out_dtype"),
+        py::arg("power_2"), py::arg("amax_epsilon"), py::arg("out"), py::arg("out_t"), py::arg("scale"),
+        py::arg("scale_inv"), py::arg("amax"), py::arg("partials"), py::arg("db"), py::arg("db_dtype"),
+        py::arg("stream"));
+  m.def("bias_grad",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t partials, std::uintptr_t db,
+           int db_dtype, std::uintptr_t stream) {
+          launch_bias_grad(p(x), dt(in_dtype), rows, cols, BiasGradOut{p<float>(partials), p(db), dt(db_dtype)},
+                           as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("partials"), py::arg("db"),
+        py::arg("db_dtype"), py::arg("stream"));
   m.def("fp8_current_scaling_quantize",
         [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int out_dtype, bool power_2,
            float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale,

@@ -81,18 +81,49 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x,
 }
 
 // Rowwise and/or transposed copies in one pass: one 64x64 tile (cast_transpose_tile) per block.
-template <typename T, Fp8Fmt F, bool kAmax>
+// kBias: also the tile's column sums of a fused bias gradient into row blockIdx.y of partials (T, N).
+template <typename T, Fp8Fmt F, bool kAmax, bool kBias>
 __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __restrict__ x, int64_t M,
                                                                   int64_t N, ScaleSpec spec, bool vec_ok,
                                                                   uint8_t* __restrict__ out,
                                                                   uint8_t* __restrict__ out_t,
                                                                   uint32_t* __restrict__ amax_bits,
-                                                                  float* record) {
+                                                                  float* record, float* __restrict__ partials) {
   const float s = resolve_scale(spec);
   uint32_t key = 0;
-  cast_transpose_tile<T, F, kAmax>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s, vec_ok,
-                                   M % 16 == 0, out, out_t, key);
+  cast_transpose_tile<T, F, kAmax, kBias>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s,
+                                          vec_ok, M % 16 == 0, out, out_t, key,
+                                          kBias ? partials + int64_t(blockIdx.y) * N : nullptr);
   if (kAmax) flush_amax_record(key, amax_bits, record);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient without a cast (any quantizer, or none): the same staged tiles and column sums as the
+// cast kernel's kBias variant, so the partials are the same numbers.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) bias_partials_kernel(const T* __restrict__ x, int64_t M, int64_t N,
+                                                                 float* __restrict__ partials) {
+  __shared__ float vals[kTR][kTC + 1];
+  const int64_t r0 = int64_t(blockIdx.y) * kTR, c0 = int64_t(blockIdx.x) * kTC;
+  for (int i = threadIdx.x; i < kTR * kTC; i += kThreads) {
+    const int r = i / kTC, c = i % kTC;
+    vals[r][c] = (r0 + r < M && c0 + c < N) ? to_f32(x[(r0 + r) * N + c0 + c]) : 0.0f;
+  }
+  __syncthreads();
+  bias_tile_sums(vals, c0, N, partials + int64_t(blockIdx.y) * N);
+}
+
+// db[c] = (((p[0][c] + p[1][c]) + p[2][c]) + ...) over the T tile rows in order (0 when T == 0), rounded
+// once to the bias dtype.
+template <typename OutT>
+__global__ void __launch_bounds__(kThreads) bias_reduce_kernel(const float* __restrict__ partials, int64_t T,
+                                                               int64_t N, OutT* __restrict__ out) {
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= N) return;
+  float acc = T > 0 ? partials[c] : 0.0f;
+#pragma unroll 8
+  for (int64_t t = 1; t < T; ++t) acc = __fadd_rn(acc, partials[t * N + c]);
+  out[c] = from_f32<OutT>(acc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,7 +456,7 @@ int64_t rowwise_cast_grid(DType in_dtype, int64_t n, Fp8Fmt fmt, const void* x, 
 
 void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const ScaleSpec& spec, Fp8Fmt fmt,
               bool with_amax, void* out, void* out_t, float* amax, cudaStream_t stream, bool reverse = false,
-              int64_t grid_blocks = 0, float* record = nullptr) {
+              int64_t grid_blocks = 0, float* record = nullptr, float* partials = nullptr) {
   const int64_t n = rows * cols;
   dispatch_input(in_dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -434,7 +465,7 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
       constexpr Fp8Fmt F = decltype(ftag)::value;
       dispatch_bool(with_amax, [&](auto amax_tag) {
         constexpr bool kAmax = decltype(amax_tag)::value;
-        if (out_t == nullptr) {
+        if (out_t == nullptr && partials == nullptr) {
           constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
           dispatch_bool(aligned16(x) && aligned16(out), [&](auto vec) {
             auto kernel = cast_kernel<T, F, kAmax, decltype(vec)::value>;
@@ -451,10 +482,13 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
                   "fp8 transposed cast supports at most 65535*64 rows, got " + std::to_string(rows));
           const bool vec_ok = aligned16(x) && (out == nullptr || aligned16(out)) && aligned16(out_t) &&
                               cols % V == 0;
-          cast_transpose_kernel<T, F, kAmax><<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream>>>(
-              static_cast<const T*>(x), rows, cols, spec, vec_ok, static_cast<uint8_t*>(out),
-              static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax), record);
-          check_launch("fp8 cast_transpose_kernel");
+          dispatch_bool(partials != nullptr, [&](auto bias_tag) {
+            cast_transpose_kernel<T, F, kAmax, decltype(bias_tag)::value>
+                <<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream>>>(
+                    static_cast<const T*>(x), rows, cols, spec, vec_ok, static_cast<uint8_t*>(out),
+                    static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax), record, partials);
+            check_launch("fp8 cast_transpose_kernel");
+          });
         }
       });
     });
@@ -466,6 +500,34 @@ void check_shape(int64_t rows, int64_t cols) {
                                       std::to_string(cols) + ")");
 }
 
+int64_t bias_tile_rows(int64_t rows) { return (rows + kTR - 1) / kTR; }
+
+void check_bias_grad(const BiasGradOut* bias, int64_t rows, int64_t cols) {
+  if (bias == nullptr) return;
+  require(bias->out_dtype == DType::kFloat32 || bias->out_dtype == DType::kFloat16 ||
+              bias->out_dtype == DType::kBFloat16,
+          std::string("bias gradient dtype must be float32, float16 or bfloat16, got ") + dtype_name(bias->out_dtype));
+  require(cols == 0 || bias->out != nullptr, "bias gradient: null output");
+  require(bias_tile_rows(rows) * cols == 0 || bias->partials != nullptr, "bias gradient: null partials workspace");
+  require(bias_tile_rows(rows) <= 65535, "bias gradient supports at most 65535*64 rows, got " + std::to_string(rows));
+}
+
+// db from the partials (T = ceil(rows / 64) tile rows of cols floats).
+void run_bias_reduce(const BiasGradOut& bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (cols == 0) return;
+  const int64_t T = bias_tile_rows(rows);
+  const int64_t grid = (cols + kThreads - 1) / kThreads;
+  auto go = [&](auto tag) {
+    using OutT = decltype(tag);
+    bias_reduce_kernel<OutT><<<unsigned(grid), kThreads, 0, stream>>>(bias.partials, T, cols,
+                                                                      static_cast<OutT*>(bias.out));
+  };
+  if (bias.out_dtype == DType::kFloat32) go(float{});
+  else if (bias.out_dtype == DType::kFloat16) go(__half{});
+  else go(__nv_bfloat16{});
+  check_launch("bias_reduce_kernel");
+}
+
 }  // namespace
 
 void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, cudaStream_t stream) {
@@ -475,15 +537,47 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
   if (n > 0) run_amax(x, in_dtype, n, amax_out, stream);
 }
 
+void launch_bias_grad(const void* x, DType in_dtype, int64_t rows, int64_t cols, const BiasGradOut& bias,
+                      cudaStream_t stream) {
+  require_input_dtype(in_dtype, "bias_grad input");
+  check_shape(rows, cols);
+  check_bias_grad(&bias, rows, cols);
+  const int64_t T = bias_tile_rows(rows);
+  if (T > 0 && cols > 0) {
+    const int64_t gx = (cols + kTC - 1) / kTC;
+    require(gx <= 0x7FFFFFFF, "bias_grad: too many columns");
+    dispatch_input(in_dtype, [&](auto tag) {
+      using T_ = decltype(tag);
+      bias_partials_kernel<T_><<<dim3(unsigned(gx), unsigned(T)), kThreads, 0, stream>>>(
+          static_cast<const T_*>(x), rows, cols, bias.partials);
+      check_launch("bias_partials_kernel");
+    });
+  }
+  run_bias_reduce(bias, rows, cols, stream);
+}
+
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream, float* amax_record) {
+                         cudaStream_t stream, float* amax_record, const BiasGradOut* bias) {
   require_input_dtype(in_dtype, "fp8_quantize input");
   check_shape(rows, cols);
   const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_quantize output dtype");
   require(scale != nullptr && scale_inv != nullptr && amax != nullptr, "fp8_quantize: null scale/scale_inv/amax");
+  check_bias_grad(bias, rows, cols);
   zero_amax(amax, 1, stream);
   ScaleSpec spec{scale, nullptr, 0.0f, 0.0f, 0, nullptr, scale_inv};
+  if (bias != nullptr) {
+    // One pass: the copies (either may be null), the amax and the bias gradient's tile sums.
+    if (rows * cols > 0) {
+      run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream, false, 0, amax_record,
+               bias->partials);
+    } else {
+      if (amax_record != nullptr) run_amax(x, in_dtype, 0, amax, stream, 0, amax_record);
+      run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
+    }
+    run_bias_reduce(*bias, rows, cols, stream);
+    return;
+  }
   if (out == nullptr && out_t == nullptr) {
     // Neither copy wanted: still report amax and scale_inv (and merge the amax into amax_record).
     if (rows * cols > 0 || amax_record != nullptr) run_amax(x, in_dtype, rows * cols, amax, stream, 0, amax_record);
@@ -496,15 +590,28 @@ void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t co
 void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,
                                          DType out_dtype, bool power_2_scale, float amax_epsilon,
                                          void* out, void* out_t, float* scale, float* scale_inv,
-                                         float* amax, cudaStream_t stream) {
+                                         float* amax, cudaStream_t stream, const BiasGradOut* bias) {
   require_input_dtype(in_dtype, "fp8_current_scaling_quantize input");
   check_shape(rows, cols);
   const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_current_scaling_quantize output dtype");
   require(scale != nullptr && scale_inv != nullptr && amax != nullptr,
           "fp8_current_scaling_quantize: null scale/scale_inv/amax");
+  check_bias_grad(bias, rows, cols);
   zero_amax(amax, 1, stream);
   const float fmt_max = fmt == Fp8Fmt::kE4M3 ? kE4M3Max : kE5M2Max;
   ScaleSpec spec{nullptr, amax, fmt_max, amax_epsilon, power_2_scale ? 1 : 0, scale, scale_inv};
+  if (bias != nullptr) {
+    // The amax pass, then one pass for the copies (either may be null) and the bias gradient's tile sums.
+    if (rows * cols > 0) {
+      run_amax(x, in_dtype, rows * cols, amax, stream);
+      run_cast(x, in_dtype, rows, cols, spec, fmt, false, out, out_t, amax, stream, false, 0, nullptr,
+               bias->partials);
+    } else {
+      run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
+    }
+    run_bias_reduce(*bias, rows, cols, stream);
+    return;
+  }
   if (out == nullptr && out_t == nullptr) {
     if (rows * cols > 0) run_amax(x, in_dtype, rows * cols, amax, stream);
     run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);

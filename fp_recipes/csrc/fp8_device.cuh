@@ -228,22 +228,51 @@ __device__ __forceinline__ void block_tile_range(int64_t ntiles, int64_t& t0, in
 
 // Rowwise and/or transposed copies in one pass over 64x64 tiles staged in shared memory.
 constexpr int kTR = 64, kTC = 64, kTPad = 2;
+constexpr int kBiasSegment = 16;  // rows summed sequentially before the segments of a tile are added
+
+// The column sums of one staged kTR x kTC tile of FP32 values (rows past M already +0.0), in the order
+// of the reference (ops/ref_fp8.py, bias_grad): partials[c0 + c] = ((S0 + S1) + S2) + S3 for the
+// columns c0 + c < N, S_q the sequential __fadd_rn sum of rows 16q .. 16q + 15. Thread -> (column c,
+// segment q); all threads of the block call it (it has a barrier). partials: this tile row's (N,) slice.
+__device__ __forceinline__ void bias_tile_sums(const float (*vals)[kTC + 1], int64_t c0, int64_t N,
+                                               float* __restrict__ partials) {
+  static_assert(kThreads == 4 * kTC && kTR == 4 * kBiasSegment, "bias sums: 4 segments of 16 rows per column");
+  __shared__ float seg_sum[kTR / kBiasSegment][kTC];
+  const int c = threadIdx.x % kTC, q = threadIdx.x / kTC;
+  float acc = vals[q * kBiasSegment][c];
+#pragma unroll
+  for (int j = 1; j < kBiasSegment; ++j) acc = __fadd_rn(acc, vals[q * kBiasSegment + j][c]);
+  seg_sum[q][c] = acc;
+  __syncthreads();
+  if (threadIdx.x < kTC && c0 + threadIdx.x < N) {
+    const int cc = threadIdx.x;
+    partials[c0 + cc] =
+        __fadd_rn(__fadd_rn(__fadd_rn(seg_sum[0][cc], seg_sum[1][cc]), seg_sum[2][cc]), seg_sum[3][cc]);
+  }
+}
 
 // One kTR x kTC tile (rows [r0, r0 + kTR), columns [c0, c0 + kTC)) of the (M, N) row-major x with
 // scale s: the rowwise bytes to out (if not null), the transposed bytes to out_t (N, M) (if not
 // null), |x| folded into key. vec_ok: x 16-byte aligned, out (if any) aligned for V-byte stores and
 // N % V == 0; t_vec_ok: the 16-byte stores of out_t are aligned (M % 16 == 0 and out_t aligned).
 // Ends without a barrier after the last shared-memory read; the caller's flush_amax has one.
-template <typename T, Fp8Fmt F, bool kAmax>
+//
+// kBias: also this tile's column sums for a fused bias gradient, in the order of the reference
+// (ops/ref_fp8.py, bias_grad): with the rows past M counted as +0.0, partials[c0 + c] =
+// ((S0 + S1) + S2) + S3, S_q the sequential FP32 sum of rows 16q .. 16q + 15 of column c (rows in
+// order, __fadd_rn). The FP32 values are staged in shared memory so the order does not depend on which
+// thread loaded which row. partials points at this tile row's slice (row r0 / kTR of (T, N)).
+template <typename T, Fp8Fmt F, bool kAmax, bool kBias = false>
 __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int64_t M, int64_t N, int64_t r0,
                                                     int64_t c0, float s, bool vec_ok, bool t_vec_ok,
                                                     uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                                    uint32_t& key) {
+                                                    uint32_t& key, float* __restrict__ partials = nullptr) {
   constexpr int V = Vec16<T>::kElems;
   constexpr int kVPR = kTC / V;                  // vectors per tile row
   constexpr int kIters = kTR * kVPR / kThreads;  // vector loads per thread
   static_assert(kTR * kVPR % kThreads == 0, "tile must split evenly");
   __shared__ uint8_t tile[kTR][kTC + kTPad];
+  __shared__ float vals[kBias ? kTR : 1][kTC + 1];  // kBias: the tile's FP32 values
   const bool full = r0 + kTR <= M && c0 + kTC <= N;
   if (vec_ok && full) {
     uint4 in[kIters];
@@ -257,6 +286,10 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
       const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
       float f[V];
       unpack16<T>(in[k], f);
+      if constexpr (kBias) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) vals[r][cv * V + j] = f[j];
+      }
       uint32_t w[V / 4];
 #pragma unroll
       for (int j = 0; j < V; j += 2) {
@@ -288,6 +321,9 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
         const uint8_t b = encode_fp8<F>(__fmul_rn(f, s));
         tile[r][c] = b;
         if (out != nullptr) out[(r0 + r) * N + c0 + c] = b;
+        if constexpr (kBias) vals[r][c] = f;
+      } else if constexpr (kBias) {
+        vals[r][c] = 0.0f;  // rows past M count as +0.0 (columns past N are never summed)
       }
     }
   }
@@ -313,6 +349,7 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
       }
     }
   }
+  if constexpr (kBias) bias_tile_sums(vals, c0, N, partials);
 }
 
 // ---------------------------------------------------------------------------------------------

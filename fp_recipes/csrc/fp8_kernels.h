@@ -12,6 +12,20 @@
 
 namespace fp_recipes {
 
+// A bias gradient computed with a cast (or alone, launch_bias_grad): out[c] = the sum over the rows of
+// column c of the (rows, cols) input, in the order of the reference (ops/ref_fp8.py, bias_grad): FP32
+// sums of 16-row segments, four segments per 64-row tile, tiles added in order; rounded once to
+// out_dtype (float32/float16/bfloat16). partials: a (ceil(rows / 64), cols) FP32 device workspace.
+struct BiasGradOut {
+  float* partials;
+  void* out;        // (cols,) of out_dtype
+  DType out_dtype;
+};
+
+// The bias gradient alone (two launches: tile sums, then the reduction over tiles).
+void launch_bias_grad(const void* x, DType in_dtype, int64_t rows, int64_t cols, const BiasGradOut& bias,
+                      cudaStream_t stream);
+
 // amax_out[0] = max |x| over n elements, FP32, NaN-propagating.
 void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, cudaStream_t stream);
 
@@ -23,14 +37,16 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
 // quantizer needs no launch of its own to record the amax.
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream, float* amax_record = nullptr);
+                         cudaStream_t stream, float* amax_record = nullptr, const BiasGradOut* bias = nullptr);
 
 // Current scaling, two launches: amax, then the cast with the scale computed on the device from it
 // (see fp8_current_scale in fp8_cast.cu). Writes amax[0], scale[0], scale_inv[0].
+// bias (null: none): the bias gradient of x computed in the cast's pass (tiled kernel), plus one
+// reduction launch; the same in launch_fp8_quantize.
 void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,
                                          DType out_dtype, bool power_2_scale, float amax_epsilon,
                                          void* out, void* out_t, float* scale, float* scale_inv,
-                                         float* amax, cudaStream_t stream);
+                                         float* amax, cudaStream_t stream, const BiasGradOut* bias = nullptr);
 
 // out = cast(RN(fp32(data) * scale_inv[0])) to out_dtype (fp32/fp16/bf16) over n elements.
 void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv,

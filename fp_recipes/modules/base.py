@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from .. import ops
 from ..gemm import gemm
 from ..quantizers.factory import make_quantizer
 from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, QuantizerSpec,
@@ -432,7 +433,10 @@ class QuantizedLinearFunction(torch.autograd.Function):
             if spec.rht_columnwise and spec.columnwise and dy.dtype != torch.bfloat16:
                 qdy = quantize_operand(gq, dy, qs.amax_reduction_group, backward=True)
             else:  # (quantize_operand, inline)
-                qdy = gq.quantize(dy)
+                if need_db:  # the bias gradient out of the cast's own pass over dy where the kernel can
+                    qdy, db = gq.quantize_with_bias_grad(dy, b_dtype)
+                else:
+                    qdy = gq.quantize(dy)
                 if spec.scaling is ScalingKind.DELAYED:
                     reducer.record_backward(gq, qs.amax_reduction_group)
         if need_dx:
@@ -441,10 +445,9 @@ class QuantizedLinearFunction(torch.autograd.Function):
                 dx = dx.to(in_dtype)
         if need_dw:
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
-        if need_db:
-            db = dy.sum(0, dtype=torch.float32)  # FP32 accumulation without an FP32 copy of dy
-            if b_dtype is not torch.float32:
-                db = db.to(b_dtype)
+        if need_db and db is None:
+            # FP32 column sums of dy in the fixed order of ops.bias_grad (the order the fused casts use)
+            db = ops.bias_grad(dy, b_dtype)
         return dx, dw, db, None, None, None
 
 

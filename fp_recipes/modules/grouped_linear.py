@@ -14,8 +14,9 @@ from typing import List, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from .. import ops
 from ..gemm import grouped_gemm
-from ..quantizers.grouped import fp8_multi_cast, fp8_multi_cast_fits, split_sizes
+from ..quantizers.grouped import _cuda_lane, fp8_multi_cast, fp8_multi_cast_fits, split_sizes
 from ..quantizers.roles import ModuleKind, ScalingKind, TensorKind
 from . import replay
 from .amax_reduction import reducer
@@ -89,27 +90,16 @@ def _quantize_weights(multi: bool, quantizers: list, weights: Sequence[torch.Ten
     return hit
 
 
-def _bias_grads(dys: Sequence[torch.Tensor], dtypes: Sequence[Optional[torch.dtype]],
-                need: Sequence[bool]) -> List[Optional[torch.Tensor]]:
-    """Each expert's bias gradient, ``dys[g].sum(0)`` accumulated in FP32 and rounded to the bias dtype.
-    Every expert's FP32 sum goes into one (G, n) buffer (the same reduction, written in place) and one
-    conversion rounds them all: G + 1 launches instead of 2 G, the same bits."""
-    wanted = [g for g, dt in enumerate(dtypes) if dt is not None and need[g]]
-    out: List[Optional[torch.Tensor]] = [None] * len(dtypes)
-    if not wanted:
-        return out
-    first = dys[wanted[0]]
-    sums = first.new_empty((len(wanted), first.shape[1]), dtype=torch.float32)
-    for row, g in zip(sums.unbind(0), wanted):  # (one unbind: no select per expert)
-        torch.sum(dys[g], 0, dtype=torch.float32, out=row)
-    by_dtype: dict = {}
-    for i, g in enumerate(wanted):
-        by_dtype.setdefault(dtypes[g], []).append(i)
-    for dt, rows in by_dtype.items():
-        converted = (sums if len(rows) == len(wanted) else sums[rows]).to(dt).unbind(0)
-        for j, i in enumerate(rows):
-            out[wanted[i]] = converted[j]
-    return out
+def _bias_grads(dy: torch.Tensor, dys: Sequence[torch.Tensor], m_splits: Sequence[int],
+                dtypes: Sequence[Optional[torch.dtype]], need: Sequence[bool]) -> List[Optional[torch.Tensor]]:
+    """Each expert's bias gradient: ``ops.bias_grad(dys[g])`` (FP32 column sums in its fixed order, rounded
+    to the bias dtype), the bits a Linear on the expert's rows computes; on CUDA one call for all
+    experts (``cuda_fp8.bias_grads_rows``: one workspace, raw row addresses)."""
+    wanted = [dt if dt is not None and need[g] else None for g, dt in enumerate(dtypes)]
+    lane = _cuda_lane(dy)
+    if lane is not None and dy.is_contiguous():
+        return lane.bias_grads_rows(dy, m_splits, wanted)
+    return [ops.bias_grad(dys[g], dt) if dt is not None else None for g, dt in enumerate(wanted)]
 
 
 _LIVE: dict = {}  # m_splits -> the experts with rows (a tuple of ints: immutable, shared by every call)
@@ -191,7 +181,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 if need_dw[g] and dws[g] is None:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
         return (dx, None, None, None, None, None, *dws,
-                *(_bias_grads(dys, b_dtypes, need_db) if dys is not None else [None] * num))
+                *(_bias_grads(dy, dys, m_splits, b_dtypes, need_db) if dys is not None else [None] * num))
 
 
 class GroupedLinear(QuantizedModule):

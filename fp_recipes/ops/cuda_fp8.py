@@ -30,6 +30,7 @@ from .ref_fp8 import (
     FP8Quantized,
     _check_offsets,
     check_amax_input,
+    check_bias_grad_args,
     check_current_scaling_args,
     check_fp8_dequantize_args,
     check_fp8_quantize_args,
@@ -696,6 +697,122 @@ def fp8_current_scaling_quantize(x: torch.Tensor, fmt: str, *, use_power_2_scale
                                                  bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
+
+
+# ---- bias gradient: alone, and fused into the casts of a grad_output --------------------------------
+
+_BIAS_TILE_ROWS = 64  # ref_fp8.BIAS_GRAD_TILE_ROWS: one row of partial sums per 64-row tile
+
+
+def _bias_outputs(x: torch.Tensor, out_dtype: torch.dtype) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+    """The (tiles, N) FP32 workspace of the tile sums (None when empty) and the (N,) result."""
+    m, n = x.shape
+    tiles = -(-m // _BIAS_TILE_ROWS)
+    partials = x.new_empty((tiles, n), dtype=torch.float32) if tiles * n else None
+    return partials, x.new_empty((n,), dtype=out_dtype)
+
+
+def _bias_grad_impl(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    device = _require_cuda("bias_grad", x=x)
+    m, n = x.shape
+    partials, db = _bias_outputs(x, out_dtype)
+    _launch(device, _ext().bias_grad, _ptr(x), DTYPE_CODE[x.dtype], m, n, _ptr(partials), _ptr(db),
+            DTYPE_CODE[out_dtype], _stream(device))
+    return db
+
+
+_bias_grad_op = torch.library.custom_op("fp_recipes::bias_grad", mutates_args=())(_bias_grad_impl)
+
+
+@_bias_grad_op.register_fake
+def _(x, out_dtype):
+    return x.new_empty((x.shape[1],), dtype=out_dtype)
+
+
+@backend.register_cuda_impl("bias_grad")
+def bias_grad(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    check_bias_grad_args(x, out_dtype)
+    return _call(_bias_grad_op, _bias_grad_impl, _contiguous(x, "bias_grad", "x"), out_dtype)
+
+
+def bias_grads_rows(dy: torch.Tensor, rows: Sequence[int], dtypes: Sequence[Optional[torch.dtype]]) -> list:
+    """(eager, CUDA) :func:`bias_grad` of each row block ``dy[o_g : o_g + rows[g]]`` of the contiguous 2-D
+    ``dy`` whose ``dtypes[g]`` is not None (None elsewhere): a grouped layer's per-expert bias gradients,
+    the same bits, with one workspace and one check for all (two launches per expert)."""
+    check_bias_grad_args(dy, torch.float32)
+    device = _require_cuda("bias_grad", x=dy)
+    n = dy.shape[1]
+    ext, stream, code = _ext(), _stream(device), DTYPE_CODE[dy.dtype]
+    tiles = [-(-m // _BIAS_TILE_ROWS) if dt is not None else 0 for m, dt in zip(rows, dtypes)]
+    partials = dy.new_empty((max(1, sum(tiles)) * n,), dtype=torch.float32)
+    base, width, out = dy.data_ptr(), n * dy.element_size(), []
+    p_ptr, row0 = partials.data_ptr(), 0
+    for m, dt, t in zip(rows, dtypes, tiles):
+        if dt is None:
+            out.append(None)
+        else:
+            if dt not in (torch.float32, torch.float16, torch.bfloat16):
+                check_bias_grad_args(dy, dt)
+            db = dy.new_empty((n,), dtype=dt)
+            _launch(device, ext.bias_grad, base + row0 * width if m else 0, code, m, n, p_ptr if t else 0,
+                    db.data_ptr() if n else 0, DTYPE_CODE[dt], stream)
+            p_ptr += t * n * 4
+            out.append(db)
+        row0 += m
+    return out
+
+
+def can_fuse_bias_grad() -> bool:
+    """Whether the loaded extension has the casts with a fused bias gradient (one built before them has
+    not: the quantizers then cast and run :func:`bias_grad` separately)."""
+    ext = backend.extension()
+    return ext is not None and hasattr(ext, "fp8_quantize_dbias") and hasattr(ext, "bias_grad")
+
+
+def fp8_quantize_dbias(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
+                       record: Optional[torch.Tensor], bias_dtype: torch.dtype) -> tuple[FP8Quantized, torch.Tensor]:
+    """(eager, CUDA) :func:`fp8_quantize` of ``x`` and its bias gradient (:func:`bias_grad`'s bits, out
+    of the cast's own pass over x: the tile sums, then one reduction launch). ``record``: as
+    :func:`fp8_quantize_recording`, or None. The caller checks :func:`can_fuse_bias_grad`."""
+    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
+        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
+    check_bias_grad_args(x, bias_dtype)
+    if not x.is_contiguous():
+        x = _contiguous(x, "fp8_quantize", "x")
+    device = _require_cuda("fp8_quantize", x=x, scale=scale)
+    m, n = x.shape
+    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
+    scale_inv, amax = _scalar(device), _scalar(device)
+    partials, db = _bias_outputs(x, bias_dtype)
+    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
+    _launch(device, _ext().fp8_quantize_dbias, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
+            DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
+            0 if record is None else record.data_ptr(), _ptr(partials), _ptr(db), DTYPE_CODE[bias_dtype],
+            _stream(device))
+    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale), db
+
+
+def fp8_current_scaling_quantize_dbias(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float,
+                                       rowwise: bool, columnwise: bool,
+                                       bias_dtype: torch.dtype) -> tuple[FP8Quantized, torch.Tensor]:
+    """(eager, CUDA) :func:`fp8_current_scaling_quantize` of ``x`` and its bias gradient, the tile sums
+    made by the cast pass (see :func:`fp8_quantize_dbias`)."""
+    if not (_plain_cast_args(x, fmt, rowwise, columnwise) and type(amax_epsilon) is float and amax_epsilon >= 0.0):
+        fmt = check_current_scaling_args(x, fmt, amax_epsilon, rowwise, columnwise)
+    check_bias_grad_args(x, bias_dtype)
+    if not x.is_contiguous():
+        x = _contiguous(x, "fp8_current_scaling_quantize", "x")
+    device = _require_cuda("fp8_current_scaling_quantize", x=x)
+    m, n = x.shape
+    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
+    scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
+    partials, db = _bias_outputs(x, bias_dtype)
+    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
+    _launch(device, _ext().fp8_current_scaling_quantize_dbias,
+            x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
+            float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(),
+            amax.data_ptr(), _ptr(partials), _ptr(db), DTYPE_CODE[bias_dtype], _stream(device))
+    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale), db
 
 
 @backend.register_cuda_impl("fp8_dequantize")

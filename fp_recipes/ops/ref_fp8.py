@@ -460,8 +460,56 @@ def fp8_multi_current_scaling_quantize(xs: Sequence[torch.Tensor], fmt: str, *, 
     return _assemble_multi(parts, xs, rowwise, columnwise)
 
 
+# ---- bias gradient ------------------------------------------------------------------------------
+
+#: the summation order of :func:`bias_grad`: rows in tiles of 64, each tile as four segments of 16 rows
+BIAS_GRAD_TILE_ROWS = 64
+BIAS_GRAD_SEGMENT_ROWS = 16
+
+
+def check_bias_grad_args(x: torch.Tensor, out_dtype: torch.dtype) -> None:
+    """bias_grad's argument check (shared with the CUDA wrapper)."""
+    check_float_input(x, "bias_grad")
+    if out_dtype not in _OUT_DTYPES:
+        raise TypeError(f"bias_grad: out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
+
+
+def bias_grad(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The column sums of a 2-D ``x`` (M, N) (the bias gradient of a Linear whose grad_output is ``x``) in
+    a fixed order, so a kernel that fuses them into a cast can reproduce the bits:
+
+    * rows past M up to a multiple of 64 count as +0.0; every add is FP32, round to nearest even;
+    * per 64-row tile t and column n: ``S_q`` = the sequential sum of rows 16q .. 16q + 15 (q = 0..3,
+      starting from row 16q's value), ``p[t][n] = ((S_0 + S_1) + S_2) + S_3``;
+    * ``db[n] = (((p[0][n] + p[1][n]) + p[2][n]) + ...)`` over the tiles in order (0 when M == 0);
+    * rounded once to ``out_dtype``.
+
+    FP32 accumulation from the input's own values (no rounded copy of x), as ``x.sum(0, dtype=float32)``;
+    the order differs from torch's reduction, so the last bits may differ from it. NaN/Inf propagate."""
+    check_bias_grad_args(x, out_dtype)
+    m, n = x.shape
+    tiles = -(-m // BIAS_GRAD_TILE_ROWS)
+    if tiles == 0 or n == 0:
+        return torch.zeros(n, dtype=out_dtype, device=x.device)
+    f = x.to(torch.float32)
+    pad = tiles * BIAS_GRAD_TILE_ROWS - m
+    if pad:
+        f = torch.cat([f, f.new_zeros(pad, n)])
+    seg = BIAS_GRAD_SEGMENT_ROWS
+    f = f.view(tiles, BIAS_GRAD_TILE_ROWS // seg, seg, n)
+    s = f[:, :, 0]
+    for j in range(1, seg):
+        s = s + f[:, :, j]
+    p = ((s[:, 0] + s[:, 1]) + s[:, 2]) + s[:, 3]
+    acc = p[0]
+    for t in range(1, tiles):
+        acc = acc + p[t]
+    return acc.to(out_dtype)
+
+
 # Ops only (the dispatcher wraps every name here); the result types are imported from this module.
 __all__ = [
+    "bias_grad",
     "fp8_amax",
     "fp8_current_scaling_quantize",
     "fp8_dequantize",

@@ -8,7 +8,7 @@ They are plain Python objects holding torch tensors, so ``torch.save``/``torch.l
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Optional
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 
@@ -53,6 +53,14 @@ class Quantizer:
 
     def __call__(self, x: torch.Tensor) -> QuantizedTensor:
         return self.quantize(x)
+
+    def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[QuantizedTensor, torch.Tensor]:
+        """``quantize(x)`` and the bias gradient of ``x`` (a Linear's grad_output, 2-D), the column sums
+        in :func:`fp_recipes.ops.bias_grad`'s order rounded to ``bias_dtype``. Quantizers whose cast can
+        make the sums in its own pass over ``x`` override this (same bits, one read of ``x`` fewer)."""
+        from .. import ops
+
+        return self.quantize(x), ops.bias_grad(x, bias_dtype)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec.describe()})"

@@ -7,7 +7,7 @@ state and shapes. Quantizers always go through the op dispatcher, so a CUDA tens
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -198,6 +198,9 @@ def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
 
 # [whether the loaded extension has the recording cast, the recording cast]: set by _cuda_quantize
 _RECORDING: List[Any] = [lambda: False, None]
+# [whether it has the casts with a fused bias gradient, the delayed one, the current one, the CUDA current
+# scaling cast]: set by _cuda_quantize too
+_FUSED_DBIAS: List[Any] = [lambda: False, None, None, None]
 _CUDA_QUANTIZE: List[Any] = []
 
 
@@ -213,6 +216,8 @@ def _cuda_quantize() -> Any:
 
             impl = cuda_fp8.fp8_quantize
             _RECORDING[:] = [cuda_fp8.can_record_amax, cuda_fp8.fp8_quantize_recording]
+            _FUSED_DBIAS[:] = [cuda_fp8.can_fuse_bias_grad, cuda_fp8.fp8_quantize_dbias,
+                               cuda_fp8.fp8_current_scaling_quantize_dbias, cuda_fp8.fp8_current_scaling_quantize]
         _CUDA_QUANTIZE.append(impl)
     return _CUDA_QUANTIZE[0]
 
@@ -352,6 +357,20 @@ class Float8Quantizer(Quantizer):
         torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
         return _wrap(res, x, self.fmt)
 
+    def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
+        """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast makes the column sums
+        in its own pass and records the amax as :meth:`quantize` does (the same bits as the two apart)."""
+        if x.ndim == 2 and not torch.compiler.is_compiling():
+            fn = resolved("fp8_quantize", x)
+            slot = self._slot0()
+            if fn is _cuda_quantize() and slot.dtype == torch.float32 and _FUSED_DBIAS[0]():
+                if x.device != self.scale.device:
+                    self._check_device(x)
+                spec = self.spec
+                res, db = _FUSED_DBIAS[1](x, self.scale, self.fmt, spec.rowwise, spec.columnwise, slot, bias_dtype)
+                return _wrap(res, x, self.fmt), db
+        return super().quantize_with_bias_grad(x, bias_dtype)
+
     def compute_scale(self) -> torch.Tensor:
         """The scale :meth:`update_scale` would set (steps 0-2), without touching the state."""
         return self._scale_from(self.amax_history.nan_to_num(0.0, 0.0, 0.0))
@@ -419,6 +438,17 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def __call__(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
         return self.quantize(x, amax=amax)
+
+    def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
+        """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast pass (the second of
+        current scaling's two) makes the column sums (the same bits as the two apart)."""
+        if x.ndim == 2 and not torch.compiler.is_compiling() and _cuda_quantize() is not None \
+                and resolved("fp8_current_scaling_quantize", x) is _FUSED_DBIAS[3] and _FUSED_DBIAS[0]():
+            s = self.spec
+            res, db = _FUSED_DBIAS[2](x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise, s.columnwise,
+                                      bias_dtype)
+            return _wrap(res, x, self.fmt), db
+        return super().quantize_with_bias_grad(x, bias_dtype)
 
     def state_dict(self) -> Dict[str, Any]:
         return {}
