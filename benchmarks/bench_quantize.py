@@ -102,6 +102,28 @@ def run_fp8(table: Table, quick: bool, compile_: bool) -> None:
         table.add("fp8 current scaling pow2+colwise", "fp_recipes", s, 4 * n,
                   measure(lambda x, sc: cu.fp8_current_scaling_quantize(x, "e4m3", use_power_2_scales=True,
                                                                           columnwise=True), args, iters=iters))
+        # the grad_output casts of a Linear with a bias: the bias gradient fused into the cast's pass,
+        # against the same cast followed by the standalone kernel and by torch's column sum
+        table.add("fp8 cast+amax row+col + dbias (delayed)", "fp_recipes fused", s, 4 * n,
+                  measure(lambda x, sc: cu.fp8_quantize_dbias(x, sc, "e4m3", True, True, None, torch.bfloat16),
+                          args, iters=iters))
+        table.add("fp8 cast+amax row+col + dbias (delayed)", "cast, then bias_grad kernel", s, 4 * n,
+                  measure(lambda x, sc: (cu.fp8_quantize(x, sc, "e4m3", columnwise=True),
+                                         cu.bias_grad(x, torch.bfloat16)), args, iters=iters))
+        table.add("fp8 cast+amax row+col + dbias (delayed)", "cast, then torch sum", s, 4 * n,
+                  measure(lambda x, sc: (cu.fp8_quantize(x, sc, "e4m3", columnwise=True),
+                                         x.sum(0, dtype=torch.float32).to(torch.bfloat16)), args, iters=iters))
+        table.add("fp8 current row+col + dbias", "fp_recipes fused", s, 4 * n,
+                  measure(lambda x, sc: cu.fp8_current_scaling_quantize_dbias(x, "e4m3", False, 0.0, True, True,
+                                                                              torch.bfloat16), args, iters=iters),
+                  note="amax pass, then cast + tile sums, then the reduction")
+        table.add("fp8 current row+col + dbias", "cast, then torch sum", s, 4 * n,
+                  measure(lambda x, sc: (cu.fp8_current_scaling_quantize(x, "e4m3", columnwise=True),
+                                         x.sum(0, dtype=torch.float32).to(torch.bfloat16)), args, iters=iters))
+        table.add("bias_grad alone", "fp_recipes", s, n,
+                  measure(lambda x, sc: cu.bias_grad(x, torch.bfloat16), args, iters=iters))
+        table.add("bias_grad alone", "torch sum(0, float32)", s, n,
+                  measure(lambda x, sc: x.sum(0, dtype=torch.float32).to(torch.bfloat16), args, iters=iters))
         qs = [(cu.fp8_quantize(x, scale, "e4m3").data, scale) for x in xs]
         table.add("fp8 dequantize -> bf16", "fp_recipes", s, 3 * n,
                   measure(lambda q, sc: cu.fp8_dequantize(q, sc, torch.bfloat16), qs, iters=iters))

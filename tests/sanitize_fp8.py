@@ -93,8 +93,38 @@ def main():
     count += 1
     count += multi(dev)
     count += delayed_update(dev)
+    count += bias_grads(dev)
     torch.cuda.synchronize()
     print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
+
+
+def bias_grads(dev):
+    """The bias gradient alone, fused into both casts, and per expert: tails in rows and columns, a
+    misaligned base (element loads), every copy combination."""
+    count = 0
+    flat = torch.randn(130 * 72 + 1, device=dev).to(torch.bfloat16)
+    for x in (torch.randn(130, 72, device=dev).to(torch.bfloat16), torch.randn(65, 37, device=dev),
+              flat[1:].reshape(130, 72), torch.randn(1, 8, device=dev).to(torch.float16)):
+        want = ref_fp8.bias_grad(x, torch.bfloat16)
+        same(cu.bias_grad(x, torch.bfloat16), want, "bias_grad")
+        s = torch.tensor(0.75, device=dev)
+        for rw, cw in ((True, False), (False, True), (True, True)):
+            res, db = cu.fp8_quantize_dbias(x, s, "e4m3", rw, cw, None, torch.bfloat16)
+            ref = ref_fp8.fp8_quantize(x, s, "e4m3", rowwise=rw, columnwise=cw)
+            same(db, want, "fused delayed db")
+            same(res.data, ref.data, "fused delayed data")
+            same(res.data_t, ref.data_t, "fused delayed data_t")
+            res, db = cu.fp8_current_scaling_quantize_dbias(x, "e5m2", False, 0.0, rw, cw, torch.bfloat16)
+            ref = ref_fp8.fp8_current_scaling_quantize(x, "e5m2", rowwise=rw, columnwise=cw)
+            same(db, want, "fused current db")
+            same(res.data, ref.data, "fused current data")
+            same(res.data_t, ref.data_t, "fused current data_t")
+            count += 2
+        count += 1
+    dy = torch.randn(17 + 0 + 70, 24, device=dev)
+    for g, db in enumerate(cu.bias_grads_rows(dy, [17, 0, 70], [torch.float32] * 3)):
+        same(db, ref_fp8.bias_grad(dy.split([17, 0, 70])[g], torch.float32), "grouped bias grads")
+    return count + 3
 
 
 def multi(dev):
