@@ -100,14 +100,35 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __res
 // ---------------------------------------------------------------------------------------------
 // Bias gradient without a cast (any quantizer, or none): the same staged tiles and column sums as the
 // cast kernel's kBias variant, so the partials are the same numbers.
+// vec_ok: x 16-byte aligned and N % V == 0 (full tiles then load 16-byte vectors, all issued first).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) bias_partials_kernel(const T* __restrict__ x, int64_t M, int64_t N,
-                                                                 float* __restrict__ partials) {
+                                                                 bool vec_ok, float* __restrict__ partials) {
+  constexpr int V = Vec16<T>::kElems;
+  constexpr int kVPR = kTC / V;
+  constexpr int kIters = kTR * kVPR / kThreads;
   __shared__ float vals[kTR][kTC + 1];
   const int64_t r0 = int64_t(blockIdx.y) * kTR, c0 = int64_t(blockIdx.x) * kTC;
-  for (int i = threadIdx.x; i < kTR * kTC; i += kThreads) {
-    const int r = i / kTC, c = i % kTC;
-    vals[r][c] = (r0 + r < M && c0 + c < N) ? to_f32(x[(r0 + r) * N + c0 + c]) : 0.0f;
+  if (vec_ok && r0 + kTR <= M && c0 + kTC <= N) {
+    uint4 in[kIters];
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
+      in[k] = __ldg(reinterpret_cast<const uint4*>(x + (r0 + r) * N + c0 + cv * V));
+    }
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
+      float f[V];
+      unpack16<T>(in[k], f);
+#pragma unroll
+      for (int j = 0; j < V; ++j) vals[r][cv * V + j] = f[j];
+    }
+  } else {
+    for (int i = threadIdx.x; i < kTR * kTC; i += kThreads) {
+      const int r = i / kTC, c = i % kTC;
+      vals[r][c] = (r0 + r < M && c0 + c < N) ? to_f32(x[(r0 + r) * N + c0 + c]) : 0.0f;
+    }
   }
   __syncthreads();
   bias_tile_sums(vals, c0, N, partials + int64_t(blockIdx.y) * N);
@@ -121,8 +142,18 @@ __global__ void __launch_bounds__(kThreads) bias_reduce_kernel(const float* __re
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= N) return;
   float acc = T > 0 ? partials[c] : 0.0f;
-#pragma unroll 8
-  for (int64_t t = 1; t < T; ++t) acc = __fadd_rn(acc, partials[t * N + c]);
+  // The adds are a chain; the loads are not: issue kBatch of them before adding (latency, not bandwidth,
+  // bounds this kernel: one thread per column).
+  constexpr int kBatch = 16;
+  int64_t t = 1;
+  for (; t + kBatch <= T; t += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) v[j] = __ldg(partials + (t + j) * N + c);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) acc = __fadd_rn(acc, v[j]);
+  }
+  for (; t < T; ++t) acc = __fadd_rn(acc, partials[t * N + c]);
   out[c] = from_f32<OutT>(acc);
 }
 
@@ -548,8 +579,9 @@ void launch_bias_grad(const void* x, DType in_dtype, int64_t rows, int64_t cols,
     require(gx <= 0x7FFFFFFF, "bias_grad: too many columns");
     dispatch_input(in_dtype, [&](auto tag) {
       using T_ = decltype(tag);
+      const bool vec_ok = aligned16(x) && cols % Vec16<T_>::kElems == 0;
       bias_partials_kernel<T_><<<dim3(unsigned(gx), unsigned(T)), kThreads, 0, stream>>>(
-          static_cast<const T_*>(x), rows, cols, bias.partials);
+          static_cast<const T_*>(x), rows, cols, vec_ok, bias.partials);
       check_launch("bias_partials_kernel");
     });
   }
