@@ -30,6 +30,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
+from . import _trace_ids
+
 if TYPE_CHECKING:  # pragma: no cover
     from fp_recipes.recipes import Recipe
 
@@ -184,6 +186,8 @@ def _resolve_recipe(recipe: Optional["Recipe"]) -> Optional["Recipe"]:
             f"NVFP4BlockScaling, PerTokenScaling), got {type(recipe).__module__}."
             f"{type(recipe).__qualname__}"
         )
+    if not _compiling():
+        _trace_ids.register(recipe)  # (a copy made by a validator: torch < 2.13 traces look it up by id)
     return recipe
 
 

@@ -27,10 +27,10 @@ from fp_recipes import DelayedScaling, Float8CurrentScaling, NVFP4BlockScaling, 
 from fp_recipes.modules import base as modules_base
 from fp_recipes.modules.base import QuantizedModule
 
-# torch 2.11/2.12's Dynamo cannot trace the quantized tensors' attribute copies: fp_recipes refuses
-# with a clear error there (test_old_torch_gets_a_clear_error), so the compile tests need 2.13
+# an older Dynamo cannot trace the path: fp_recipes refuses with a clear error there
+# (test_old_torch_gets_a_clear_error), so the compile tests need torch >= 2.11 (run on 2.11 and 2.13)
 pytestmark = pytest.mark.skipif(not modules_base.compile_supported(),
-                                reason=f"torch.compile of fp_recipes modules needs torch >= 2.13, "
+                                reason=f"torch.compile of fp_recipes modules needs torch >= 2.11, "
                                        f"this is {torch.__version__}")
 
 RECIPES = {
@@ -220,6 +220,10 @@ def test_blocks_compiled_one_by_one_share_one_graph(name):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(modules_base._TORCH_VERSION < (2, 13),
+                    reason="torch < 2.13: Inductor on CPU fuses the reference twins without every BF16 "
+                           "rounding of an intermediate (emulate_precision_casts is incomplete there), so "
+                           "compiled CPU bytes can differ from eager; docs/modules.md says so")
 def test_inductor_quantizations_are_bitwise_with_emulated_precision_casts(monkeypatch):
     """The quantization ops compiled by Inductor give the eager reference's bytes (FP8 delayed and
     current, NVFP4 with RHT and stochastic rounding from tensor seed/offset, row-scaled 4over6,
@@ -284,14 +288,14 @@ def test_inductor_compiles_the_model_in_one_graph_and_trains_like_eager(monkeypa
 
 
 def test_old_torch_gets_a_clear_error(monkeypatch):
-    """Where Dynamo is too old (torch < 2.13), compiling a quantized forward names the requirement;
+    """Where Dynamo is too old (torch < 2.11), compiling a quantized forward names the requirement;
     with quantization off the modules still compile."""
-    monkeypatch.setattr(modules_base, "_TORCH_VERSION", (2, 11))
+    monkeypatch.setattr(modules_base, "_TORCH_VERSION", (2, 10))
     torch._dynamo.reset()
     model = fp_recipes.Linear(16, 16)
     x = torch.randn(16, 16)
     compiled = torch.compile(model, fullgraph=True, backend="eager")
-    with pytest.raises(Exception, match=r"needs torch >= 2\.13 \(this is torch"):
+    with pytest.raises(Exception, match=r"needs torch >= 2\.11 \(this is torch"):
         with fp_recipes.autocast(recipe=Float8CurrentScaling()):
             compiled(x)
     torch._dynamo.reset()

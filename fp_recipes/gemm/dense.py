@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from .. import ops
 from ._common import finish, mm_fp32
 from .operands import Nvfp4Operand, nvfp4_operand, operand_kind
 
@@ -31,8 +32,6 @@ def gemm_high_precision(a: torch.Tensor, b: torch.Tensor, *, out_dtype: torch.dt
 def _dequantize_nvfp4_operand(op: Nvfp4Operand) -> torch.Tensor:
     """FP32 values of one NVFP4 copy by the dequantize contract (NUMERICS.md step 7); used only where
     an NVFP4 copy meets a non-NVFP4 operand."""
-    from .. import ops
-
     return ops.nvfp4_dequantize(op.data, op.scale, op.amax, e4m3_max=op.e4m3_max,
                                 row_scaled=op.row_scaled, out_dtype=torch.float32)
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import formats, ops
 from . import cublaslt
 from ._common import finish, mm_bf16_fp32_accum
 from .operands import Nvfp4Operand
@@ -32,8 +33,6 @@ def _byte_pair_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     key = (device, dtype)
     table = _PAIR_TABLES.get(key)
     if table is None:
-        from .. import formats
-
         codes = formats.unpack_e2m1(torch.arange(256, dtype=torch.uint8).reshape(256, 1))  # (256, 2)
         table = formats.e2m1_decode(codes).to(dtype).to(device)
         _PAIR_TABLES[key] = table
@@ -60,8 +59,6 @@ def decode_nvfp4_unit(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtyp
 
 def nvfp4_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e_a: int, e_b: int) -> torch.Tensor:
     """The FP32 global factor of a per-tensor pair (``ops.nvfp4_gemm_alpha``)."""
-    from .. import ops
-
     return ops.nvfp4_gemm_alpha(amax_a.float(), amax_b.float(), e_a, e_b)
 
 

@@ -28,8 +28,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .. import ops
+from .. import _trace_ids, ops
 from ..gemm import gemm
+from ..quantizers.base import shallow_copy
 from ..quantizers.factory import make_quantizer
 from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, QuantizerSpec,
                                 ScalingKind, TensorKind)
@@ -328,8 +329,7 @@ def columnwise_only(q: Any) -> Any:
     if name not in ("Float8Tensor", "NVFP4Tensor") or q.data_t is None or q.data is None:
         return q
     # the same (already validated) fields without the rowwise copy: no constructor checks per call
-    new = object.__new__(type(q))
-    new.__dict__.update(q.__dict__)
+    new = shallow_copy(q)
     new.data = None
     if name == "NVFP4Tensor":
         new.scale = new.amax = None
@@ -593,6 +593,7 @@ class QuantizedModule(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
+        _trace_ids.register(self)  # (torch < 2.13: _prepare_for_trace_by_id finds the module by id)
         # Stochastic-rounding seeds come from torch's default generator, like weight init: the same
         # torch.manual_seed builds the same random streams (deepcopy and state_dict keep them).
         self._sr_seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
@@ -817,7 +818,11 @@ class QuantizedModule(torch.nn.Module):
             # Not made ready by init_quantizer_state: prepare now. The graph then holds this module's
             # identity (torch.compile guards on the prepare's arguments); a module made ready before
             # tracing shares its graph with every module of the same shape (see init_quantizer_state).
-            _prepare_for_trace(self, recipe, module_mode)
+            if _ID_CONSTANTS:
+                # older Dynamo hands a constant function only constants: the objects by id (_TRACED)
+                _prepare_for_trace_by_id(id(self), id(recipe), module_mode)
+            else:
+                _prepare_for_trace(self, recipe, module_mode)
             entry = self._traced_sets[slot]  # first read in this trace: what prepare wrote
             if entry is None or entry[0] is not recipe:
                 raise RuntimeError("fp_recipes: quantizer sets were not prepared for tracing")
@@ -965,6 +970,10 @@ class QuantizedModule(torch.nn.Module):
         state["_compile_ready"] = [None, None]
         state["_weight_cache"] = WeightCache()  # copies of this module's weights, not of the copy's
         return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        _trace_ids.register(self)  # a copy (deepcopy, pickle) is traced by id like the original
 
     def get_extra_state(self) -> Any:
         pending = self._pending
@@ -1135,13 +1144,24 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
         setattr(module, attr, entries)
 
 
-# torch.compile traces the quantized tensors' attribute copies (``obj.__dict__``) only from torch 2.13
-COMPILE_MIN_TORCH = (2, 13)
+# The oldest torch whose Dynamo traces the path (tested: 2.11 and 2.13). Before 2.13 it reads no
+# ``obj.__dict__`` (quantizers/base.py: shallow_copy) and passes only constants to a constant function
+# (_prepare_for_trace_by_id).
+COMPILE_MIN_TORCH = (2, 11)
 _TORCH_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+_ID_CONSTANTS = _TORCH_VERSION < (2, 13)
+
+
+def _prepare_for_trace_by_id(module_id: int, recipe_id: int, module_mode: bool) -> None:
+    """:func:`_prepare_for_trace` for a Dynamo that passes only constants to a constant function."""
+    _prepare_for_trace(_trace_ids.lookup(module_id), _trace_ids.lookup(recipe_id), module_mode)
+
+
+_prepare_for_trace_by_id._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def compile_supported() -> bool:
-    """Whether this torch can compile fp_recipes modules under a recipe (torch >= 2.13)."""
+    """Whether this torch can compile fp_recipes modules under a recipe (torch >= 2.11)."""
     return _TORCH_VERSION >= COMPILE_MIN_TORCH
 
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 
+from .. import ops
 from .roles import QuantizerSpec
 
 
@@ -42,6 +43,23 @@ class QuantizedTensor:
         raise NotImplementedError
 
 
+# Dynamo before torch 2.13 cannot trace ``obj.__dict__``: traced copies go field by field there
+_DICT_TRACEABLE = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
+def shallow_copy(obj: Any) -> Any:
+    """A new instance of ``type(obj)`` with ``obj``'s attributes (no constructor checks). In a trace by a
+    Dynamo that cannot read ``__dict__`` (torch < 2.13), the attributes named by the class's
+    ``COPY_FIELDS``."""
+    new = object.__new__(type(obj))
+    if _DICT_TRACEABLE or not torch.compiler.is_compiling():
+        new.__dict__.update(obj.__dict__)
+    else:
+        for name in type(obj).COPY_FIELDS:
+            setattr(new, name, getattr(obj, name))
+    return new
+
+
 class Quantizer:
     """Quantizes tensors for one role, as its :class:`QuantizerSpec` says."""
 
@@ -58,8 +76,6 @@ class Quantizer:
         """``quantize(x)`` and the bias gradient of ``x`` (a Linear's grad_output, 2-D), the column sums
         in :func:`fp_recipes.ops.bias_grad`'s order rounded to ``bias_dtype``. Quantizers whose cast can
         make the sums in its own pass over ``x`` override this (same bits, one read of ``x`` fewer)."""
-        from .. import ops
-
         return self.quantize(x), ops.bias_grad(x, bias_dtype)
 
     def __repr__(self) -> str:

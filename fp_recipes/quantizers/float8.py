@@ -16,7 +16,7 @@ from ..ops.backend import resolved
 from ..ops.ref_fp8 import current_scale
 from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
                          dtype_from_name, dtype_name, move, resolve_out_dtype)
-from .base import QuantizedTensor, Quantizer, check_input
+from .base import QuantizedTensor, Quantizer, check_input, shallow_copy
 from .nonfinite import NonFiniteAmaxWarning, NonfiniteWatch
 from .roles import QFormat, QuantizerSpec, ScalingKind
 
@@ -58,6 +58,9 @@ class Float8Tensor(StatePickle, QuantizedTensor):
     """
 
     kind = "float8"
+
+    #: the instance attributes (shallow_copy in a trace by torch < 2.13)
+    COPY_FIELDS = ("data", "data_t", "scale_inv", "amax", "fmt", "orig_dtype", "_shape")
 
     def __init__(self, data: Optional[torch.Tensor], scale_inv: torch.Tensor, amax: torch.Tensor, fmt: str,
                  orig_dtype: torch.dtype, shape, data_t: Optional[torch.Tensor] = None) -> None:
@@ -103,15 +106,13 @@ class Float8Tensor(StatePickle, QuantizedTensor):
     def split_saved(self) -> "tuple[tuple, Float8Tensor]":
         """(its tensors, a shell without them), for ``ctx.save_for_backward`` (``modules/replay.pack``):
         the four fields are known, so nothing is searched per call."""
-        shell = object.__new__(type(self))
-        shell.__dict__.update(self.__dict__)
+        shell = shallow_copy(self)
         shell.data = shell.data_t = shell.scale_inv = shell.amax = None
         return (self.data, self.data_t, self.scale_inv, self.amax), shell
 
     def with_saved_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> "Float8Tensor":
         """The inverse of :meth:`split_saved`, on the shell: a new tensor holding ``tensors``."""
-        t = object.__new__(type(self))
-        t.__dict__.update(self.__dict__)
+        t = shallow_copy(self)
         t.data, t.data_t, t.scale_inv, t.amax = tensors
         return t
 

@@ -18,7 +18,7 @@ from .. import ops
 from ..ops.ref_nvfp4 import BLOCK, E4M3_BOUNDS
 from ._tensor_io import StatePickle, resolve_out_dtype
 from ..ops.backend import resolved
-from .base import QuantizedTensor, Quantizer, check_input
+from .base import QuantizedTensor, Quantizer, check_input, shallow_copy
 from .roles import QFormat, QuantizerSpec, ScalingKind, TensorKind
 
 _MASK64 = 2**64 - 1
@@ -59,6 +59,10 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
 
     gemm_unit: Optional[torch.Tensor] = None
     gemm_unit_t: Optional[torch.Tensor] = None
+
+    #: the instance attributes (shallow_copy in a trace by torch < 2.13)
+    COPY_FIELDS = ("data", "scale", "amax", "data_t", "scale_t", "amax_t", "row_scaled", "e4m3_max",
+                   "four_over_six", "rht_columnwise", "orig_dtype", "_shape", "gemm_unit", "gemm_unit_t")
 
     kind = "nvfp4"
 
@@ -166,8 +170,7 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
     def split_saved(self) -> "tuple[tuple, NVFP4Tensor]":
         """(its tensors, a shell without them), for ``ctx.save_for_backward`` (``modules/replay.pack``):
         the fields are known, so nothing is searched per call (the GEMM unit caches go with them)."""
-        shell = object.__new__(type(self))
-        shell.__dict__.update(self.__dict__)
+        shell = shallow_copy(self)
         shell.data = shell.scale = shell.amax = shell.data_t = shell.scale_t = shell.amax_t = None
         shell.gemm_unit = shell.gemm_unit_t = None
         return (self.data, self.scale, self.amax, self.data_t, self.scale_t, self.amax_t, self.gemm_unit,
@@ -175,8 +178,7 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
 
     def with_saved_tensors(self, tensors) -> "NVFP4Tensor":
         """The inverse of :meth:`split_saved`, on the shell: a new tensor holding ``tensors``."""
-        t = object.__new__(type(self))
-        t.__dict__.update(self.__dict__)
+        t = shallow_copy(self)
         t.data, t.scale, t.amax, t.data_t, t.scale_t, t.amax_t, t.gemm_unit, t.gemm_unit_t = tensors
         return t
 

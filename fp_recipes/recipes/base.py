@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Dict, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
+from fp_recipes import _trace_ids
+
 from fp_recipes.quantizers.roles import (
     QFormat,
     QuantizerRole,
@@ -89,6 +91,9 @@ class Recipe(BaseModel):
     """Base of all recipes. Subclasses declare fields and implement :meth:`_plan_operand`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    def model_post_init(self, context: Any) -> None:
+        _trace_ids.register(self)  # (torch < 2.13: a compiled module's recipe is looked up by id)
 
     #: Name used by ``FP_RECIPES_RECIPE`` (delayed | current | nvfp4 | per_token).
     recipe_name: ClassVar[str] = ""
