@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 
+from .. import ops
 from .roles import QuantizerSpec
 
 
@@ -58,8 +59,6 @@ class Quantizer:
         """``quantize(x)`` and the bias gradient of ``x`` (a Linear's grad_output, 2-D), the column sums
         in :func:`fp_recipes.ops.bias_grad`'s order rounded to ``bias_dtype``. Quantizers whose cast can
         make the sums in its own pass over ``x`` override this (same bits, one read of ``x`` fewer)."""
-        from .. import ops
-
         return self.quantize(x), ops.bias_grad(x, bias_dtype)
 
     def __repr__(self) -> str:
