@@ -76,10 +76,13 @@ struct Fp8MultiMember {
   const void* x;       // (rows, cols) row-major contiguous; may be null when rows * cols == 0
   int64_t rows;        // >= 0
   void* out;           // (rows, cols) FP8, or null (not wanted)
-  void* out_t;         // (cols, rows) FP8, or null (not wanted)
+  void* out_t;         // (cols, ld_t) FP8, or null (not wanted)
   const float* scale;  // delayed scaling: this member's FP32 scale (device scalar); unused by current
   float* record;       // delayed scaling: an FP32 device value (the member's amax_history[0]) updated as
                        // torch.maximum(*record, amax_g) in the same pass (null: none); unused by current
+  int64_t ld_t;        // out_t's row stride: 0 = rows (dense (cols, rows)); else rows <= ld_t <= rows
+                       // rounded up to 64, out_t is (cols, ld_t) and its columns [rows, ld_t) are written
+                       // as zeros (the grouped layer pads to a multiple of 16: K of its wgrad GEMMs)
 };
 
 // Delayed: data = satRN(RN(x * scale_g)), scale_inv[g * scale_inv_stride] = RN(1 / scale_g),
