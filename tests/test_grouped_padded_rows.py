@@ -380,3 +380,23 @@ def test_cuda_grouped_odd_splits_equal_a_loop_of_linear(name, bias, monkeypatch)
                 bg = getattr(grp, f"bias{i}").grad
                 assert torch.equal(bg, lin.bias.grad if lin.bias.grad is not None else torch.zeros_like(bg)), (step, i)
     assert fallbacks == []
+
+
+@pytest.mark.cuda
+def test_cuda_row_strides_are_validated():
+    """A row stride below the rows, past the last row tile (the kernel zeroes only there), or one per
+    member missing: a clear error before anything is launched."""
+    from fp_recipes.ops import backend
+
+    ext = backend.extension()
+    x = torch.zeros(5, 16, device="cuda", dtype=torch.bfloat16)
+    out_t = torch.empty(16 * 64, device="cuda", dtype=torch.uint8)
+    f = torch.empty(16, device="cuda")
+    args = ([x.data_ptr()], [5], 16, 2, [], [out_t.data_ptr()], 3, False, 0.0, f.data_ptr(), f.data_ptr(),
+            f.data_ptr(), 0, 1)
+    for ld_t, msg in (([4], "ld_t 4 must be 0"), ([65], "ld_t 65 must be 0"), ([16, 16], "one row stride per member")):
+        with pytest.raises(ValueError, match=msg):
+            ext.fp8_multi_current_scaling_quantize(*args, ld_t)
+    ext.fp8_multi_current_scaling_quantize(*args, [64])  # the most the last row tile holds
+    torch.cuda.synchronize()
+    assert not out_t.view(16, 64)[:, 5:].any()

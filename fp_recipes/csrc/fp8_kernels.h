@@ -70,8 +70,9 @@ void launch_fp8_grouped_dequantize(const void* data, DType fp8_dtype, int64_t n,
 // Multi-tensor casts: G separate row-major (rows_g, cols) inputs, all of in_dtype, quantized in one
 // launch per chunk of members (G = 8: one launch for delayed, two for current scaling, plus one memset
 // of amax). Member g's bytes equal those of launch_fp8_quantize / launch_fp8_current_scaling_quantize
-// on member g alone. scale_out / scale_inv / amax are contiguous (G,) FP32 device arrays indexed by
-// member; any G >= 0, rows_g >= 0 (an empty member still gets scale_inv, amax 0 and the scale rule).
+// on member g alone (a padded out_t: in its first rows columns, zeros after them). scale_out /
+// scale_inv / amax are contiguous (G,) FP32 device arrays indexed by member; any G >= 0, rows_g >= 0
+// (an empty member still gets scale_inv, amax 0 and the scale rule).
 struct Fp8MultiMember {
   const void* x;       // (rows, cols) row-major contiguous; may be null when rows * cols == 0
   int64_t rows;        // >= 0

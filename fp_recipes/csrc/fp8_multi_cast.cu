@@ -4,9 +4,10 @@
 // way: one launch per operand for all experts instead of one (or two) per expert.
 //
 // Every member's bytes (data, data_t, scale_inv, amax, scale) are those of launch_fp8_quantize /
-// launch_fp8_current_scaling_quantize on that member alone: the tiles run the same device code
-// (fp8_device.cuh: cast_transpose_tile, cast_tile, amax_tile, flush_amax, fp8_current_scale), and
-// the amax is an order-independent max over the member's elements.
+// launch_fp8_current_scaling_quantize on that member alone (a padded data_t: its first rows columns,
+// then zeros): the tiles run the same device code (fp8_device.cuh: cast_transpose_tile, cast_tile,
+// amax_tile, flush_amax, fp8_current_scale), and the amax is an order-independent max over the
+// member's elements.
 //
 // Layout of a launch: the member descriptors of a bounded chunk (kMultiChunk members) travel by
 // value in the kernel parameters (a __grid_constant__ struct, < 4 KB), with the prefix of the
