@@ -227,8 +227,8 @@ def _host_tiny(experts: int = 8, m: int = 64, k: int = 256, n: int = 256, reps: 
     mc = cuda_fp8.fp8_multi_cast_buffers
     print(f"    multi-cast delayed (buffers)   {per_call_us(lambda: mc(parts, 'e4m3', scales=scales)):7.1f}")
     print(f"    multi-cast current (buffers)   {per_call_us(lambda: mc(parts, 'e4m3')):7.1f}")
-    data, data_t, f32, starts = mc(parts, 'e4m3', scales=scales)
-    casts = Fp8MultiCast(data, data_t, f32, data.dtype, splits, k, starts)
+    data, data_t, f32, starts, t_layout = mc(parts, 'e4m3', scales=scales)
+    casts = Fp8MultiCast(data, data_t, f32, data.dtype, splits, k, starts, None, t_layout)
     w8 = torch.randn(n * experts, k, device=dev).to(torch.float8_e4m3fn)
     wc = Fp8MultiCast(w8, w8.view(-1), f32, w8.dtype, [n] * experts, k, [n * g for g in range(experts + 1)])
     y = torch.empty(m * experts, n, device=dev, dtype=torch.bfloat16)

@@ -145,9 +145,13 @@ def multi(dev):
         got = cu.fp8_multi_current_scaling_quantize(xs, "e5m2", rowwise=True, columnwise=True)
         want = ref_fp8.fp8_multi_current_scaling_quantize(xs, "e5m2", rowwise=True, columnwise=True)
         same(got.scale_inv, want.scale_inv, "multi current scale_inv")
-        data, data_t, f32, starts = cu.fp8_multi_cast_buffers(xs, "e5m2")
+        data, data_t, f32, starts, (ld_t, t_starts) = cu.fp8_multi_cast_buffers(xs, "e5m2")
         same(f32[0:4 * len(rows):4], want.scale_inv, "multi buffers scale_inv")
         same(data, torch.cat([d for d in want.data]), "multi buffers data")
+        for i, r in enumerate(rows):  # transposed copies: rows zero-padded to 16 (odd members: vector stores)
+            block = data_t[t_starts[i]:t_starts[i + 1]].view(80, ld_t[i])
+            same(block[:, :r], want.data_t[i], f"multi buffers data_t {i}")
+            same(block[:, r:], torch.zeros_like(block[:, r:]), f"multi buffers data_t padding {i}")
         n += 3
     return n
 

@@ -32,16 +32,17 @@ def test_buffers_equal_the_public_ops(rows, dtype, fmt, delayed):
     scales = [torch.tensor(0.5 * (i + 1), device="cuda") for i in range(g)]
     if delayed:
         ref = ops.fp8_multi_quantize(xs, scales, fmt, rowwise=True, columnwise=True)
-        data, data_t, f32, starts = cuda_fp8.fp8_multi_cast_buffers(xs, fmt, scales=scales)
+        data, data_t, f32, starts, (ld_t, t_starts) = cuda_fp8.fp8_multi_cast_buffers(xs, fmt, scales=scales)
     else:
         ref = ops.fp8_multi_current_scaling_quantize(xs, fmt, rowwise=True, columnwise=True)
-        data, data_t, f32, starts = cuda_fp8.fp8_multi_cast_buffers(xs, fmt)
-    assert starts[-1] == sum(rows)
+        data, data_t, f32, starts, (ld_t, t_starts) = cuda_fp8.fp8_multi_cast_buffers(xs, fmt)
+    assert starts[-1] == sum(rows) and t_starts[-1] == data_t.numel()
     for i, r in enumerate(rows):
         s = starts[i]
         assert torch.equal(data[s:s + r].view(torch.uint8), ref.data[i].view(torch.uint8))
-        assert torch.equal(data_t[s * cols:(s + r) * cols].view(cols, r).view(torch.uint8),
-                           ref.data_t[i].view(torch.uint8))
+        block = data_t[t_starts[i]:t_starts[i + 1]].view(cols, ld_t[i]).view(torch.uint8)  # rows padded to 16
+        assert torch.equal(block[:, :r], ref.data_t[i].view(torch.uint8))
+        assert not block[:, r:].any()
     bits = f32.view(torch.int32)
     assert torch.equal(bits[0:4 * g:4], ref.scale_inv.view(torch.int32))
     assert torch.equal(bits[4 * g:5 * g], ref.amax.view(torch.int32))

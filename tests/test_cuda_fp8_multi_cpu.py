@@ -207,39 +207,41 @@ def test_extension_argument_checks_raise_without_a_gpu():
 def test_every_multi_cast_entry_launches_with_the_buffers_addresses(monkeypatch):
     """The three CUDA entry points (views, custom-op buffers, the grouped layer's buffers) share one launch
     site; recorded on CPU, each passes its own buffers' addresses, the members' pointers and the
-    scale_inv stride its layout needs (4 floats: 16-byte aligned slots for cuBLASLt)."""
+    scale_inv stride its layout needs (4 floats: 16-byte aligned slots for cuBLASLt), and (the grouped
+    layer's buffers) the row strides of the transposed copies, padded to 16 (cuda_fp8.padded_t_layout)."""
     from fp_recipes.ops import cuda_fp8 as cu
 
     calls = []
 
     class _Ext:
         def fp8_multi_quantize(self, x, rows, cols, in_dt, out, out_t, scales, out_dt, scale, sinv, amax, stream,
-                               stride):
-            calls.append(("delayed", x, rows, cols, out, out_t, scales, scale, sinv, amax, stream, stride))
+                               stride, records=(), ld_t=()):
+            calls.append(("delayed", x, rows, cols, out, out_t, scales, scale, sinv, amax, stream, stride, ld_t))
 
         def fp8_multi_current_scaling_quantize(self, x, rows, cols, in_dt, out, out_t, out_dt, p2, eps, scale, sinv,
-                                               amax, stream, stride):
-            calls.append(("current", x, rows, cols, out, out_t, p2, eps, scale, sinv, amax, stream, stride))
+                                               amax, stream, stride, ld_t=()):
+            calls.append(("current", x, rows, cols, out, out_t, p2, eps, scale, sinv, amax, stream, stride, ld_t))
 
     monkeypatch.setattr(cu, "_ext", lambda: _Ext())
     monkeypatch.setattr(backend, "current_stream", lambda device: 77)
     xs, scales = _members([3, 0, 5], 16), _scales(3)
 
     res = cu._fp8_multi_quantize_impl(xs, scales, "e4m3", True, True)
-    kind, x, rows, cols, out, out_t, sptrs, scale, sinv, amax, stream, stride = calls.pop()
-    assert (kind, rows, cols, stream, stride) == ("delayed", [3, 0, 5], 16, 77, 1)
+    kind, x, rows, cols, out, out_t, sptrs, scale, sinv, amax, stream, stride, ld_t = calls.pop()
+    assert (kind, rows, cols, stream, stride, ld_t) == ("delayed", [3, 0, 5], 16, 77, 1, ())  # dense data_t
     assert x == [t.data_ptr() for t in xs] and sptrs == [t.data_ptr() for t in scales]
     for i in (0, 2):  # member 1 has no rows (an empty view has no meaningful address)
         assert out[i] == res.data[i].data_ptr() and out_t[i] == res.data_t[i].data_ptr()
     assert out[1] == out[2] and len(out) == len(out_t) == 3
     assert (sinv, amax, scale) == (res.scale_inv.data_ptr(), res.amax.data_ptr(), res.scale.data_ptr())
 
-    data, data_t, f32, starts = cu.fp8_multi_cast_buffers(xs, "e5m2", power_2=True, amax_epsilon=0.5)
-    kind, x, rows, cols, out, out_t, p2, eps, scale, sinv, amax, stream, stride = calls.pop()
+    data, data_t, f32, starts, (ld, t_starts) = cu.fp8_multi_cast_buffers(xs, "e5m2", power_2=True, amax_epsilon=0.5)
+    kind, x, rows, cols, out, out_t, p2, eps, scale, sinv, amax, stream, stride, ld_t = calls.pop()
     fb = f32.data_ptr()
     assert (kind, p2, eps, stride, starts) == ("current", True, 0.5, 4, [0, 3, 3, 8])
+    assert ld_t == ld == [16, 0, 16] and t_starts == [0, 256, 256, 512] and data_t.numel() == 512
     assert out == [data.data_ptr() + s * 16 for s in starts[:-1]]
-    assert out_t == [data_t.data_ptr() + s * 16 for s in starts[:-1]]
+    assert out_t == [data_t.data_ptr() + s for s in t_starts[:-1]]
     assert (sinv, amax, scale) == (fb, fb + 4 * 4 * 3, fb + 4 * 5 * 3)
     assert data.dtype == torch.float8_e5m2 and f32.numel() == 18
 

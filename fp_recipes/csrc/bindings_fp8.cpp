@@ -33,11 +33,12 @@ T* p(std::uintptr_t v) {
 }
 
 // Member descriptors of the multi-tensor casts from per-member lists (x, rows, and out / out_t /
-// scale, each either one entry per member or empty = null for every member).
+// scale / ld_t, each either one entry per member or empty = null (ld_t: 0, dense) for every member).
 std::vector<Fp8MultiMember> multi_members(const char* what, const std::vector<std::uintptr_t>& x,
                                           const std::vector<int64_t>& rows, const std::vector<std::uintptr_t>& out,
                                           const std::vector<std::uintptr_t>& out_t,
-                                          const std::vector<std::uintptr_t>& scale) {
+                                          const std::vector<std::uintptr_t>& scale,
+                                          const std::vector<int64_t>& ld_t) {
   const size_t g = x.size();
   const std::string w(what);
   require(rows.size() == g, w + ": " + std::to_string(g) + " inputs but " + std::to_string(rows.size()) + " row counts");
@@ -47,6 +48,8 @@ std::vector<Fp8MultiMember> multi_members(const char* what, const std::vector<st
                                                   std::to_string(out_t.size()) + " for " + std::to_string(g) + " members");
   require(scale.empty() || scale.size() == g, w + ": scales must have one pointer per member or none, got " +
                                                   std::to_string(scale.size()) + " for " + std::to_string(g) + " members");
+  require(ld_t.empty() || ld_t.size() == g, w + ": ld_t must have one row stride per member or none, got " +
+                                                std::to_string(ld_t.size()) + " for " + std::to_string(g) + " members");
   std::vector<Fp8MultiMember> m(g);
   for (size_t i = 0; i < g; ++i) {
     m[i].x = p(x[i]);
@@ -54,6 +57,7 @@ std::vector<Fp8MultiMember> multi_members(const char* what, const std::vector<st
     m[i].out = out.empty() ? nullptr : p(out[i]);
     m[i].out_t = out_t.empty() ? nullptr : p(out_t[i]);
     m[i].scale = scale.empty() ? nullptr : p<const float>(scale[i]);
+    m[i].ld_t = ld_t.empty() ? 0 : ld_t[i];
   }
   return m;
 }
@@ -175,8 +179,8 @@ void register_fp8(py::module_& m) {
            const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t,
            const std::vector<std::uintptr_t>& scales, int out_dtype, std::uintptr_t scale_out,
            std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream, int64_t scale_inv_stride,
-           const std::vector<std::uintptr_t>& records) {
-          auto m = multi_members("fp8_multi_quantize", x, rows, out, out_t, scales);
+           const std::vector<std::uintptr_t>& records, const std::vector<int64_t>& ld_t) {
+          auto m = multi_members("fp8_multi_quantize", x, rows, out, out_t, scales, ld_t);
           require(records.empty() || records.size() == m.size(),
                   "fp8_multi_quantize: records must have one pointer per member or none, got " +
                       std::to_string(records.size()) + " for " + std::to_string(m.size()) + " members");
@@ -187,23 +191,26 @@ void register_fp8(py::module_& m) {
         py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
         py::arg("scales"), py::arg("out_dtype"), py::arg("scale_out"), py::arg("scale_inv"), py::arg("amax"),
         py::arg("stream"), py::arg("scale_inv_stride") = 1, py::arg("records") = std::vector<std::uintptr_t>{},
+        py::arg("ld_t") = std::vector<int64_t>{},
         "Delayed-scaling FP8 cast of many (rows[g], cols) tensors in one launch; out / out_t / scales / records: "
         "one pointer per member or an empty list (none). records: FP32 amax_history[0] slots the members' "
-        "amaxes are max-merged into (torch.maximum's rule).");
+        "amaxes are max-merged into (torch.maximum's rule). ld_t: the row stride of each member's (cols, ld_t) "
+        "out_t, its columns [rows, ld_t) written as zeros (empty: dense, ld_t = rows).");
   m.def("fp8_multi_current_scaling_quantize",
         [](const std::vector<std::uintptr_t>& x, const std::vector<int64_t>& rows, int64_t cols, int in_dtype,
            const std::vector<std::uintptr_t>& out, const std::vector<std::uintptr_t>& out_t, int out_dtype,
            bool power_2, float amax_epsilon, std::uintptr_t scale, std::uintptr_t scale_inv, std::uintptr_t amax,
-           std::uintptr_t stream, int64_t scale_inv_stride) {
-          const auto m = multi_members("fp8_multi_current_scaling_quantize", x, rows, out, out_t, {});
+           std::uintptr_t stream, int64_t scale_inv_stride, const std::vector<int64_t>& ld_t) {
+          const auto m = multi_members("fp8_multi_current_scaling_quantize", x, rows, out, out_t, {}, ld_t);
           launch_fp8_multi_current_scaling_quantize(m.data(), int64_t(m.size()), cols, dt(in_dtype), dt(out_dtype),
                                                     power_2, amax_epsilon, p<float>(scale), p<float>(scale_inv),
                                                     scale_inv_stride, p<float>(amax), as_stream(stream));
         },
         py::arg("x"), py::arg("rows"), py::arg("cols"), py::arg("in_dtype"), py::arg("out"), py::arg("out_t"),
         py::arg("out_dtype"), py::arg("power_2"), py::arg("amax_epsilon"), py::arg("scale"), py::arg("scale_inv"),
-        py::arg("amax"), py::arg("stream"), py::arg("scale_inv_stride") = 1,
-        "Current-scaling FP8 cast of many (rows[g], cols) tensors: one amax launch, one cast launch.");
+        py::arg("amax"), py::arg("stream"), py::arg("scale_inv_stride") = 1, py::arg("ld_t") = std::vector<int64_t>{},
+        "Current-scaling FP8 cast of many (rows[g], cols) tensors: one amax launch, one cast launch; ld_t as "
+        "for fp8_multi_quantize.");
   m.def("per_token_cast",
         [](std::uintptr_t x, int in_dtype, int64_t tokens, int64_t hidden, int fmt, bool round_sf, bool ue8m0,
            int64_t block_size, std::uintptr_t data, std::uintptr_t scales, std::uintptr_t stream) {

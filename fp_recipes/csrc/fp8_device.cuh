@@ -262,11 +262,19 @@ __device__ __forceinline__ void bias_tile_sums(const float (*vals)[kTC + 1], int
 // ((S0 + S1) + S2) + S3, S_q the sequential FP32 sum of rows 16q .. 16q + 15 of column c (rows in
 // order, __fadd_rn). The FP32 values are staged in shared memory so the order does not depend on which
 // thread loaded which row. partials points at this tile row's slice (row r0 / kTR of (T, N)).
-template <typename T, Fp8Fmt F, bool kAmax, bool kBias = false>
+//
+// kPadT: out_t is (N, Mt) with row stride Mt (M <= Mt <= M rounded up to kTR, so the padding lies in the
+// last row tile) and its columns [M, Mt) are written as zeros. The grouped layer's wgrad GEMMs then
+// contract over Mt (a multiple of 16: what cuBLASLt FP8 needs) and every store is a 16-byte vector
+// (t_vec_ok: Mt % 16 == 0 and out_t aligned). The tile's rows past M are not staged as zeros (that cost
+// the FP16 multi kernel 8 registers): the stores mask them out. Without kPadT, Mt is not read and out_t
+// is the dense (N, M) of the single-tensor casts, stored exactly as before.
+template <typename T, Fp8Fmt F, bool kAmax, bool kBias = false, bool kPadT = false>
 __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int64_t M, int64_t N, int64_t r0,
                                                     int64_t c0, float s, bool vec_ok, bool t_vec_ok,
                                                     uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                                    uint32_t& key, float* __restrict__ partials = nullptr) {
+                                                    uint32_t& key, float* __restrict__ partials = nullptr,
+                                                    int64_t Mt = 0) {
   constexpr int V = Vec16<T>::kElems;
   constexpr int kVPR = kTC / V;                  // vectors per tile row
   constexpr int kIters = kTR * kVPR / kThreads;  // vector loads per thread
@@ -331,9 +339,10 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
   if (out_t != nullptr) {
     // Thread -> (column c of the tile, 16-row segment seg): one 16-byte store of out_t[c0 + c, r0 + seg*16 ...].
     const int c = threadIdx.x / 4, seg = threadIdx.x % 4;
+    const int64_t ld = kPadT ? Mt : M;  // out_t's row stride, and the rows of the tile it takes
     if (c0 + c < N) {
-      const int64_t base = (c0 + c) * M + r0 + seg * 16;
-      if (r0 + kTR <= M && t_vec_ok) {
+      const int64_t base = (c0 + c) * ld + r0 + seg * 16;
+      if (kPadT ? (t_vec_ok && r0 + seg * 16 < Mt) : (r0 + kTR <= M && t_vec_ok)) {  // (Mt % 16 == 0)
         uint32_t w[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -341,10 +350,20 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
                  (uint32_t(tile[seg * 16 + 4 * q + 2][c]) << 16) |
                  (uint32_t(tile[seg * 16 + 4 * q + 3][c]) << 24);
         }
+        if constexpr (kPadT) {  // the bytes of rows past M (never staged) are stored as the zero padding
+          const int64_t left = M - (r0 + seg * 16);
+          const int valid = left < 16 ? int(left) : 16;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int v = min(max(valid - 4 * q, 0), 4);
+            w[q] &= v == 4 ? 0xFFFFFFFFu : (1u << (8 * v)) - 1u;
+          }
+        }
         __stcs(reinterpret_cast<uint4*>(out_t + base), make_uint4(w[0], w[1], w[2], w[3]));
       } else {
         for (int j = 0; j < 16; ++j) {
-          if (r0 + seg * 16 + j < M) out_t[base + j] = tile[seg * 16 + j][c];
+          const int64_t r = r0 + seg * 16 + j;
+          if (r < ld) out_t[base + j] = (!kPadT || r < M) ? tile[seg * 16 + j][c] : uint8_t(0);
         }
       }
     }

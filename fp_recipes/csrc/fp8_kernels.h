@@ -70,16 +70,20 @@ void launch_fp8_grouped_dequantize(const void* data, DType fp8_dtype, int64_t n,
 // Multi-tensor casts: G separate row-major (rows_g, cols) inputs, all of in_dtype, quantized in one
 // launch per chunk of members (G = 8: one launch for delayed, two for current scaling, plus one memset
 // of amax). Member g's bytes equal those of launch_fp8_quantize / launch_fp8_current_scaling_quantize
-// on member g alone. scale_out / scale_inv / amax are contiguous (G,) FP32 device arrays indexed by
-// member; any G >= 0, rows_g >= 0 (an empty member still gets scale_inv, amax 0 and the scale rule).
+// on member g alone (a padded out_t: in its first rows columns, zeros after them). scale_out /
+// scale_inv / amax are contiguous (G,) FP32 device arrays indexed by member; any G >= 0, rows_g >= 0
+// (an empty member still gets scale_inv, amax 0 and the scale rule).
 struct Fp8MultiMember {
   const void* x;       // (rows, cols) row-major contiguous; may be null when rows * cols == 0
   int64_t rows;        // >= 0
   void* out;           // (rows, cols) FP8, or null (not wanted)
-  void* out_t;         // (cols, rows) FP8, or null (not wanted)
+  void* out_t;         // (cols, ld_t) FP8, or null (not wanted)
   const float* scale;  // delayed scaling: this member's FP32 scale (device scalar); unused by current
   float* record;       // delayed scaling: an FP32 device value (the member's amax_history[0]) updated as
                        // torch.maximum(*record, amax_g) in the same pass (null: none); unused by current
+  int64_t ld_t;        // out_t's row stride: 0 = rows (dense (cols, rows)); else rows <= ld_t <= rows
+                       // rounded up to 64, out_t is (cols, ld_t) and its columns [rows, ld_t) are written
+                       // as zeros (the grouped layer pads to a multiple of 16: K of its wgrad GEMMs)
 };
 
 // Delayed: data = satRN(RN(x * scale_g)), scale_inv[g * scale_inv_stride] = RN(1 / scale_g),

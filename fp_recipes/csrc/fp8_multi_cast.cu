@@ -4,9 +4,10 @@
 // way: one launch per operand for all experts instead of one (or two) per expert.
 //
 // Every member's bytes (data, data_t, scale_inv, amax, scale) are those of launch_fp8_quantize /
-// launch_fp8_current_scaling_quantize on that member alone: the tiles run the same device code
-// (fp8_device.cuh: cast_transpose_tile, cast_tile, amax_tile, flush_amax, fp8_current_scale), and
-// the amax is an order-independent max over the member's elements.
+// launch_fp8_current_scaling_quantize on that member alone (a padded data_t: its first rows columns,
+// then zeros): the tiles run the same device code (fp8_device.cuh: cast_transpose_tile, cast_tile,
+// amax_tile, flush_amax, fp8_current_scale), and the amax is an order-independent max over the
+// member's elements.
 //
 // Layout of a launch: the member descriptors of a bounded chunk (kMultiChunk members) travel by
 // value in the kernel parameters (a __grid_constant__ struct, < 4 KB), with the prefix of the
@@ -15,7 +16,9 @@
 // memset first. Members with no rows have no tiles; block 0 of each launch writes the scale_inv (and
 // scale) of every member of its chunk, so those still get scale_inv, amax 0 and the scale rule.
 //   * a transposed copy wanted (any member of the chunk): one 64x64 tile per block, as
-//     cast_transpose_kernel does (same tile order within a member: column tiles fastest);
+//     cast_transpose_kernel does (same tile order within a member: column tiles fastest); a member's
+//     transposed copy may have a row stride past its rows (Fp8MultiMember::ld_t), the padding written
+//     as zeros by its last row tile (the grouped layer's wgrad GEMMs contract over the padded depth);
 //   * rowwise only: a persistent grid over flat tiles of kThreads x kUnroll 16-byte vectors per
 //     member, as cast_kernel does; the amax pass of current scaling uses the same tiling and grid,
 //     and the cast then walks each block's range backwards (the last tiles read are still in L2).
@@ -38,7 +41,7 @@ constexpr int kMultiChunk = 64;  // members per launch (descriptor arrays of the
 // Per-member flags (host-computed).
 constexpr uint8_t kFlatVec = 1;  // x 16-byte aligned and out (if any) aligned for V-byte stores
 constexpr uint8_t kTileVec = 2;  // kFlatVec and cols % V == 0: the vector path of cast_transpose_tile
-constexpr uint8_t kTVec = 4;     // rows % 16 == 0 and out_t 16-byte aligned: vector stores of data_t
+constexpr uint8_t kTVec = 4;     // ld_t % 16 == 0 and out_t 16-byte aligned: vector stores of data_t
 constexpr uint8_t kXVec = 8;     // x 16-byte aligned (the amax pass)
 
 struct MultiParams {
@@ -50,6 +53,7 @@ struct MultiParams {
   int64_t rows[kMultiChunk];
   int32_t tile_start[kMultiChunk + 1];  // prefix of this launch's per-member tile counts
   uint8_t flags[kMultiChunk];
+  uint8_t t_pad[kMultiChunk];           // out_t's row stride past rows (ld_t - rows, < kTR): zeros
   int32_t count;                        // members in this chunk
   int32_t col_tiles;                    // ceil(cols / kTC) (transposed tiling)
   int64_t cols;
@@ -108,9 +112,10 @@ __global__ void __launch_bounds__(kThreads) multi_cast_transpose_kernel(const __
   const float s = member_scale<kCurrent>(p, g);
   const uint8_t fl = p.flags[g];
   uint32_t key = 0;
-  cast_transpose_tile<T, F, kAmax>(static_cast<const T*>(p.x[g]), p.rows[g], p.cols, int64_t(ty) * kTR,
-                                   int64_t(tx) * kTC, s, (fl & kTileVec) != 0, (fl & kTVec) != 0, p.out[g],
-                                   p.out_t[g], key);
+  cast_transpose_tile<T, F, kAmax, false, true>(static_cast<const T*>(p.x[g]), p.rows[g], p.cols,
+                                                int64_t(ty) * kTR, int64_t(tx) * kTC, s, (fl & kTileVec) != 0,
+                                                (fl & kTVec) != 0, p.out[g], p.out_t[g], key, nullptr,
+                                                p.rows[g] + p.t_pad[g]);
   if (kAmax) flush_amax_record(key, p.amax_bits + g, p.record[g]);
 }
 
@@ -184,6 +189,10 @@ void check_members(const char* what, const Fp8MultiMember* members, int64_t num_
       require(m.x != nullptr, at + ": null input pointer for a non-empty member");
     }
     require(!delayed || m.scale != nullptr, at + ": null scale pointer (delayed scaling needs one per member)");
+    const int64_t ld_max = (m.rows + kTR - 1) / kTR * kTR;
+    require(m.ld_t == 0 || (m.ld_t >= m.rows && m.ld_t <= ld_max),
+            at + ": ld_t " + std::to_string(m.ld_t) + " must be 0 (dense) or in [rows, rows rounded up to " +
+                std::to_string(kTR) + "] = [" + std::to_string(m.rows) + ", " + std::to_string(ld_max) + "]");
   }
 }
 
@@ -210,8 +219,10 @@ void fill_chunk(MultiParams& p, const Fp8MultiMember* members, int64_t first, in
     if (x16) fl |= kXVec;
     if (x16 && out_ok) fl |= kFlatVec;
     if (x16 && out_ok && cols % V == 0) fl |= kTileVec;
-    if (m.rows % 16 == 0 && aligned16(m.out_t)) fl |= kTVec;
+    const int64_t ld_t = m.ld_t > 0 ? m.ld_t : m.rows;
+    if (ld_t % 16 == 0 && aligned16(m.out_t)) fl |= kTVec;
     p.flags[i] = fl;
+    p.t_pad[i] = uint8_t(ld_t - m.rows);
     p.tile_start[i] = int32_t(acc);
     acc += tiles_of(m);
     require(acc <= INT32_MAX, "fp8 multi cast: more than 2^31 - 1 tiles in one launch of " + std::to_string(count) +

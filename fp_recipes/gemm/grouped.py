@@ -77,8 +77,11 @@ def grouped_gemm(a_list: Sequence[Operand], b_list: Sequence[Operand], *, transp
     contraction, zeros)."""
     if type(a_list).__name__ == "Fp8MultiCast":
         gs = range(len(a_list.rows)) if groups is None else groups
-        return _multi_cast_gemms(_Side(a_list, transpose_a), _Side(b_list, transpose_b), gs, out_dtype, biases,
-                                 use_fast_accum, concat)
+        # both read transposed (wgrad: the contraction over the groups' rows) and both zero-padded alike:
+        # K = the padded rows, a multiple of 16, on both sides (the zeros add nothing)
+        padded = transpose_a and transpose_b and a_list.t_layout is not None and b_list.t_layout is not None
+        return _multi_cast_gemms(_Side(a_list, transpose_a, padded), _Side(b_list, transpose_b, padded), gs,
+                                 out_dtype, biases, use_fast_accum, concat)
     num = len(a_list)
     if num != len(b_list):
         raise ValueError(f"grouped_gemm: {num} A operands but {len(b_list)} B operands")
@@ -111,20 +114,29 @@ _SCALED_MM_OUT_OK = True  # torch._scaled_mm(..., out=) works here (set False af
 
 
 class _Side:
-    """One GEMM operand of every group in a pass: which copy (rowwise, or ``transposed``) of which cast."""
+    """One GEMM operand of every group in a pass: which copy (rowwise, or ``transposed``) of which cast;
+    ``padded``: the transposed copy with its zero padding (both sides of a pass or neither: K must agree).
 
-    __slots__ = ("casts", "transposed")
+    A pass that reads one side transposed and the other rowwise (dgrad: the weights' transposed copy)
+    contracts over the unpadded rows: the addresses are the same, and a K that is not a multiple of 16
+    (the only case where padded and unpadded rows differ) is one the cuBLASLt list does not take."""
 
-    def __init__(self, casts, transposed: bool) -> None:
-        self.casts, self.transposed = casts, transposed
+    __slots__ = ("casts", "transposed", "padded")
+
+    def __init__(self, casts, transposed: bool, padded: bool = False) -> None:
+        self.casts, self.transposed, self.padded = casts, transposed, padded
 
     def rows(self, g: int) -> int:
         return self.casts.cols if self.transposed else self.casts.rows[g]
 
     def depth(self, g: int) -> int:  # the contraction
+        if self.padded:
+            return self.casts.t_layout[0][g]
         return self.casts.rows[g] if self.transposed else self.casts.cols
 
     def tensor(self, g: int) -> torch.Tensor:
+        if self.padded:
+            return self.casts.data_t_padded(g)
         return self.casts.data_t(g) if self.transposed else self.casts.data(g)
 
     def ptrs(self, gs: Sequence[int]) -> List[int]:
@@ -170,17 +182,20 @@ def _side_lists(side: _Side, gs: Sequence[int]) -> tuple:
     in one pass of integer arithmetic over the cast's layout (what ``side.ptrs(gs)``,
     ``side.casts.scale_ptrs(gs)``, ``side.rows(g)`` and ``side.depth(g)`` give, without a call per group):
     group g's rowwise copy starts at ``data_buf + starts[g] * cols`` and its transposed copy at
-    ``data_t_buf + starts[g] * cols`` (FP8: one byte per element), its scale_inv at ``f32 + 16 g``."""
+    ``data_t_buf + t_starts[g]`` (dense: ``starts[g] * cols``; FP8: one byte per element), its scale_inv
+    at ``f32 + 16 g``."""
     casts = side.casts
     starts, rows, cols = casts.starts, casts.rows, casts.cols
-    base = (casts.data_t_buf if side.transposed else casts.data_buf).data_ptr()
-    ptrs = [base + starts[g] * cols for g in gs]
     fb = casts.f32.data_ptr()
     scales = [fb + 16 * g for g in gs]
-    sizes = [rows[g] for g in gs]
-    if side.transposed:  # (cols, rows_g): cols rows, contraction over the group's rows
-        return ptrs, scales, [cols] * len(sizes), sizes
-    return ptrs, scales, sizes, [cols] * len(sizes)
+    if not side.transposed:
+        base = casts.data_buf.data_ptr()
+        sizes = [rows[g] for g in gs]
+        return [base + starts[g] * cols for g in gs], scales, sizes, [cols] * len(sizes)
+    # (cols, rows_g): cols rows, contraction over the group's rows (padded: the zero-padded rows)
+    ptrs = casts.data_t_ptrs(gs)
+    depths = casts.t_layout[0] if side.padded else rows
+    return ptrs, scales, [cols] * len(ptrs), [depths[g] for g in gs]
 
 
 def _native(device: torch.device, fp8_a: torch.dtype, fp8_b: torch.dtype) -> bool:

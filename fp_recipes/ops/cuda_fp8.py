@@ -398,12 +398,30 @@ def _(data, offsets, scale_inv, out_dtype):
 # checks); the GroupedLinear hot path uses fp8_multi_cast_buffers (no views at all: its GEMMs take
 # addresses). One launch (delayed) or two (current) either way.
 
-def _multi_buffers(xs, fmt: str, rowwise: bool, columnwise: bool, total: int, cols: int):
-    """The (total, cols) rowwise buffer and the (total * cols,) transposed buffer (empty when unwanted)."""
+def _multi_buffers(xs, fmt: str, rowwise: bool, columnwise: bool, total: int, cols: int,
+                   t_numel: Optional[int] = None):
+    """The (total, cols) rowwise buffer and the flat transposed buffer of ``t_numel`` elements (default
+    total * cols: the dense layout), each empty when unwanted."""
     x0, dt = xs[0], FP8_DTYPE[fmt]
     data = x0.new_empty((total, cols) if rowwise else _EMPTY_SHAPE, dtype=dt)
-    data_t = x0.new_empty((total * cols,) if columnwise else _EMPTY_SHAPE, dtype=dt)
+    data_t = x0.new_empty((total * cols if t_numel is None else t_numel,) if columnwise else _EMPTY_SHAPE, dtype=dt)
     return data, data_t
+
+
+T_ROW_MULTIPLE = 16  # the grouped layer's transposed copies: rows padded to this (cuBLASLt FP8 needs K % 16 == 0)
+
+
+def padded_t_layout(rows: Sequence[int], cols: int) -> tuple[list, list]:
+    """The layout of the grouped layer's transposed copies (``fp8_multi_cast_rows`` / ``_buffers``):
+    ``(ld_t, t_starts)``. Member g's copy is (cols, ld_t[g]) row-major with ``ld_t[g]`` = rows[g]
+    rounded up to 16 and zeros in columns [rows[g], ld_t[g]), from element ``t_starts[g]`` of one flat
+    buffer (``t_starts[-1]``: its size). Why: the wgrad GEMM of expert g contracts over its rows, and
+    cuBLASLt FP8 takes K only as a multiple of 16 with 16-byte aligned operands; with this layout both
+    operands (x's and dy's copies: the same rows) are K = ld_t[g] (the zeros add nothing) and every
+    member starts 16-byte aligned, so every expert stays on the one cuBLASLt list call and every store of
+    the cast kernel is a 16-byte vector, whatever the router's row counts."""
+    ld_t = [r + (-r) % T_ROW_MULTIPLE for r in rows]
+    return ld_t, list(accumulate(map(cols.__mul__, ld_t), initial=0))
 
 
 def _multi_pointers(rows: list, cols: int, data: torch.Tensor, data_t: torch.Tensor, rowwise: bool,
@@ -427,13 +445,14 @@ def _multi_scalars(x0: torch.Tensor, g: int, separate: bool) -> tuple[torch.Tens
 def _multi_launch(xs, rows: list, cols: int, fp8_dtype: torch.dtype, out: list, out_t: list,
                   scales: Optional[Sequence[torch.Tensor]], power_2: bool, eps: float, scale: int, scale_inv: int,
                   amax: int, scale_inv_stride: int = 1, records: Sequence[int] = (),
-                  x_ptrs: Optional[list] = None) -> None:
+                  x_ptrs: Optional[list] = None, ld_t: Sequence[int] = ()) -> None:
     """The one place the multi-tensor casts are launched: delayed scaling when ``scales`` (one FP32 device
     scalar per member, or a list of their addresses) is given, else current scaling;
     ``scale``/``scale_inv``/``amax`` are addresses of the (G,) FP32 outputs (scale_inv with the given
     stride, in floats). ``records`` (delayed scaling, one address per member or none): FP32
     ``amax_history[0]`` slots the kernel max-merges each amax into. ``x_ptrs``: the members' addresses
-    when the caller computed them (``xs`` then only gives the dtype and device)."""
+    when the caller computed them (``xs`` then only gives the dtype and device). ``ld_t`` (one per member
+    or none: dense): the row strides of the transposed copies, zero-padded past each member's rows."""
     x0 = xs[0]
     if x_ptrs is None:
         x_ptrs = list(map(_DATA_PTR, xs))
@@ -443,11 +462,17 @@ def _multi_launch(xs, rows: list, cols: int, fp8_dtype: torch.dtype, out: list, 
                 scales = list(map(_DATA_PTR, scales))
             args = (x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, scales,
                     DTYPE_CODE[fp8_dtype], scale, scale_inv, amax, _stream(x0.device), scale_inv_stride)
-            _ext().fp8_multi_quantize(*args, list(records)) if records else _ext().fp8_multi_quantize(*args)
+            if ld_t:
+                _ext().fp8_multi_quantize(*args, list(records), list(ld_t))
+            else:
+                _ext().fp8_multi_quantize(*args, list(records)) if records else _ext().fp8_multi_quantize(*args)
         else:
-            _ext().fp8_multi_current_scaling_quantize(
-                x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[fp8_dtype], bool(power_2),
-                float(eps), scale, scale_inv, amax, _stream(x0.device), scale_inv_stride)
+            args = (x_ptrs, rows, cols, DTYPE_CODE[x0.dtype], out, out_t, DTYPE_CODE[fp8_dtype], bool(power_2),
+                    float(eps), scale, scale_inv, amax, _stream(x0.device), scale_inv_stride)
+            if ld_t:
+                _ext().fp8_multi_current_scaling_quantize(*args, list(ld_t))
+            else:
+                _ext().fp8_multi_current_scaling_quantize(*args)
 
 
 def _multi_cast(xs, fmt: str, rowwise: bool, columnwise: bool, separate: bool,
@@ -530,20 +555,21 @@ def fp8_multi_cast_rows(x: torch.Tensor, rows: Sequence[int], fmt: str, *, scale
     cols, g = x.shape[1], len(rows)
     starts = list(accumulate(rows, initial=0))
     total = starts[-1]
-    data, data_t = _multi_buffers((x,), fmt, True, True, total, cols)
+    ld_t, t_starts = layout = padded_t_layout(rows, cols)
+    data, data_t = _multi_buffers((x,), fmt, True, True, total, cols, t_starts[-1])
     f32 = x.new_empty((6 * g,), dtype=torch.float32)
     # an empty member view's data_ptr() is 0: so is its address here
     base, row_bytes = x.data_ptr(), cols * x.element_size()
     x_ptrs = [base + s * row_bytes if r else 0 for s, r in zip(starts, rows)] if cols else [0] * g
     if total * cols:
         db, dtb = data.data_ptr(), data_t.data_ptr()
-        out, out_t = [db + s * cols for s in starts[:-1]], [dtb + s * cols for s in starts[:-1]]
+        out, out_t = [db + s * cols for s in starts[:-1]], [dtb + s for s in t_starts[:-1]]
     else:
         out, out_t = [], []
     fb = f32.data_ptr()
     _multi_launch((x,), list(rows), cols, data.dtype, out, out_t, scales, power_2, amax_epsilon, fb + 20 * g, fb,
-                  fb + 16 * g, scale_inv_stride=4, records=records, x_ptrs=x_ptrs)
-    return data, data_t, f32, starts
+                  fb + 16 * g, scale_inv_stride=4, records=records, x_ptrs=x_ptrs, ld_t=ld_t if out_t else ())
+    return data, data_t, f32, starts, layout
 
 
 def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Optional[Sequence[torch.Tensor]] = None,
@@ -553,21 +579,24 @@ def fp8_multi_cast_buffers(xs: Sequence[torch.Tensor], fmt: str, *, scales: Opti
     time). Delayed scaling when ``scales`` is given (one FP32 device scalar per member), else current
     scaling. Arguments are trusted (contiguous 2-D CUDA tensors of one dtype/cols, a non-empty list).
 
-    Returns ``(data, data_t, f32, starts)``: ``data`` (total, cols) holds member g's rows from
-    ``starts[g]``; ``data_t`` (total * cols,) holds member g's (cols, rows_g) transposed block from
-    ``starts[g] * cols``; ``f32`` (6 G,) FP32 holds member g's scale_inv at ``[4 g]`` (16-byte aligned,
-    as cuBLASLt requires of scale pointers), its amax at ``[4 G + g]`` and scale at ``[5 G + g]``.
+    Returns ``(data, data_t, f32, starts, (ld_t, t_starts))``: ``data`` (total, cols) holds member g's
+    rows from ``starts[g]``; ``data_t`` (t_starts[-1],) holds member g's transposed block (cols, ld_t[g])
+    from ``t_starts[g]``, its rows zero-padded to a multiple of 16 (:func:`padded_t_layout`); ``f32``
+    (6 G,) FP32 holds member g's scale_inv at ``[4 g]`` (16-byte aligned, as cuBLASLt requires of scale
+    pointers), its amax at ``[4 G + g]`` and scale at ``[5 G + g]``.
     ``records`` (delayed scaling): the addresses of the members' FP32 ``amax_history[0]``, each updated
     as ``torch.maximum(slot, amax_g)`` by the cast kernel itself (empty: none)."""
     rows, cols, g = [x.shape[0] for x in xs], xs[0].shape[1], len(xs)
     starts = list(accumulate(rows, initial=0))
-    data, data_t = _multi_buffers(xs, fmt, True, True, starts[-1], cols)
+    ld_t, t_starts = layout = padded_t_layout(rows, cols)
+    data, data_t = _multi_buffers(xs, fmt, True, True, starts[-1], cols, t_starts[-1])
     f32 = xs[0].new_empty((6 * g,), dtype=torch.float32)
-    out, out_t = _multi_pointers(rows, cols, data, data_t, True, True)
+    out = [data.data_ptr() + s * cols for s in starts[:-1]] if data.numel() else []
+    out_t = [data_t.data_ptr() + s for s in t_starts[:-1]] if data_t.numel() else []
     fb = f32.data_ptr()
     _multi_launch(xs, rows, cols, data.dtype, out, out_t, scales, power_2, amax_epsilon, fb + 20 * g, fb, fb + 16 * g,
-                  scale_inv_stride=4, records=records)
-    return data, data_t, f32, starts
+                  scale_inv_stride=4, records=records, ld_t=ld_t if out_t else ())
+    return data, data_t, f32, starts, layout
 
 
 def _fp8_multi_quantize_impl(xs: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], fmt: str, rowwise: bool,

@@ -297,21 +297,26 @@ class Fp8MultiCast:
     """One operand of every member as one multi-tensor cast wrote it.
 
     On CUDA (:func:`cuda_fp8.fp8_multi_cast_buffers`): the rowwise data of all members in one
-    (total, cols) buffer, the transposed copies (cols, rows_g) one after another in one flat buffer, and
-    the FP32 scalars in one vector with member g's scale_inv at ``[4 g]`` (a 16-byte aligned address:
-    cuBLASLt refuses scale pointers into a packed vector). The GEMMs take addresses (integer arithmetic,
-    no tensor per member); tensor views are made only for GEMMs that take the portable path.
-    Elsewhere the reference twin's per-member views are kept as they are (``f32`` is then its (G,)
-    amaxes)."""
+    (total, cols) buffer, the transposed copies one after another in one flat buffer, and the FP32
+    scalars in one vector with member g's scale_inv at ``[4 g]`` (a 16-byte aligned address: cuBLASLt
+    refuses scale pointers into a packed vector). The GEMMs take addresses (integer arithmetic, no tensor
+    per member); tensor views are made only for GEMMs that take the portable path. Elsewhere the
+    reference twin's per-member views are kept as they are (``f32`` is then its (G,) amaxes).
 
-    __slots__ = ("data_buf", "data_t_buf", "f32", "dtype", "rows", "cols", "starts", "_views")
+    ``t_layout``: ``(ld_t, t_starts)`` of :func:`cuda_fp8.padded_t_layout`: member g's transposed copy is
+    (cols, ld_t[g]) from ``t_starts[g]``, zeros past its rows[g] columns, so that a GEMM contracting over
+    the rows (wgrad) can take K = ld_t[g] (:meth:`data_t_padded`); None: dense, (cols, rows_g) from
+    ``starts[g] * cols``."""
+
+    __slots__ = ("data_buf", "data_t_buf", "f32", "dtype", "rows", "cols", "starts", "_views", "t_layout")
 
     def __init__(self, data_buf: Optional[torch.Tensor], data_t_buf: Optional[torch.Tensor], f32: torch.Tensor,
                  dtype: torch.dtype, rows: Sequence[int], cols: int, starts: Sequence[int],
-                 views: Optional[tuple] = None) -> None:
+                 views: Optional[tuple] = None, t_layout: Optional[tuple] = None) -> None:
         self.data_buf, self.data_t_buf, self.f32, self.dtype = data_buf, data_t_buf, f32, dtype
         self.rows, self.cols, self.starts = rows, cols, starts
         self._views = views  # reference path: (data views, data_t views, scale_inv (G,))
+        self.t_layout = t_layout
 
     @property
     def addressable(self) -> bool:
@@ -328,10 +333,19 @@ class Fp8MultiCast:
         return self.data_buf[self.starts[g]:self.starts[g + 1]]
 
     def data_t(self, g: int) -> torch.Tensor:
+        """Member g's transposed copy (cols, rows_g) (a column slice of the padded block, if padded)."""
         if self._views is not None:
             return self._views[1][g]
+        if self.t_layout is not None:
+            return self.data_t_padded(g)[:, :self.rows[g]]
         s, e = self.starts[g] * self.cols, self.starts[g + 1] * self.cols
         return self.data_t_buf[s:e].view(self.cols, self.rows[g])
+
+    def data_t_padded(self, g: int) -> torch.Tensor:
+        """Member g's transposed copy with its zero padding, (cols, ld_t[g]) contiguous: the operand of a
+        GEMM contracting over the rows (the same product, K a multiple of 16). Needs ``t_layout``."""
+        ld_t, t_starts = self.t_layout
+        return self.data_t_buf[t_starts[g]:t_starts[g + 1]].view(self.cols, ld_t[g])
 
     def scale_inv(self, g: int) -> torch.Tensor:
         return self._views[2][g] if self._views is not None else self.f32[4 * g]
@@ -352,6 +366,9 @@ class Fp8MultiCast:
 
     def data_t_ptrs(self, gs: Sequence[int]) -> List[int]:
         base, c = self.data_t_buf.data_ptr(), self.cols
+        if self.t_layout is not None:
+            t_starts = self.t_layout[1]
+            return [base + t_starts[g] for g in gs]
         return [base + self.starts[g] * c for g in gs]
 
     def scale_ptrs(self, gs: Sequence[int]) -> List[int]:
@@ -361,13 +378,14 @@ class Fp8MultiCast:
     def columnwise_only(self) -> "Fp8MultiCast":
         """A copy (the same tensors) without the rowwise copy: all the backward GEMMs read."""
         views = None if self._views is None else (None, self._views[1], self._views[2])
-        return Fp8MultiCast(None, self.data_t_buf, self.f32, self.dtype, self.rows, self.cols, self.starts, views)
+        return Fp8MultiCast(None, self.data_t_buf, self.f32, self.dtype, self.rows, self.cols, self.starts, views,
+                            self.t_layout)
 
     def split_saved(self) -> "tuple[list, Fp8MultiCast]":
         """(its tensors, a shell without them) for ``ctx.save_for_backward`` (see ``replay.pack``)."""
         views = self._views
         tensors = [self.data_buf, self.data_t_buf, self.f32]
-        shell = Fp8MultiCast(None, None, None, self.dtype, self.rows, self.cols, self.starts)
+        shell = Fp8MultiCast(None, None, None, self.dtype, self.rows, self.cols, self.starts, None, self.t_layout)
         if views is not None:
             tensors += (list(views[0]) if views[0] is not None else []) + list(views[1]) + [views[2]]
             shell._views = (views[0] is not None, len(views[1]))  # their structure, for with_saved_tensors
@@ -381,7 +399,8 @@ class Fp8MultiCast:
             data = rest[:g] if has_rowwise else None
             rest = rest[g:] if has_rowwise else rest
             views = (data, rest[:g], rest[g])
-        return Fp8MultiCast(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views)
+        return Fp8MultiCast(tensors[0], tensors[1], tensors[2], self.dtype, self.rows, self.cols, self.starts, views,
+                            self.t_layout)
 
 
 _SCALE = attrgetter("scale")
@@ -465,12 +484,12 @@ def fp8_multi_cast(quantizers: Sequence[FP8MemberQuantizer], parts: Union[torch.
         scales = list(map(_DATA_PTR, map(_SCALE, quantizers))) if delayed else None
         power_2, eps = bool(spec.use_power_2_scales), float(spec.amax_epsilon)
         if isinstance(parts, torch.Tensor):
-            data, data_t, f32, starts = lane.fp8_multi_cast_rows(parts, rows, fmt, scales=scales, power_2=power_2,
-                                                                 amax_epsilon=eps, records=records)
+            data, data_t, f32, starts, t_layout = lane.fp8_multi_cast_rows(
+                parts, rows, fmt, scales=scales, power_2=power_2, amax_epsilon=eps, records=records)
         else:
-            data, data_t, f32, starts = lane.fp8_multi_cast_buffers(parts, fmt, scales=scales, power_2=power_2,
-                                                                    amax_epsilon=eps, records=records)
-        casts = Fp8MultiCast(data, data_t, f32, data.dtype, rows, cols, starts)
+            data, data_t, f32, starts, t_layout = lane.fp8_multi_cast_buffers(
+                parts, fmt, scales=scales, power_2=power_2, amax_epsilon=eps, records=records)
+        casts = Fp8MultiCast(data, data_t, f32, data.dtype, rows, cols, starts, None, t_layout)
         if records:
             return casts  # the kernel recorded every member's amax into its history
     else:
