@@ -95,6 +95,16 @@ class Recipe(BaseModel):
     def model_post_init(self, context: Any) -> None:
         _trace_ids.register(self)  # (torch < 2.13: a compiled module's recipe is looked up by id)
 
+    def __copy__(self) -> "Recipe":
+        new = super().__copy__()
+        _trace_ids.register(new)
+        return new
+
+    def __deepcopy__(self, memo: Optional[Dict[int, Any]] = None) -> "Recipe":
+        new = super().__deepcopy__(memo)
+        _trace_ids.register(new)
+        return new
+
     #: Name used by ``FP_RECIPES_RECIPE`` (delayed | current | nvfp4 | per_token).
     recipe_name: ClassVar[str] = ""
 
