@@ -102,10 +102,19 @@ def _linear_cases(m: int, k: int, n: int, recipes: Dict[str, Any]) -> List[tuple
 
 # ---------------------------------------------------------------------------------- GroupedLinear
 
+def odd_splits(m_total: int, experts: int, seed: int = 0) -> List[int]:
+    """Uneven expert loads with odd row counts (a trained router's), summing to ``m_total``."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(experts, generator=g) + 0.5
+    s = [int(m_total * float(v) / float(w.sum())) | 1 for v in w]
+    s[-1] = m_total - sum(s[:-1])
+    return s
+
+
 def _grouped_cases(m_total: int, experts: int, k: int, n: int, recipes: Dict[str, Any],
-                   with_generic: bool = True) -> List[tuple]:
+                   with_generic: bool = True, odd: bool = False) -> List[tuple]:
     dev = torch.device("cuda")
-    splits = [m_total // experts] * experts
+    splits = odd_splits(m_total, experts) if odd else [m_total // experts] * experts
     x = torch.randn(m_total, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m_total, n, device=dev, dtype=torch.bfloat16)
     cases = []
@@ -214,6 +223,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--only", choices=["all", "linear", "grouped"], default="all", help="which module to time")
     p.add_argument("--grouped-m", default=None,
                    help="comma-separated token counts for GroupedLinear (default 16384,32768,65536; --quick: 16384)")
+    p.add_argument("--odd-splits", action="store_true",
+                   help="GroupedLinear: uneven, odd expert row counts (benchmarks.bench_linear.odd_splits) "
+                        "instead of an even split")
     p.add_argument("--no-generic", action="store_true",
                    help="GroupedLinear: skip the generic (per-expert module) FP8 path rows")
     p.add_argument("--json", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -255,10 +267,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         m_list = [16384] if args.quick else [16384, 32768, 65536]
     for m_total in (m_list if args.only in ("all", "grouped") else []):
         print(f"\nGroupedLinear {experts} experts, M={m_total}, K={kk}, N={nn_}")
-        grows = _run(_grouped_cases(m_total, experts, kk, nn_, recipes, with_generic=not args.no_generic),
+        grows = _run(_grouped_cases(m_total, experts, kk, nn_, recipes, with_generic=not args.no_generic,
+                                    odd=args.odd_splits),
                      3 * 2.0 * m_total * kk * nn_, args.warmup, iters, "bf16 torch._grouped_mm (autograd)")
-        _print(f"GroupedLinear fwd+bwd, {experts} experts, M={m_total} (even split), K={kk}, N={nn_}", grows)
-        results["grouped"].append({"m_total": m_total, "experts": experts, "k": kk, "n": nn_, "rows": grows})
+        split = f"odd split {odd_splits(m_total, experts)}" if args.odd_splits else "even split"
+        _print(f"GroupedLinear fwd+bwd, {experts} experts, M={m_total} ({split}), K={kk}, N={nn_}", grows)
+        results["grouped"].append({"m_total": m_total, "experts": experts, "k": kk, "n": nn_, "rows": grows,
+                                  "splits": odd_splits(m_total, experts) if args.odd_splits else None})
         save()
         torch.cuda.empty_cache()
     if args.json:
