@@ -300,3 +300,36 @@ def test_old_torch_gets_a_clear_error(monkeypatch):
             compiled(x)
     torch._dynamo.reset()
     assert torch.equal(torch.compile(model, fullgraph=True, backend="eager")(x), model(x))
+
+
+@pytest.mark.parametrize("name", ["delayed", "current"])
+def test_the_native_fp8_gemm_branch_traces(monkeypatch, name):
+    """The FP8 GEMM code a GPU runs (gemm/fp8.py's native branch: operand layout checks, then
+    torch._scaled_mm under a trace) compiles with fullgraph and gives eager's bits. On a CPU the branch
+    is taken by saying the native GEMM is available (torch._scaled_mm runs on CPU tensors); a check of
+    a pointer's alignment in it broke torch 2.11's Dynamo on the GPU (benchmarks/RESULTS.md, session 22)."""
+    from fp_recipes.gemm import fp8 as gemm_fp8
+
+    monkeypatch.setattr(gemm_fp8, "fp8_native_gemm_available", lambda *args, **kwargs: True)
+    try:
+        torch._scaled_mm(torch.zeros(16, 16, dtype=torch.float8_e4m3fn),
+                         torch.zeros(16, 16, dtype=torch.float8_e4m3fn).t(), scale_a=torch.tensor(1.0),
+                         scale_b=torch.tensor(1.0), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as exc:
+        pytest.skip(f"this torch has no CPU torch._scaled_mm: {exc}")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(fp_recipes.LayerNormLinear(64, 128), torch.nn.GELU(),
+                                fp_recipes.Linear(128, 64)).to(torch.bfloat16)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    recipe = RECIPES[name]()
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    for step in range(2):
+        with fp_recipes.autocast(recipe=recipe):
+            y0, y1 = eager(x), compiled(x)
+        y0.float().square().mean().backward()
+        y1.float().square().mean().backward()
+        assert torch.equal(y0, y1), step
+        for p0, p1 in zip(eager.parameters(), model.parameters()):
+            assert torch.equal(p0.grad, p1.grad), step

@@ -62,6 +62,8 @@ def mm_bf16_fp32_accum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def gemm_ready(x: torch.Tensor) -> torch.Tensor:
     """``x`` itself when cuBLASLt can read it in place (row-major, 16-byte aligned rows and start: e.g.
     a column slice of a transposed buffer), else a contiguous copy."""
+    if torch.compiler.is_compiling():
+        return x.contiguous()  # (traced: no addresses to check; torch._scaled_mm checks its operands)
     if x.ndim == 2:
         s0, s1 = x.stride()  # one call for both strides: this runs twice per GEMM
         if s1 == 1 and s0 >= max(1, x.shape[1]) and (s0 * x.itemsize) % 16 == 0 and x.data_ptr() % 16 == 0:
