@@ -4,6 +4,7 @@ then the top kernels. A row whose GEMMs are FP8 but whose step is barely faster 
 what else it spends time on.
 
     python benchmarks/profile_model.py [--size h2048_t8192] [--rows "BF16 eager,FP8 current"] [--top 15]
+                                       [--compiled] [--host]
 """
 
 from __future__ import annotations
@@ -48,17 +49,24 @@ def kernel_table(prof, steps: int) -> tuple:
     return per_kernel, by_kind
 
 
-def profile_row(label: str, step, steps: int, top: int) -> None:
+def profile_row(label: str, step, steps: int, top: int, host: bool = False) -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
+    with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
     per_kernel, by_kind = kernel_table(prof, steps)
     total = sum(by_kind.values())
-    print(f"\n== {label}: {total:.2f} ms of kernels per step")
+    launches = sum(n for _, n in per_kernel.values()) / steps
+    print(f"\n== {label}: {total:.2f} ms of kernels per step ({launches:.0f} kernels)")
+    if host:
+        # where the host time goes: the CPU-side ops with the most self time per step
+        cpu = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+        for e in sorted(cpu, key=lambda e: -e.self_cpu_time_total)[:top]:
+            print(f"   host {e.self_cpu_time_total / steps / 1e3:7.3f} ms  x{e.count / steps:5.0f}  {e.key[:100]}")
     print("   " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
     for name, (ms, n) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"   {ms:7.3f} ms  x{n / steps:4.0f}  [{kind_of(name)}] {name[:110]}")
@@ -70,6 +78,9 @@ def main() -> None:
     p.add_argument("--rows", default="BF16 eager,FP8 current,FP8 delayed,NVFP4 default")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--compiled", action="store_true",
+                   help="quantized rows under torch.compile(fullgraph=True) (autocast outside), as bench_model's rows")
+    p.add_argument("--host", action="store_true", help="also the CPU-side ops with the most host time per step")
     args = p.parse_args()
     hidden, ffn, tokens, layers = SIZES[args.size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -81,8 +92,12 @@ def main() -> None:
         if label == "BF16 eager":
             step = make_step(build(hidden, ffn, layers, False), x, dy)
         else:
-            step = make_step(build(hidden, ffn, layers, True), x, dy, table[label])
-        profile_row(label, step, args.steps, args.top)
+            model = build(hidden, ffn, layers, True)
+            run = torch.compile(model, fullgraph=True) if args.compiled else None
+            step = make_step(model, x, dy, table[label], run=run)
+            if args.compiled:
+                label += " torch.compile"
+        profile_row(label, step, args.steps, args.top, host=args.host)
         del step
         torch.cuda.empty_cache()
 
