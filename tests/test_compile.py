@@ -333,3 +333,24 @@ def test_the_native_fp8_gemm_branch_traces(monkeypatch, name):
         assert torch.equal(y0, y1), step
         for p0, p1 in zip(eager.parameters(), model.parameters()):
             assert torch.equal(p0.grad, p1.grad), step
+
+
+def test_a_trace_loads_the_extension_before_the_ops_need_it():
+    """A model compiled before any eager quantized call: the trace's prepare step (eager) loads the
+    extension and the CUDA op modules, whose first load takes a lock a trace cannot enter (this failed
+    on the GPU: benchmarks/RESULTS.md, session 22, run 7). Run in a fresh process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fp_recipes\n"
+        "from fp_recipes import _extension\n"
+        "assert not _extension._ext_loaded\n"
+        "m = fp_recipes.Linear(32, 32)\n"
+        "f = torch.compile(m, fullgraph=True, backend='eager')\n"
+        "with fp_recipes.autocast(recipe=fp_recipes.Float8CurrentScaling()):\n"
+        "    f(torch.randn(16, 32))\n"
+        "assert _extension._ext_loaded\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

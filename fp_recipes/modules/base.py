@@ -1119,8 +1119,12 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
     torch.compile calls it with the real objects, guarding on their identity): build or find the
     quantizer sets of ``recipe``, as the eager path would, and make them known to the ops a traced
     backward calls."""
+    from ..ops import backend
     from .amax_reduction import register_traced
 
+    # The first load of the extension and of the CUDA op modules takes a lock, which a trace cannot
+    # enter (a model compiled before any eager quantized call failed there on the GPU): load them now.
+    backend.registered_cuda_ops()
     sets = module._sets_for(recipe, module_mode)
     for qs in sets:
         register_traced(qs)
