@@ -11,7 +11,9 @@ _OBJECTS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary(
 
 
 def register(obj: Any) -> None:
-    _OBJECTS[id(obj)] = obj
+    key = id(obj)
+    if _OBJECTS.get(key) is not obj:  # (every autocast entry registers its recipe: usually a lookup only)
+        _OBJECTS[key] = obj
 
 
 def lookup(key: int) -> Any:
