@@ -32,7 +32,7 @@ import fp_recipes
 from fp_recipes import DelayedScaling, Float8CurrentScaling
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from host_linear_cpu import _CountOps, _StubExtension, install_stub_kernels  # noqa: E402
+from host_linear_cpu import _StubExtension, count, install_stub_kernels  # noqa: E402
 
 RECIPES = {"delayed": DelayedScaling, "current": Float8CurrentScaling}
 
@@ -84,24 +84,6 @@ def make_step(recipe_name: str, experts: int, m: int, k: int, n: int, bias: bool
                     w.add_(0.0)  # as an optimizer step: a new version of every weight
 
     return step
-
-
-def count(step) -> dict:
-    """aten ops and Python calls of one step (after a warm-up)."""
-    for _ in range(5):
-        step()
-    counter = _CountOps()
-    with counter:
-        step()
-    calls = [0]
-
-    def profile(frame, event, arg):
-        if event in ("call", "c_call"):
-            calls[0] += 1
-    sys.setprofile(profile)
-    step()
-    sys.setprofile(None)
-    return {"aten_ops": counter.n, "python_calls": calls[0]}
 
 
 def measure(recipe_name: str, experts: int, m: int, k: int, n: int, bias: bool, changing: bool,

@@ -139,6 +139,24 @@ def _install_stub_nvfp4() -> None:
     gemm_nvfp4.gemm_nvfp4_emulated = emulated
 
 
+def count(step) -> dict:
+    """aten ops and Python calls of one step (after a warm-up)."""
+    for _ in range(5):
+        step()
+    counter = _CountOps()
+    with counter:
+        step()
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+    sys.setprofile(profile)
+    step()
+    sys.setprofile(None)
+    return {"aten_ops": counter.n, "python_calls": calls[0]}
+
+
 def measure(name: str, m: int, k: int, n: int, changing: bool) -> dict:
     torch.manual_seed(0)
     recipe = RECIPES[name]() if RECIPES[name] is not None else None
@@ -153,26 +171,14 @@ def measure(name: str, m: int, k: int, n: int, changing: bool) -> dict:
             with torch.no_grad():
                 layer.weight.add_(0.0)  # as an optimizer step: a new version of the weight
 
-    for _ in range(5):
-        step()
-    counter = _CountOps()
-    with counter:
-        step()
-    calls = [0]
-
-    def profile(frame, event, arg):
-        if event in ("call", "c_call"):
-            calls[0] += 1
-    sys.setprofile(profile)
-    step()
-    sys.setprofile(None)
+    out = count(step)
     best = float("inf")
     for _ in range(15):
         t = time.perf_counter()
         for _ in range(50):
             step()
         best = min(best, (time.perf_counter() - t) / 50)
-    return {"aten_ops": counter.n, "python_calls": calls[0], "us": round(best * 1e6, 1)}
+    return {**out, "us": round(best * 1e6, 1)}
 
 
 def main() -> None:

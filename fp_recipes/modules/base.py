@@ -819,7 +819,7 @@ class QuantizedModule(torch.nn.Module):
             # identity (torch.compile guards on the prepare's arguments); a module made ready before
             # tracing shares its graph with every module of the same shape (see init_quantizer_state).
             if _ID_CONSTANTS:
-                # older Dynamo hands a constant function only constants: the objects by id (_TRACED)
+                # older Dynamo hands a constant function only constants: the objects by id (_trace_ids)
                 _prepare_for_trace_by_id(id(self), id(recipe), module_mode)
             else:
                 _prepare_for_trace(self, recipe, module_mode)

@@ -90,15 +90,18 @@ def _quantize_weights(multi: bool, quantizers: list, weights: Sequence[torch.Ten
     return hit
 
 
-def _bias_grads(dy: torch.Tensor, dys: Sequence[torch.Tensor], m_splits: Sequence[int],
+def _bias_grads(dy: torch.Tensor, dys: Optional[Sequence[torch.Tensor]], m_splits: Sequence[int],
                 dtypes: Sequence[Optional[torch.dtype]], need: Sequence[bool]) -> List[Optional[torch.Tensor]]:
-    """Each expert's bias gradient: ``ops.bias_grad(dys[g])`` (FP32 column sums in its fixed order, rounded
-    to the bias dtype), the bits a Linear on the expert's rows computes; on CUDA one call for all
-    experts (``cuda_fp8.bias_grads_rows``: one workspace, raw row addresses)."""
+    """Each expert's bias gradient: ``ops.bias_grad`` of its rows of ``dy`` (FP32 column sums in a fixed
+    order, rounded to the bias dtype), the bits a Linear on the expert's rows computes; on CUDA one call
+    for all experts (``cuda_fp8.bias_grads_rows``: one workspace, raw row addresses, no views).
+    ``dys``: the experts' views of ``dy`` if the caller made them (else made here where needed)."""
     wanted = [dt if dt is not None and need[g] else None for g, dt in enumerate(dtypes)]
     lane = _cuda_lane(dy)
     if lane is not None and dy.is_contiguous():
         return lane.bias_grads_rows(dy, m_splits, wanted)
+    if dys is None:
+        dys = torch.split(dy, list(m_splits), dim=0)
     return [ops.bias_grad(dys[g], dt) if dt is not None else None for g, dt in enumerate(wanted)]
 
 
@@ -165,7 +168,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         dy = dy.contiguous()
         # the multi-cast takes dy whole; views per expert only where they are read
         need_db = need[_PARAMS + num:]
-        dys = torch.split(dy, list(m_splits), dim=0) if not multi or any(need_db) else None
+        dys = None if multi else torch.split(dy, list(m_splits), dim=0)  # (multi: the cast takes dy whole)
         dx, dws = None, [None] * num
         if need[0] or any(need_dw):
             qdy = _quantize_experts(multi, _role_quantizers(sets, TensorKind.GRAD_OUTPUT, multi), dy if multi else dys, m_splits,
@@ -181,7 +184,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 if need_dw[g] and dws[g] is None:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)
         return (dx, None, None, None, None, None, *dws,
-                *(_bias_grads(dy, dys, m_splits, b_dtypes, need_db) if dys is not None else [None] * num))
+                *(_bias_grads(dy, dys, m_splits, b_dtypes, need_db) if any(need_db) else [None] * num))
 
 
 class GroupedLinear(QuantizedModule):

@@ -217,15 +217,21 @@ def _fp8_copies_or_none(x: torch.Tensor, fmt: str, rowwise: bool,
 
 
 def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
-                         record: Optional[torch.Tensor] = None):
+                         record: Optional[torch.Tensor] = None, bias: Optional[tuple] = None):
     """The eager cast: (data or None, data_t or None, scale_inv, amax). ``record``: see
-    :func:`fp8_quantize_recording`."""
+    :func:`fp8_quantize_recording`; ``bias``: the (partials, db) of :func:`_bias_outputs`, filled by the
+    same pass (:func:`fp8_quantize_dbias`)."""
     device = _require_cuda("fp8_quantize", x=x, scale=scale)
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    if record is None:
+    if bias is not None:
+        partials, db = bias
+        _launch(device, _ext().fp8_quantize_dbias, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
+                DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
+                _ptr(record), _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype], _stream(device))
+    elif record is None:
         _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
                 _stream(device))
@@ -279,17 +285,22 @@ def _(x, scale, fmt, rowwise, columnwise):
 
 
 def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
-                        columnwise: bool):
-    """The eager cast: (data or None, data_t or None, scale_inv, amax, scale)."""
+                        columnwise: bool, bias: Optional[tuple] = None):
+    """The eager cast: (data or None, data_t or None, scale_inv, amax, scale). ``bias``: as
+    :func:`_fp8_quantize_launch`'s."""
     device = _require_cuda("fp8_current_scaling_quantize", x=x)
     m, n = x.shape
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    _launch(device, _ext().fp8_current_scaling_quantize,
-            x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
-            float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(),
-            amax.data_ptr(), _stream(device))
+    args = (x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
+            float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(), amax.data_ptr())
+    if bias is None:
+        _launch(device, _ext().fp8_current_scaling_quantize, *args, _stream(device))
+    else:
+        partials, db = bias
+        _launch(device, _ext().fp8_current_scaling_quantize_dbias, *args, _ptr(partials), _ptr(db),
+                DTYPE_CODE[db.dtype], _stream(device))
     return data, data_t, scale_inv, amax, scale
 
 
@@ -808,17 +819,10 @@ def fp8_quantize_dbias(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: 
     check_bias_grad_args(x, bias_dtype)
     if not x.is_contiguous():
         x = _contiguous(x, "fp8_quantize", "x")
-    device = _require_cuda("fp8_quantize", x=x, scale=scale)
-    m, n = x.shape
-    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
-    scale_inv, amax = _scalar(device), _scalar(device)
-    partials, db = _bias_outputs(x, bias_dtype)
-    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    _launch(device, _ext().fp8_quantize_dbias, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-            DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-            0 if record is None else record.data_ptr(), _ptr(partials), _ptr(db), DTYPE_CODE[bias_dtype],
-            _stream(device))
-    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale), db
+    bias = _bias_outputs(x, bias_dtype)
+    data, data_t, scale_inv, amax = _fp8_quantize_launch(x, scale, fmt, bool(rowwise), bool(columnwise), record,
+                                                         bias)
+    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale), bias[1]
 
 
 def fp8_current_scaling_quantize_dbias(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float,
@@ -831,17 +835,10 @@ def fp8_current_scaling_quantize_dbias(x: torch.Tensor, fmt: str, use_power_2_sc
     check_bias_grad_args(x, bias_dtype)
     if not x.is_contiguous():
         x = _contiguous(x, "fp8_current_scaling_quantize", "x")
-    device = _require_cuda("fp8_current_scaling_quantize", x=x)
-    m, n = x.shape
-    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
-    scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
-    partials, db = _bias_outputs(x, bias_dtype)
-    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    _launch(device, _ext().fp8_current_scaling_quantize_dbias,
-            x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
-            float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(),
-            amax.data_ptr(), _ptr(partials), _ptr(db), DTYPE_CODE[bias_dtype], _stream(device))
-    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale), db
+    bias = _bias_outputs(x, bias_dtype)
+    data, data_t, scale_inv, amax, scale = _fp8_current_launch(x, fmt, bool(use_power_2_scales), float(amax_epsilon),
+                                                               bool(rowwise), bool(columnwise), bias)
+    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale), bias[1]
 
 
 @backend.register_cuda_impl("fp8_dequantize")

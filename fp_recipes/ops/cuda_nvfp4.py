@@ -699,15 +699,15 @@ class _Launch:
         mode = self.mode
         row_am = g_am = t_am = None
         row_amax_out = 0
+        ws = _AMAX_WS.get((dev, stream))  # (_amax_ws, inline where the workspace exists)
+        ws_ptr = ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream)
         if mode == "both":
             # both amaxes in one 8-byte buffer (x's, then the post-RHT one of the columnwise copy)
             both = torch.empty((2,), dtype=torch.float32, device=dev_t)
             g_am, t_am = both.unbind()
             g_ptr = both.data_ptr()
             t_ptr = g_ptr + 4
-            ws = _AMAX_WS.get((dev, stream))
-            ext.nvfp4_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev,
-                           ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream))
+            ext.nvfp4_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev, ws_ptr)
             rowwise_amax = g_am
         elif mode == "plain":
             g_ptr = t_ptr = 0
@@ -717,9 +717,7 @@ class _Launch:
             if self.rht:
                 t_am = torch.empty((), dtype=torch.float32, device=dev_t)
                 t_ptr = t_am.data_ptr()
-            ws = _AMAX_WS.get((dev, stream))
-            ext.nvfp4_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev,
-                           ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream))
+            ext.nvfp4_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev, ws_ptr)
             if self.columnwise and not self.rht:
                 t_am, t_ptr = g_am, g_ptr
             rowwise_amax = g_am
@@ -733,9 +731,7 @@ class _Launch:
                 if self.columnwise:
                     t_am = torch.empty((), dtype=torch.float32, device=dev_t)
                     t_ptr = t_am.data_ptr()
-                ws = _AMAX_WS.get((dev, stream))
-                ext.nvfp4_row_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev,
-                                   ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream))
+                ext.nvfp4_row_amax(x_ptr, code, m, n, g_ptr, t_ptr, stream, dev, ws_ptr)
             rowwise_amax = row_am
         data = scale = data_t = scale_t = None
         data_ptr = scale_ptr = data_t_ptr = scale_t_ptr = 0
