@@ -227,3 +227,44 @@ def test_cuda_linear_bias_grad_is_the_reference_of_its_dy(recipe, dtype):
     db_cpu, _ = _linear_bias_grad("cpu", recipe, dtype=dtype, tokens=320, k=128, n=96)
     assert same_bits(db.cpu(), ref_fp8.bias_grad(dy.cpu(), db.dtype))
     assert db_cpu.dtype == db.dtype
+
+
+def _autocast_checkpoint_bias_grad(device: str, recipe, checkpoint: bool):
+    """A Linear with FP32 parameters under torch.autocast(bf16) and fp_recipes.autocast, optionally inside
+    torch.utils.checkpoint (as RL / fine-tuning jobs run it): its bias gradient and the dy it received."""
+    torch.manual_seed(1)
+    lin = fp_recipes.Linear(96, 64, bias=True, device=device)  # FP32 parameters
+    x = torch.randn(130, 96, device=device, requires_grad=True)
+    seen = {}
+
+    def fwd(inp):
+        y = lin(inp)
+        y.register_hook(lambda g: seen.__setitem__("dy", g))
+        return y
+
+    with torch.autocast(device_type=device, dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe):
+        y = torch.utils.checkpoint.checkpoint(fwd, x, use_reentrant=False) if checkpoint else fwd(x)
+    y.float().square().sum().backward()
+    return lin.bias.grad, seen["dy"]
+
+
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_bias_grad_under_torch_autocast_and_checkpoint_cpu(recipe):
+    """FP32 bias, BF16 dy: the bias gradient is ops.bias_grad(dy, float32), with and without activation
+    checkpointing, and the same bits either way."""
+    db, dy = _autocast_checkpoint_bias_grad("cpu", recipe, checkpoint=False)
+    db_ck, dy_ck = _autocast_checkpoint_bias_grad("cpu", recipe, checkpoint=True)
+    assert db.dtype == torch.float32 and dy.dtype == torch.bfloat16
+    assert same_bits(db, ops.bias_grad(dy, torch.float32))
+    assert torch.equal(dy, dy_ck) and same_bits(db_ck, db)
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+def test_cuda_bias_grad_under_torch_autocast_and_checkpoint(recipe):
+    """The fused path (BF16 dy, FP32 bias) under torch.autocast and checkpointing: the twin's bits."""
+    db, dy = _autocast_checkpoint_bias_grad("cuda", recipe, checkpoint=False)
+    db_ck, _ = _autocast_checkpoint_bias_grad("cuda", recipe, checkpoint=True)
+    assert same_bits(db, ref_fp8.bias_grad(dy, torch.float32))
+    assert same_bits(db_ck, db)
