@@ -3,8 +3,9 @@
 On CUDA sm_89+, any pair except E5M2 x E5M2 (which cuBLASLt does not support): cuBLASLt through the
 cached plan of the problem's shape (``cublaslt.fp8_gemm``: descriptors and algorithm chosen once per
 shape, one ``cublasLtMatmul`` per call), else ``torch._scaled_mm`` (cuBLASLt not loadable, a problem
-its FP8 kernels refuse, torch.compile tracing), which runs the same library's heuristic on every call
-(~70 us of host time per GEMM on an H100 host; issue 14). Both compute the same math (FP32 accumulation,
+its FP8 kernels refuse), which runs the same library's heuristic on every call (~70 us of host time per
+GEMM on an H100 host; issue 14). Traced code (torch.compile) calls the same through the op
+``torch.ops.fp_recipes.fp8_mm``. Both compute the same math (FP32 accumulation,
 per-tensor FP32 scales, the bias added in the FP32 epilogue, one rounding to the output dtype); the
 results differ at most by the algorithm the heuristic picks.
 
@@ -21,6 +22,7 @@ import torch
 
 from . import _common, cublaslt
 from ._common import finish, gemm_ready, mm_fp32, pad_to
+from ..ops.op_library import define_op, register_fake
 from .operands import Fp8Operand
 
 __all__ = ["fp8_gemm_engine", "fp8_native_gemm_available", "gemm_fp8_fp8"]
@@ -62,19 +64,8 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
             # N padded to a multiple of 16: the epilogue reads a bias of the padded width (zeros for the
             # padding columns, which are sliced off)
             mm_bias = pad_to(mm_bias, 0, 16)
-        out = None
-        scale_a, scale_b = a.scale_inv, b.scale_inv
-        if not torch.compiler.is_compiling():
-            # cuBLASLt (ours and torch._scaled_mm's) refuses a scale that is not 16-byte aligned, e.g. one
-            # element of a packed vector: a fresh 0-dim copy is aligned
-            if scale_a.data_ptr() % 16:
-                scale_a = scale_a.clone()
-            if scale_b.data_ptr() % 16:
-                scale_b = scale_b.clone()
-            out = cublaslt.fp8_gemm(a_data, b_data, scale_a, scale_b, mm_dtype, mm_bias, use_fast_accum)
-        if out is None:
-            out = torch._scaled_mm(a_data, b_data.t(), scale_a=scale_a, scale_b=scale_b, bias=mm_bias,
-                                   out_dtype=mm_dtype, use_fast_accum=use_fast_accum)
+        mm = _fp8_mm_op if torch.compiler.is_compiling() else _fp8_mm
+        out = mm(a_data, b_data, a.scale_inv, b.scale_inv, mm_dtype, mm_bias, use_fast_accum)
         if out.shape[1] != n:
             out = out[:, :n]
         if bias is not None and not fuse_bias:
@@ -82,3 +73,29 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
         return out
     acc = mm_fp32(a.data.float(), b.data.float())
     return finish(acc * (a.scale_inv * b.scale_inv), bias, out_dtype)
+
+
+def _fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
+            bias: Optional[torch.Tensor], use_fast_accum: bool) -> torch.Tensor:
+    """``a @ b.T`` scaled (operands ready for cuBLASLt: K, N multiples of 16): the cached cuBLASLt plan,
+    else ``torch._scaled_mm``. Traced code calls it as an op (:data:`_fp8_mm_op`), so a compiled step
+    gets the cached plan too, not ``torch._scaled_mm``'s heuristic query on every call."""
+    # cuBLASLt (ours and torch._scaled_mm's) refuses a scale that is not 16-byte aligned, e.g. one
+    # element of a packed vector: a fresh 0-dim copy is aligned
+    if scale_a.data_ptr() % 16:
+        scale_a = scale_a.clone()
+    if scale_b.data_ptr() % 16:
+        scale_b = scale_b.clone()
+    out = cublaslt.fp8_gemm(a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum) if a.is_cuda else None
+    if out is None:
+        out = torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+                               use_fast_accum=use_fast_accum)
+    return out
+
+
+_fp8_mm_op = define_op("fp8_mm", _fp8_mm)
+
+
+@register_fake(_fp8_mm_op)
+def _(a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)

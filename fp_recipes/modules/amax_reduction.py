@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .. import formats
+from ..ops.op_library import define_op, register_fake
 from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, register_outermost_exit_hook
 from ..quantizers.nonfinite import NonfiniteWatch
 
@@ -557,24 +558,28 @@ def _resolve(handle: torch.Tensor) -> "tuple[Any, Any]":
     return q, None if qs is None else qs.amax_reduction_group
 
 
-@torch.library.custom_op("fp_recipes::delayed_record_forward", mutates_args=())
-def _delayed_record_forward(handle: torch.Tensor) -> None:
+def _delayed_record_forward_impl(handle: torch.Tensor) -> None:
     q, group = _resolve(handle)
     reducer.record_forward(q, group)
 
 
-@_delayed_record_forward.register_fake
+_delayed_record_forward = define_op("delayed_record_forward", _delayed_record_forward_impl, side_effect=True)
+
+
+@register_fake(_delayed_record_forward)
 def _(handle):
     return None
 
 
-@torch.library.custom_op("fp_recipes::delayed_record_backward", mutates_args=())
-def _delayed_record_backward(handle: torch.Tensor, history: torch.Tensor) -> None:
+def _delayed_record_backward_impl(handle: torch.Tensor, history: torch.Tensor) -> None:
     q, group = _resolve(handle)
     reducer.record_backward(q, group)
 
 
-@_delayed_record_backward.register_fake
+_delayed_record_backward = define_op("delayed_record_backward", _delayed_record_backward_impl, side_effect=True)
+
+
+@register_fake(_delayed_record_backward)
 def _(handle, history):
     return None
 
@@ -586,29 +591,19 @@ class _FlushState:
         self.amax_reduction_group = group
 
 
-@torch.library.custom_op("fp_recipes::delayed_flush_forward", mutates_args=())
-def _delayed_flush_forward(anchor: torch.Tensor, handle: torch.Tensor) -> None:
+def _delayed_flush_forward_impl(anchor: torch.Tensor, handle: torch.Tensor) -> None:
     if reducer.pending_forward():
         _, group = _resolve(handle)
         with torch.inference_mode(False):
             reducer.on_outermost_exit(_FlushState(group))
 
 
-@_delayed_flush_forward.register_fake
+_delayed_flush_forward = define_op("delayed_flush_forward", _delayed_flush_forward_impl, side_effect=True)
+
+
+@register_fake(_delayed_flush_forward)
 def _(anchor, handle):
     return None
-
-
-def _mark_side_effects() -> None:
-    # no outputs: without this, graph passes would drop the calls as dead code
-    from torch.fx.node import has_side_effect
-
-    for op in (torch.ops.fp_recipes.delayed_record_forward, torch.ops.fp_recipes.delayed_record_backward,
-               torch.ops.fp_recipes.delayed_flush_forward):
-        has_side_effect(op.default)
-
-
-_mark_side_effects()
 
 
 def _traced_records() -> Optional[list]:

@@ -32,6 +32,7 @@ from .. import _trace_ids, ops
 from ..gemm import gemm
 from ..quantizers.base import shallow_copy
 from ..quantizers.factory import make_quantizer
+from ..quantizers.float8 import load_cuda_casts
 from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, QuantizerSpec,
                                 ScalingKind, TensorKind)
 from . import replay
@@ -1125,6 +1126,7 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
     # The first load of the extension and of the CUDA op modules takes a lock, which a trace cannot
     # enter (a model compiled before any eager quantized call failed there on the GPU): load them now.
     backend.registered_cuda_ops()
+    load_cuda_casts()
     sets = module._sets_for(recipe, module_mode)
     for qs in sets:
         register_traced(qs)

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import backend
+from .op_library import define_op, register_fake
 from .ref_fp8 import (
     FP8GroupedQuantized,
     FP8MultiQuantized,
@@ -198,10 +199,10 @@ def _fp8_amax_impl(x: torch.Tensor) -> torch.Tensor:
     return amax
 
 
-_fp8_amax_op = torch.library.custom_op("fp_recipes::fp8_amax", mutates_args=())(_fp8_amax_impl)
+_fp8_amax_op = define_op("fp8_amax", _fp8_amax_impl)
 
 
-@_fp8_amax_op.register_fake
+@register_fake(_fp8_amax_op)
 def _(x):
     return x.new_empty((), dtype=torch.float32)
 
@@ -275,10 +276,10 @@ def _fp8_quantize_impl(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: 
     return _with_placeholders(x, fmt, _fp8_quantize_launch(x, scale, fmt, rowwise, columnwise))
 
 
-_fp8_quantize_op = torch.library.custom_op("fp_recipes::fp8_quantize", mutates_args=())(_fp8_quantize_impl)
+_fp8_quantize_op = define_op("fp8_quantize", _fp8_quantize_impl)
 
 
-@_fp8_quantize_op.register_fake
+@register_fake(_fp8_quantize_op)
 def _(x, scale, fmt, rowwise, columnwise):
     data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
@@ -311,14 +312,66 @@ def _fp8_current_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_
                                                           columnwise))
 
 
-_fp8_current_op = torch.library.custom_op("fp_recipes::fp8_current_scaling_quantize", mutates_args=())(_fp8_current_impl)
+_fp8_current_op = define_op("fp8_current_scaling_quantize", _fp8_current_impl)
 
 
-@_fp8_current_op.register_fake
+@register_fake(_fp8_current_op)
 def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
     data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     s = [x.new_empty((), dtype=torch.float32) for _ in range(3)]
     return data, data_t, s[0], s[1], s[2]
+
+
+# ---- custom ops: a quantizer's whole cast in traced code (torch.compile) ---------------------------
+# One op per cast, as the eager path makes one launch: each op a compiled graph calls costs host time.
+
+def _no_bias(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(_EMPTY_SHAPE, dtype=torch.float32)
+
+
+def _fp8_delayed_cast_impl(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str, rowwise: bool,
+                           columnwise: bool, bias_dtype: Optional[torch.dtype]
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A delayed-scaling quantizer's traced cast: :func:`fp8_quantize` of the 2-D ``x`` with ``scale``, the
+    amax recorded into ``history[0]`` by the kernel (:func:`fp8_quantize_recording`), and with
+    ``bias_dtype`` the bias gradient of the same pass (:func:`fp8_quantize_dbias`; else an empty tensor).
+    The scale is read when the op runs, so the graph needs no snapshot of it."""
+    _require_cuda("fp8_delayed_cast", scale=scale, history=history)
+    if bias_dtype is None:
+        res, db = fp8_quantize_recording(x, scale, fmt, rowwise, columnwise, history), _no_bias(x)
+    else:
+        res, db = fp8_quantize_dbias(x, scale, fmt, rowwise, columnwise, history, bias_dtype)
+    return (*_with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax)), db)
+
+
+fp8_delayed_cast_op = define_op("fp8_delayed_cast", _fp8_delayed_cast_impl, mutates_args=("history",))
+
+
+@register_fake(fp8_delayed_cast_op)
+def _(x, scale, history, fmt, rowwise, columnwise, bias_dtype):
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
+    db = _no_bias(x) if bias_dtype is None else x.new_empty((x.shape[1],), dtype=bias_dtype)
+    return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32), db
+
+
+def _fp8_current_cast_dbias_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float,
+                                 rowwise: bool, columnwise: bool, bias_dtype: torch.dtype
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A current-scaling quantizer's traced cast with the bias gradient of its pass
+    (:func:`fp8_current_scaling_quantize_dbias`): (data, data_t, scale_inv, amax, db)."""
+    res, db = fp8_current_scaling_quantize_dbias(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise,
+                                                 bias_dtype)
+    return (*_with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax)), db)
+
+
+fp8_current_cast_dbias_op = define_op("fp8_current_cast_dbias", _fp8_current_cast_dbias_impl)
+
+
+@register_fake(fp8_current_cast_dbias_op)
+def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, bias_dtype):
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
+    return (data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32),
+            x.new_empty((x.shape[1],), dtype=bias_dtype))
 
 
 def _fp8_dequantize_impl(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -330,10 +383,10 @@ def _fp8_dequantize_impl(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype:
     return out
 
 
-_fp8_dequantize_op = torch.library.custom_op("fp_recipes::fp8_dequantize", mutates_args=())(_fp8_dequantize_impl)
+_fp8_dequantize_op = define_op("fp8_dequantize", _fp8_dequantize_impl)
 
 
-@_fp8_dequantize_op.register_fake
+@register_fake(_fp8_dequantize_op)
 def _(data, scale_inv, out_dtype):
     return data.new_empty(data.shape, dtype=out_dtype)
 
@@ -355,10 +408,10 @@ def _fp8_grouped_quantize_impl(x: torch.Tensor, offsets: torch.Tensor, scales: t
     return data, scale_inv, amax
 
 
-_fp8_grouped_quantize_op = torch.library.custom_op("fp_recipes::fp8_grouped_quantize", mutates_args=())(_fp8_grouped_quantize_impl)
+_fp8_grouped_quantize_op = define_op("fp8_grouped_quantize", _fp8_grouped_quantize_impl)
 
 
-@_fp8_grouped_quantize_op.register_fake
+@register_fake(_fp8_grouped_quantize_op)
 def _(x, offsets, scales, fmt):
     g = scales.shape[0]
     return (x.new_empty(x.shape, dtype=FP8_DTYPE[fmt]), x.new_empty((g,), dtype=torch.float32),
@@ -375,10 +428,10 @@ def _fp8_grouped_amax_impl(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tens
     return amax
 
 
-_fp8_grouped_amax_op = torch.library.custom_op("fp_recipes::fp8_grouped_amax", mutates_args=())(_fp8_grouped_amax_impl)
+_fp8_grouped_amax_op = define_op("fp8_grouped_amax", _fp8_grouped_amax_impl)
 
 
-@_fp8_grouped_amax_op.register_fake
+@register_fake(_fp8_grouped_amax_op)
 def _(x, offsets):
     return x.new_empty((offsets.shape[0] - 1,), dtype=torch.float32)
 
@@ -394,10 +447,10 @@ def _fp8_grouped_dequantize_impl(data: torch.Tensor, offsets: torch.Tensor, scal
     return out
 
 
-_fp8_grouped_dequantize_op = torch.library.custom_op("fp_recipes::fp8_grouped_dequantize", mutates_args=())(_fp8_grouped_dequantize_impl)
+_fp8_grouped_dequantize_op = define_op("fp8_grouped_dequantize", _fp8_grouped_dequantize_impl)
 
 
-@_fp8_grouped_dequantize_op.register_fake
+@register_fake(_fp8_grouped_dequantize_op)
 def _(data, offsets, scale_inv, out_dtype):
     return data.new_empty(data.shape, dtype=out_dtype)
 
@@ -520,20 +573,18 @@ def _multi_fake(xs, fmt, rowwise, columnwise):
     return data, data_t, *(xs[0].new_empty((g,), dtype=torch.float32) for _ in range(3))
 
 
-_fp8_multi_quantize_op = torch.library.custom_op("fp_recipes::fp8_multi_quantize",
-                                                 mutates_args=())(_fp8_multi_quantize_buffers)
+_fp8_multi_quantize_op = define_op("fp8_multi_quantize", _fp8_multi_quantize_buffers)
 
 
-@_fp8_multi_quantize_op.register_fake
+@register_fake(_fp8_multi_quantize_op)
 def _(xs, scales, fmt, rowwise, columnwise):
     return _multi_fake(xs, fmt, rowwise, columnwise)
 
 
-_fp8_multi_current_op = torch.library.custom_op("fp_recipes::fp8_multi_current_scaling_quantize",
-                                                mutates_args=())(_fp8_multi_current_buffers)
+_fp8_multi_current_op = define_op("fp8_multi_current_scaling_quantize", _fp8_multi_current_buffers)
 
 
-@_fp8_multi_current_op.register_fake
+@register_fake(_fp8_multi_current_op)
 def _(xs, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
     return _multi_fake(xs, fmt, rowwise, columnwise)
 
@@ -653,10 +704,10 @@ def _per_token_cast_impl(x: torch.Tensor, fmt: str, round_sf: bool, scale_format
     return data, scales
 
 
-_per_token_cast_op = torch.library.custom_op("fp_recipes::per_token_cast", mutates_args=())(_per_token_cast_impl)
+_per_token_cast_op = define_op("per_token_cast", _per_token_cast_impl)
 
 
-@_per_token_cast_op.register_fake
+@register_fake(_per_token_cast_op)
 def _(x, fmt, round_sf, scale_format, block_size):
     t, h = x.shape
     ds, dd, ss, sd = _per_token_shapes(t, h, fmt, block_size, scale_format)
@@ -675,10 +726,10 @@ def _cast_back_impl(data: torch.Tensor, scales: torch.Tensor, fmt: str, out_dtyp
     return out
 
 
-_cast_back_op = torch.library.custom_op("fp_recipes::cast_back", mutates_args=())(_cast_back_impl)
+_cast_back_op = define_op("cast_back", _cast_back_impl)
 
 
-@_cast_back_op.register_fake
+@register_fake(_cast_back_op)
 def _(data, scales, fmt, out_dtype, scale_format, block_size):
     return data.new_empty(_cast_back_shape(data, fmt), dtype=out_dtype)
 
@@ -761,10 +812,10 @@ def _bias_grad_impl(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     return db
 
 
-_bias_grad_op = torch.library.custom_op("fp_recipes::bias_grad", mutates_args=())(_bias_grad_impl)
+_bias_grad_op = define_op("bias_grad", _bias_grad_impl)
 
 
-@_bias_grad_op.register_fake
+@register_fake(_bias_grad_op)
 def _(x, out_dtype):
     return x.new_empty((x.shape[1],), dtype=out_dtype)
 

@@ -20,6 +20,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from . import backend, ref_nvfp4
+from .op_library import define_op, register_fake
 from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_amax_override, _check_options, _check_static_options,
                         _check_x, _check_x_for_options, check_nvfp4_dequantize_args)
 
@@ -106,8 +107,7 @@ def _empty_e4m3(device: torch.device) -> torch.Tensor:
 
 # ---- custom ops --------------------------------------------------------------------------------
 
-@torch.library.custom_op("fp_recipes::nvfp4_amax", mutates_args=())
-def _amax_op(x: torch.Tensor) -> torch.Tensor:
+def _amax_op_impl(x: torch.Tensor) -> torch.Tensor:
     _require_cuda(x, "nvfp4_amax")
     _require_contiguous(x, "nvfp4_amax")
     x = _aligned(x)
@@ -119,13 +119,15 @@ def _amax_op(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@_amax_op.register_fake
+_amax_op = define_op("nvfp4_amax", _amax_op_impl)
+
+
+@register_fake(_amax_op)
 def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((), dtype=torch.float32)
 
 
-@torch.library.custom_op("fp_recipes::nvfp4_row_amax", mutates_args=())
-def _row_amax_op(x: torch.Tensor) -> torch.Tensor:
+def _row_amax_op_impl(x: torch.Tensor) -> torch.Tensor:
     _require_cuda(x, "nvfp4_row_amax")
     _require_contiguous(x, "nvfp4_row_amax")
     x = _aligned(x)
@@ -137,7 +139,10 @@ def _row_amax_op(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@_row_amax_op.register_fake
+_row_amax_op = define_op("nvfp4_row_amax", _row_amax_op_impl)
+
+
+@register_fake(_row_amax_op)
 def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0],), dtype=torch.float32)
 
@@ -298,10 +303,10 @@ def _quantize_op_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
                           err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi)
 
 
-_quantize_op = torch.library.custom_op("fp_recipes::nvfp4_quantize", _quantize_op_impl, mutates_args=())
+_quantize_op = define_op("nvfp4_quantize", _quantize_op_impl)
 
 
-@_quantize_op.register_fake
+@register_fake(_quantize_op)
 def _(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math,
       rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi):
     m, n = x.shape
@@ -310,8 +315,7 @@ def _(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_ma
     return tuple(x.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
 
 
-@torch.library.custom_op("fp_recipes::nvfp4_dequantize", mutates_args=())
-def _dequantize_op(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, e4m3_max: int,
+def _dequantize_op_impl(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, e4m3_max: int,
                    row_scaled: bool, out_dtype: torch.dtype) -> torch.Tensor:
     what = "nvfp4_dequantize"
     for name, t in (("data", data), ("scale", scale), ("amax", amax)):
@@ -326,7 +330,10 @@ def _dequantize_op(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, 
     return out
 
 
-@_dequantize_op.register_fake
+_dequantize_op = define_op("nvfp4_dequantize", _dequantize_op_impl)
+
+
+@register_fake(_dequantize_op)
 def _(data, scale, amax, e4m3_max, row_scaled, out_dtype):
     rows, half = data.shape
     return data.new_empty((rows, half * 2), dtype=out_dtype)

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import formats, ops
+from ..ops.op_library import define_op, register_fake
 from ..ops.backend import resolved
 from ..ops.ref_fp8 import current_scale
 from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load, check_state,
@@ -182,6 +183,18 @@ def _wrap_traced(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
 
 
+def _from_traced_op(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec) -> Tuple[Float8Tensor, torch.Tensor]:
+    """(the Float8Tensor, the bias gradient) of a traced cast op's (data, data_t, scale_inv, amax, db)."""
+    data, data_t, scale_inv, amax, db = out
+    return Float8Tensor(data if spec.rowwise else None, scale_inv, amax, fmt, x.dtype, x.shape,
+                        data_t=data_t if spec.columnwise else None), db
+
+
+def load_cuda_casts() -> None:
+    """Look up the CUDA casts now (eagerly, before a trace: the lookup imports)."""
+    _cuda_quantize()
+
+
 def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     """A quantizer's own eager op result as a Float8Tensor, without the constructor's checks: the op
     made the copies in ``fmt`` from ``x`` flattened to 2-D, and FP32 0-dim scale_inv/amax (the checks
@@ -203,6 +216,9 @@ _RECORDING: List[Any] = [lambda: False, None]
 # scaling cast]: set by _cuda_quantize too
 _FUSED_DBIAS: List[Any] = [lambda: False, None, None, None]
 _CUDA_QUANTIZE: List[Any] = []
+# [the delayed-scaling cast op, the current-scaling cast + bias gradient op] traced code calls on CUDA
+# (ops/cuda_fp8.py: one op per cast; None with an extension built before them): set by _cuda_quantize
+_TRACED_CASTS: List[Any] = [None, None]
 
 
 def _cuda_quantize() -> Any:
@@ -219,16 +235,20 @@ def _cuda_quantize() -> Any:
             _RECORDING[:] = [cuda_fp8.can_record_amax, cuda_fp8.fp8_quantize_recording]
             _FUSED_DBIAS[:] = [cuda_fp8.can_fuse_bias_grad, cuda_fp8.fp8_quantize_dbias,
                                cuda_fp8.fp8_current_scaling_quantize_dbias, cuda_fp8.fp8_current_scaling_quantize]
+            if cuda_fp8.can_record_amax() and cuda_fp8.can_fuse_bias_grad():
+                _TRACED_CASTS[:] = [cuda_fp8.fp8_delayed_cast_op, cuda_fp8.fp8_current_cast_dbias_op]
         _CUDA_QUANTIZE.append(impl)
     return _CUDA_QUANTIZE[0]
 
 
-@torch.library.custom_op("fp_recipes::state_snapshot", mutates_args=())
-def _state_snapshot(t: torch.Tensor) -> torch.Tensor:
+def _state_snapshot_impl(t: torch.Tensor) -> torch.Tensor:
     return t.clone()
 
 
-@_state_snapshot.register_fake
+_state_snapshot = define_op("state_snapshot", _state_snapshot_impl)
+
+
+@register_fake(_state_snapshot)
 def _(t):
     return torch.empty_like(t)
 
@@ -342,6 +362,11 @@ class Float8Quantizer(Quantizer):
             self._check_device(x)
         spec = self.spec
         if torch.compiler.is_compiling():
+            op = _TRACED_CASTS[0]
+            if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
+                # one op: the cast reads the scale when it runs and records the amax into the history
+                out = op(x2, self.scale, self.amax_history, self.fmt, spec.rowwise, spec.columnwise, None)
+                return _from_traced_op(out, x, self.fmt, spec)[0]
             # The kernel reads the scale in stream order, before any later in-place update: no copy
             # needed eagerly. A traced graph copies it (see state_snapshot).
             res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=spec.rowwise,
@@ -361,7 +386,13 @@ class Float8Quantizer(Quantizer):
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast makes the column sums
         in its own pass and records the amax as :meth:`quantize` does (the same bits as the two apart)."""
-        if x.ndim == 2 and not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            op = _TRACED_CASTS[0]
+            if op is not None and x.ndim == 2 and x.is_cuda and self.amax_history.dtype == torch.float32:
+                out = op(x, self.scale, self.amax_history, self.fmt, self.spec.rowwise, self.spec.columnwise,
+                         bias_dtype)
+                return _from_traced_op(out, x, self.fmt, self.spec)
+        elif x.ndim == 2:
             fn = resolved("fp8_quantize", x)
             slot = self._slot0()
             if fn is _cuda_quantize() and slot.dtype == torch.float32 and _FUSED_DBIAS[0]():
@@ -443,7 +474,13 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast pass (the second of
         current scaling's two) makes the column sums (the same bits as the two apart)."""
-        if x.ndim == 2 and not torch.compiler.is_compiling() and _cuda_quantize() is not None \
+        if torch.compiler.is_compiling():
+            op = _TRACED_CASTS[1]
+            if op is not None and x.ndim == 2 and x.is_cuda:
+                s = self.spec
+                out = op(x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise, s.columnwise, bias_dtype)
+                return _from_traced_op(out, x, self.fmt, s)
+        elif x.ndim == 2 and _cuda_quantize() is not None \
                 and resolved("fp8_current_scaling_quantize", x) is _FUSED_DBIAS[3] and _FUSED_DBIAS[0]():
             s = self.spec
             res, db = _FUSED_DBIAS[2](x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise, s.columnwise,
