@@ -325,33 +325,58 @@ def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
 # ---- custom ops: a quantizer's whole cast in traced code (torch.compile) ---------------------------
 # One op per cast, as the eager path makes one launch: each op a compiled graph calls costs host time.
 
-def _no_bias(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(_EMPTY_SHAPE, dtype=torch.float32)
+def _delayed_cast(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str, rowwise: bool,
+                  columnwise: bool, bias_dtype: Optional[torch.dtype]) -> tuple:
+    """(data, data_t, scale_inv, amax[, db]): the cast of :func:`fp8_quantize_recording` (the amax recorded
+    into ``history[0]`` by the kernel) with, given ``bias_dtype``, the bias gradient of the same pass."""
+    if not (_plain_quantize_args(x, scale, fmt, rowwise, columnwise) and x.is_contiguous()):
+        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
+        x = _contiguous(x, "fp8_quantize", "x")
+    if not (history.is_cuda and history.dtype == torch.float32 and history.device == x.device
+            and history.is_contiguous() and history.numel()):
+        raise ValueError(f"fp_recipes::fp8_delayed_cast: history must be a non-empty contiguous FP32 tensor on "
+                         f"{x.device}, got {history.dtype} of shape {tuple(history.shape)} on {history.device}")
+    if bias_dtype is None:
+        return _with_placeholders(x, fmt, _fp8_quantize_launch(x, scale, fmt, rowwise, columnwise, history))
+    check_bias_grad_args(x, bias_dtype)
+    bias = _bias_outputs(x, bias_dtype)
+    out = _fp8_quantize_launch(x, scale, fmt, rowwise, columnwise, history, bias)
+    return (*_with_placeholders(x, fmt, out), bias[1])
 
 
 def _fp8_delayed_cast_impl(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str, rowwise: bool,
-                           columnwise: bool, bias_dtype: Optional[torch.dtype]
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A delayed-scaling quantizer's traced cast: :func:`fp8_quantize` of the 2-D ``x`` with ``scale``, the
-    amax recorded into ``history[0]`` by the kernel (:func:`fp8_quantize_recording`), and with
-    ``bias_dtype`` the bias gradient of the same pass (:func:`fp8_quantize_dbias`; else an empty tensor).
-    The scale is read when the op runs, so the graph needs no snapshot of it."""
-    _require_cuda("fp8_delayed_cast", scale=scale, history=history)
-    if bias_dtype is None:
-        res, db = fp8_quantize_recording(x, scale, fmt, rowwise, columnwise, history), _no_bias(x)
-    else:
-        res, db = fp8_quantize_dbias(x, scale, fmt, rowwise, columnwise, history, bias_dtype)
-    return (*_with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax)), db)
+                           columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A delayed-scaling quantizer's traced cast: :func:`fp8_quantize` of the 2-D ``x`` with ``scale`` and
+    its amax recorded into ``history[0]`` by the kernel. The scale is read when the op runs, so the graph
+    needs no snapshot of it."""
+    return _delayed_cast(x, scale, history, fmt, rowwise, columnwise, None)
+
+
+def _fp8_delayed_cast_dbias_impl(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str,
+                                 rowwise: bool, columnwise: bool, bias_dtype: torch.dtype
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_fp8_delayed_cast_impl` and the bias gradient of the same pass (:func:`fp8_quantize_dbias`)."""
+    return _delayed_cast(x, scale, history, fmt, rowwise, columnwise, bias_dtype)
 
 
 fp8_delayed_cast_op = define_op("fp8_delayed_cast", _fp8_delayed_cast_impl, mutates_args=("history",))
+fp8_delayed_cast_dbias_op = define_op("fp8_delayed_cast_dbias", _fp8_delayed_cast_dbias_impl,
+                                      mutates_args=("history",))
+
+
+def _cast_fakes(x: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool) -> tuple:
+    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
+    return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
 
 
 @register_fake(fp8_delayed_cast_op)
+def _(x, scale, history, fmt, rowwise, columnwise):
+    return _cast_fakes(x, fmt, rowwise, columnwise)
+
+
+@register_fake(fp8_delayed_cast_dbias_op)
 def _(x, scale, history, fmt, rowwise, columnwise, bias_dtype):
-    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
-    db = _no_bias(x) if bias_dtype is None else x.new_empty((x.shape[1],), dtype=bias_dtype)
-    return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32), db
+    return (*_cast_fakes(x, fmt, rowwise, columnwise), x.new_empty((x.shape[1],), dtype=bias_dtype))
 
 
 def _fp8_current_cast_dbias_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float,
@@ -369,9 +394,7 @@ fp8_current_cast_dbias_op = define_op("fp8_current_cast_dbias", _fp8_current_cas
 
 @register_fake(fp8_current_cast_dbias_op)
 def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, bias_dtype):
-    data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
-    return (data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32),
-            x.new_empty((x.shape[1],), dtype=bias_dtype))
+    return (*_cast_fakes(x, fmt, rowwise, columnwise), x.new_empty((x.shape[1],), dtype=bias_dtype))
 
 
 def _fp8_dequantize_impl(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

@@ -183,11 +183,11 @@ def _wrap_traced(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
 
 
-def _from_traced_op(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec) -> Tuple[Float8Tensor, torch.Tensor]:
-    """(the Float8Tensor, the bias gradient) of a traced cast op's (data, data_t, scale_inv, amax, db)."""
-    data, data_t, scale_inv, amax, db = out
+def _from_traced_op(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec) -> Float8Tensor:
+    """The Float8Tensor of a traced cast op's (data, data_t, scale_inv, amax)."""
+    data, data_t, scale_inv, amax = out
     return Float8Tensor(data if spec.rowwise else None, scale_inv, amax, fmt, x.dtype, x.shape,
-                        data_t=data_t if spec.columnwise else None), db
+                        data_t=data_t if spec.columnwise else None)
 
 
 def load_cuda_casts() -> None:
@@ -216,9 +216,10 @@ _RECORDING: List[Any] = [lambda: False, None]
 # scaling cast]: set by _cuda_quantize too
 _FUSED_DBIAS: List[Any] = [lambda: False, None, None, None]
 _CUDA_QUANTIZE: List[Any] = []
-# [the delayed-scaling cast op, the current-scaling cast + bias gradient op] traced code calls on CUDA
+# [the delayed-scaling cast op, the same with the bias gradient, the current-scaling cast + bias gradient op]
+# traced code calls on CUDA
 # (ops/cuda_fp8.py: one op per cast; None with an extension built before them): set by _cuda_quantize
-_TRACED_CASTS: List[Any] = [None, None]
+_TRACED_CASTS: List[Any] = [None, None, None]
 
 
 def _cuda_quantize() -> Any:
@@ -236,7 +237,8 @@ def _cuda_quantize() -> Any:
             _FUSED_DBIAS[:] = [cuda_fp8.can_fuse_bias_grad, cuda_fp8.fp8_quantize_dbias,
                                cuda_fp8.fp8_current_scaling_quantize_dbias, cuda_fp8.fp8_current_scaling_quantize]
             if cuda_fp8.can_record_amax() and cuda_fp8.can_fuse_bias_grad():
-                _TRACED_CASTS[:] = [cuda_fp8.fp8_delayed_cast_op, cuda_fp8.fp8_current_cast_dbias_op]
+                _TRACED_CASTS[:] = [cuda_fp8.fp8_delayed_cast_op, cuda_fp8.fp8_delayed_cast_dbias_op,
+                                    cuda_fp8.fp8_current_cast_dbias_op]
         _CUDA_QUANTIZE.append(impl)
     return _CUDA_QUANTIZE[0]
 
@@ -365,8 +367,8 @@ class Float8Quantizer(Quantizer):
             op = _TRACED_CASTS[0]
             if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
                 # one op: the cast reads the scale when it runs and records the amax into the history
-                out = op(x2, self.scale, self.amax_history, self.fmt, spec.rowwise, spec.columnwise, None)
-                return _from_traced_op(out, x, self.fmt, spec)[0]
+                return _from_traced_op(op(x2, self.scale, self.amax_history, self.fmt, spec.rowwise,
+                                          spec.columnwise), x, self.fmt, spec)
             # The kernel reads the scale in stream order, before any later in-place update: no copy
             # needed eagerly. A traced graph copies it (see state_snapshot).
             res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=spec.rowwise,
@@ -387,11 +389,11 @@ class Float8Quantizer(Quantizer):
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast makes the column sums
         in its own pass and records the amax as :meth:`quantize` does (the same bits as the two apart)."""
         if torch.compiler.is_compiling():
-            op = _TRACED_CASTS[0]
+            op = _TRACED_CASTS[1]
             if op is not None and x.ndim == 2 and x.is_cuda and self.amax_history.dtype == torch.float32:
                 out = op(x, self.scale, self.amax_history, self.fmt, self.spec.rowwise, self.spec.columnwise,
                          bias_dtype)
-                return _from_traced_op(out, x, self.fmt, self.spec)
+                return _from_traced_op(out[:4], x, self.fmt, self.spec), out[4]
         elif x.ndim == 2:
             fn = resolved("fp8_quantize", x)
             slot = self._slot0()
@@ -475,11 +477,11 @@ class Float8CurrentScalingQuantizer(Quantizer):
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast pass (the second of
         current scaling's two) makes the column sums (the same bits as the two apart)."""
         if torch.compiler.is_compiling():
-            op = _TRACED_CASTS[1]
+            op = _TRACED_CASTS[2]
             if op is not None and x.ndim == 2 and x.is_cuda:
                 s = self.spec
                 out = op(x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise, s.columnwise, bias_dtype)
-                return _from_traced_op(out, x, self.fmt, s)
+                return _from_traced_op(out[:4], x, self.fmt, s), out[4]
         elif x.ndim == 2 and _cuda_quantize() is not None \
                 and resolved("fp8_current_scaling_quantize", x) is _FUSED_DBIAS[3] and _FUSED_DBIAS[0]():
             s = self.spec
