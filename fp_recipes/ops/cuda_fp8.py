@@ -2,7 +2,7 @@
 
 Two layers per op:
 
-* a ``torch.library`` custom op ``torch.ops.fp_recipes.<name>`` with a fake (meta) implementation, so
+* a custom op ``torch.ops.fp_recipes.<name>`` (defined by ``op_library.py``) with a fake (meta) implementation, so
   ``torch.compile`` traces through it (fullgraph) without running it. It takes only tensors and plain
   values, returns only tensors (an unwanted copy comes back as an empty tensor), requires contiguous CUDA
   inputs and raises a clear error otherwise;
