@@ -3,7 +3,7 @@
 Each block: LayerNorm + QKV (``LayerNormLinear``), causal attention (torch SDPA, BF16), proj (``Linear``),
 LayerNorm + FC1, GELU, FC2, two residuals. One step = forward + backward of the whole stack, eager
 (torch.compile for the "BF16 torch.compile", "FP8 ... torch.compile" and torchao rows). Per row: the step time (CUDA events
-around many back-to-back steps, so host and GPU overlap as in training), the host time to enqueue one
+around many back-to-back steps, so host and GPU overlap as in training; the median of 5 such windows), the host time to enqueue one
 step (the host clock around one step after a synchronisation), the peak memory of a step, and the
 ratio BF16-eager time / row time (>= 1 is faster than BF16).
 
@@ -12,7 +12,8 @@ ratio BF16-eager time / row time (>= 1 is faster than BF16).
 
 ``--linear`` profiles one Linear (M = K = N = 4096, no bias) fwd+bwd per recipe with torch.profiler:
 the GPU time is the sum of the step's kernel and memset durations, the launch count counts kernels and
-memsets (as issue 13's BF16 figure of 8 does).
+memsets (as issue 13's BF16 figure of 8 does); the FP8 rows run under torch.compile too (unless
+``--no-compiled``), and "speed-up" is BF16's step time over the row's.
 """
 
 from __future__ import annotations
@@ -89,9 +90,9 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(h, approximate="tanh"))
 
 
-def build(hidden: int, ffn: int, layers: int, quantized: bool) -> torch.nn.Module:
+def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda") -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[Block(hidden, ffn, quantized, "cuda") for _ in range(layers)])
+    return torch.nn.Sequential(*[Block(hidden, ffn, quantized, device) for _ in range(layers)])
 
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any = None,
@@ -126,14 +127,18 @@ def measure(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, floa
         hosts.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return {"step_ms": start.elapsed_time(end) / iters, "host_ms": statistics.median(hosts),
-            "peak_mib": peak / 2**20}
+    # the median of 5 timed windows: one window moved host-bound rows by up to 2.5 ms between calls
+    windows = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        windows.append(start.elapsed_time(end) / iters)
+    return {"step_ms": statistics.median(windows), "step_ms_windows": windows,
+            "host_ms": statistics.median(hosts), "peak_mib": peak / 2**20}
 
 
 def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any) -> Callable[[], None]:
@@ -215,16 +220,22 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
     return rows
 
 
-def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096) -> List[Dict[str, Any]]:
-    """One Linear fwd+bwd per recipe: step time, GPU time and launches (profiler), host time."""
+def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool = True) -> List[Dict[str, Any]]:
+    """One Linear fwd+bwd per recipe: step time, GPU time and launches (profiler), host time; with
+    ``compiled``, the FP8 rows under torch.compile(fullgraph=True) too (autocast outside)."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None)]
+    cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None, False)]
     for name, recipe in recipes().items():
-        cases.append((name, Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda"), recipe))
+        cases.append((name, Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda"), recipe, False))
+    if compiled:
+        for name, recipe in recipes().items():
+            if name.startswith("FP8"):
+                cases.append((name + " torch.compile", Linear(k, n, bias=False, params_dtype=torch.bfloat16,
+                                                              device="cuda"), recipe, True))
     rows = []
-    for name, mod, recipe in cases:
-        step = make_step(mod, x, dy, recipe)
+    for name, mod, recipe, compile_it in cases:
+        step = make_step(mod, x, dy, recipe, run=torch.compile(mod, fullgraph=True) if compile_it else None)
         r = measure(step, 5, 50)
         torch.cuda.synchronize()
         steps = 5
@@ -246,9 +257,10 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096) -> List[Dict[str
         rows.append(r)
         print(f"  {name:32s} step {r['step_ms']:6.3f} ms  GPU {r['gpu_ms']:6.3f} ms  launches {r['launches']:5.1f}  "
               f"host {r['host_ms']:6.3f} ms", flush=True)
-    base = rows[0]["gpu_ms"]
+    base, base_step = rows[0]["gpu_ms"], rows[0]["step_ms"]
     for r in rows:
         r["gpu_x_bf16"] = r["gpu_ms"] / base
+        r["step_speedup"] = base_step / r["step_ms"]  # BF16's step time / the row's
     return rows
 
 
@@ -278,11 +290,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
-        rows = result["linear"] = linear_profile()
-        print(f"\n{'row':34s} {'GPU ms':>8s} {'x BF16':>7s} {'launches':>8s} {'host ms':>8s} {'step ms':>8s}")
+        rows = result["linear"] = linear_profile(compiled=not args.no_compiled)
+        print(f"\n{'row':34s} {'GPU ms':>8s} {'x BF16':>7s} {'launches':>8s} {'host ms':>8s} {'step ms':>8s} "
+              f"{'speed-up':>8s}")
         for r in rows:
             print(f"{r['row']:34s} {r['gpu_ms']:8.3f} {r['gpu_x_bf16']:7.2f} {r['launches']:8.1f} "
-                  f"{r['host_ms']:8.3f} {r['step_ms']:8.3f}")
+                  f"{r['host_ms']:8.3f} {r['step_ms']:8.3f} {r['step_speedup']:8.2f}")
     else:
         names = args.sizes.split(",") if args.sizes else SIZE_SETS[args.size]
         rows = []
