@@ -97,7 +97,7 @@ def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cu
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any = None,
               run: Optional[Callable] = None) -> Callable[[], None]:
-    fwd = run or model
+    fwd = model if run is None else run  # (a compiled Linear has no truth value: len() raises)
 
     def step() -> None:
         for p in model.parameters():
