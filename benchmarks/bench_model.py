@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import fp_recipes  # noqa: E402
 from fp_recipes import (DelayedScaling, Float8CurrentScaling, LayerNormLinear, Linear,  # noqa: E402
                         NVFP4BlockScaling)
+from fp_recipes.modules.base import QuantizedModule  # noqa: E402
 
 SIZES = {
     # name: (hidden, ffn, tokens, layers)
@@ -90,9 +91,22 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(h, approximate="tanh"))
 
 
+#: whether the fp_recipes modules may reuse a quantized weight while it is unchanged (docs/modules.md, weight
+#: cache). The benchmark runs no optimizer, so its weights never change: with the cache, current scaling would
+#: skip every weight cast after the first step (delayed scaling misses anyway: its scales change at every
+#: autocast exit) and torch.compile (no cache) would not. Off by default: a training step with one micro-batch
+#: per optimizer step casts every weight (--weights fixed: the cache, as gradient accumulation's later
+#: micro-batches see it). Session 23 and earlier measured with the cache on.
+CACHE_WEIGHTS = [False]
+
+
 def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda") -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[Block(hidden, ffn, quantized, device) for _ in range(layers)])
+    model = torch.nn.Sequential(*[Block(hidden, ffn, quantized, device) for _ in range(layers)])
+    for m in model.modules():
+        if isinstance(m, QuantizedModule):
+            m.cache_quantized_weights = CACHE_WEIGHTS[0]
+    return model
 
 
 def make_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any = None,
@@ -225,14 +239,18 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
     ``compiled``, the FP8 rows under torch.compile(fullgraph=True) too (autocast outside)."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    def quantized() -> Linear:
+        layer = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda")
+        layer.cache_quantized_weights = CACHE_WEIGHTS[0]
+        return layer
+
     cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None, False)]
     for name, recipe in recipes().items():
-        cases.append((name, Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda"), recipe, False))
+        cases.append((name, quantized(), recipe, False))
     if compiled:
         for name, recipe in recipes().items():
             if name.startswith("FP8"):
-                cases.append((name + " torch.compile", Linear(k, n, bias=False, params_dtype=torch.bfloat16,
-                                                              device="cuda"), recipe, True))
+                cases.append((name + " torch.compile", quantized(), recipe, True))
     rows = []
     for name, mod, recipe, compile_it in cases:
         step = make_step(mod, x, dy, recipe, run=torch.compile(mod, fullgraph=True) if compile_it else None)
@@ -275,10 +293,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
     p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
                    help="which BF16 unit GEMM operands the NVFP4 quantize kernels write (NVFP4Quantizer.gemm_units)")
+    p.add_argument("--weights", choices=("changing", "fixed"), default="changing",
+                   help="changing (default): every step casts every weight, as with an optimizer step per "
+                   "micro-batch; fixed: the modules' weight cache reuses unchanged weights' casts")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    CACHE_WEIGHTS[0] = args.weights == "fixed"
     if args.nvfp4_gemm_units is not None:
         from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
@@ -287,7 +309,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("bench_model: needs a CUDA GPU")
         return 1
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "weights": args.weights}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
         rows = result["linear"] = linear_profile(compiled=not args.no_compiled)
