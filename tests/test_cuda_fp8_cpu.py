@@ -119,3 +119,46 @@ def test_custom_op_refuses_cpu_tensors_with_a_clear_message():
         torch.ops.fp_recipes.fp8_quantize(x, torch.ones(()), "e4m3", True, False)
     with pytest.raises(ValueError, match="CUDA kernel"):
         torch.ops.fp_recipes.per_token_cast(x, "e4m3", False, "fp32", 8)
+
+
+@needs_ext
+def test_the_traced_cast_and_gemm_ops_have_the_kernels_shapes_under_fake_cuda_tensors():
+    """What torch.compile sees of the ops a traced CUDA step calls (quantizers/float8.py, gemm/fp8.py):
+    their fake implementations on fake CUDA tensors (no GPU needed) give the copies, scalars and bias
+    gradient the kernels write."""
+    import fp_recipes.gemm.fp8  # noqa: F401  (registers fp8_mm)
+    import fp_recipes.ops.cuda_fp8  # noqa: F401
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = torch.ops.fp_recipes
+    with FakeTensorMode():
+        x = torch.empty(48, 80, dtype=torch.bfloat16, device="cuda")
+        scale = torch.empty((), dtype=torch.float32, device="cuda")
+        history = torch.empty(4, dtype=torch.float32, device="cuda")
+        outs = {
+            "delayed": ops.fp8_delayed_cast(x, scale, history, "e4m3", True, True),
+            "delayed, rowwise only": ops.fp8_delayed_cast(x, scale, history, "e4m3", True, False),
+            "delayed dbias": ops.fp8_delayed_cast_dbias(x, scale, history, "e5m2", True, True, torch.bfloat16),
+            "current dbias": ops.fp8_current_cast_dbias(x, "e5m2", False, 0.0, True, True, torch.float32),
+        }
+        a = torch.empty(48, 80, dtype=torch.float8_e4m3fn, device="cuda")
+        b = torch.empty(32, 80, dtype=torch.float8_e4m3fn, device="cuda")
+        y = ops.fp8_mm(a, b, scale, scale, torch.bfloat16, None, True)
+    shapes = {k: [(tuple(t.shape), t.dtype) for t in v] for k, v in outs.items()}
+    e4, e5, f32 = torch.float8_e4m3fn, torch.float8_e5m2, torch.float32
+    assert shapes["delayed"] == [((48, 80), e4), ((80, 48), e4), ((), f32), ((), f32)]
+    assert shapes["delayed, rowwise only"] == [((48, 80), e4), ((0,), e4), ((), f32), ((), f32)]
+    assert shapes["delayed dbias"] == [((48, 80), e5), ((80, 48), e5), ((), f32), ((), f32), ((80,), torch.bfloat16)]
+    assert shapes["current dbias"] == [((48, 80), e5), ((80, 48), e5), ((), f32), ((), f32), ((80,), f32)]
+    assert (tuple(y.shape), y.dtype, y.device.type) == ((48, 32), torch.bfloat16, "cuda")
+    schema = str(ops.fp8_delayed_cast.default._schema)
+    assert "Tensor(a2!) history" in schema  # the history is the op's mutated argument: the graph keeps the order
+
+
+@needs_ext
+def test_the_traced_delayed_cast_refuses_a_history_it_cannot_record_into():
+    import fp_recipes.ops.cuda_fp8  # noqa: F401
+
+    x = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="history must be a non-empty contiguous FP32 tensor"):
+        torch.ops.fp_recipes.fp8_delayed_cast(x, torch.ones(()), torch.zeros(4), "e4m3", True, True)

@@ -256,10 +256,7 @@ def fp8_quantize_recording(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwi
     the cast kernel: ``record`` is a delayed-scaling ``amax_history[0]`` (an FP32 device value on x's
     device), so recording the amax costs no launch of its own (issue 14). The caller checks that the
     extension has it (:func:`can_record_amax`) and that ``record`` is an FP32 value on ``scale``'s device."""
-    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
-        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
-    if not x.is_contiguous():
-        x = _contiguous(x, "fp8_quantize", "x")
+    x, fmt = _cast_input(x, scale, fmt, rowwise, columnwise)
     data, data_t, scale_inv, amax = _fp8_quantize_launch(x, scale, fmt, bool(rowwise), bool(columnwise), record)
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
                         scale_inv=scale_inv, amax=amax, scale=scale)
@@ -327,21 +324,16 @@ def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
 
 def _delayed_cast(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str, rowwise: bool,
                   columnwise: bool, bias_dtype: Optional[torch.dtype]) -> tuple:
-    """(data, data_t, scale_inv, amax[, db]): the cast of :func:`fp8_quantize_recording` (the amax recorded
-    into ``history[0]`` by the kernel) with, given ``bias_dtype``, the bias gradient of the same pass."""
-    if not (_plain_quantize_args(x, scale, fmt, rowwise, columnwise) and x.is_contiguous()):
-        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
-        x = _contiguous(x, "fp8_quantize", "x")
+    """(data, data_t, scale_inv, amax[, db]): :func:`fp8_quantize_recording` (the amax recorded into
+    ``history[0]`` by the kernel), or given ``bias_dtype`` :func:`fp8_quantize_dbias`, as an op's tensors."""
     if not (history.is_cuda and history.dtype == torch.float32 and history.device == x.device
             and history.is_contiguous() and history.numel()):
         raise ValueError(f"fp_recipes::fp8_delayed_cast: history must be a non-empty contiguous FP32 tensor on "
                          f"{x.device}, got {history.dtype} of shape {tuple(history.shape)} on {history.device}")
     if bias_dtype is None:
-        return _with_placeholders(x, fmt, _fp8_quantize_launch(x, scale, fmt, rowwise, columnwise, history))
-    check_bias_grad_args(x, bias_dtype)
-    bias = _bias_outputs(x, bias_dtype)
-    out = _fp8_quantize_launch(x, scale, fmt, rowwise, columnwise, history, bias)
-    return (*_with_placeholders(x, fmt, out), bias[1])
+        return _with_placeholders(x, fmt, fp8_quantize_recording(x, scale, fmt, rowwise, columnwise, history)[:4])
+    res, db = fp8_quantize_dbias(x, scale, fmt, rowwise, columnwise, history, bias_dtype)
+    return (*_with_placeholders(x, fmt, res[:4]), db)
 
 
 def _fp8_delayed_cast_impl(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str, rowwise: bool,
@@ -386,7 +378,7 @@ def _fp8_current_cast_dbias_impl(x: torch.Tensor, fmt: str, use_power_2_scales: 
     (:func:`fp8_current_scaling_quantize_dbias`): (data, data_t, scale_inv, amax, db)."""
     res, db = fp8_current_scaling_quantize_dbias(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise,
                                                  bias_dtype)
-    return (*_with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax)), db)
+    return (*_with_placeholders(x, fmt, res[:4]), db)
 
 
 fp8_current_cast_dbias_op = define_op("fp8_current_cast_dbias", _fp8_current_cast_dbias_impl)
@@ -776,6 +768,17 @@ def _plain_quantize_args(x, scale, fmt, rowwise, columnwise) -> bool:
             and scale.dtype == torch.float32 and scale.ndim == 0 and scale.device == x.device)
 
 
+def _cast_input(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
+                what: str = "fp8_quantize") -> tuple[torch.Tensor, str]:
+    """(x contiguous, fmt) for a given-scale cast: the twin's checks unless the arguments are the plain
+    ones (the quick test costs less than the checks on the per-step path)."""
+    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
+        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
+    if not x.is_contiguous():
+        x = _contiguous(x, what, "x")
+    return x, fmt
+
+
 @backend.register_cuda_impl("fp8_amax")
 def fp8_amax(x: torch.Tensor) -> torch.Tensor:
     check_amax_input(x)
@@ -785,11 +788,7 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
 @backend.register_cuda_impl("fp8_quantize")
 def fp8_quantize(x: torch.Tensor, scale: torch.Tensor, fmt: str, *, rowwise: bool = True,
                  columnwise: bool = False) -> FP8Quantized:
-    what = "fp8_quantize"
-    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
-        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
-    if not x.is_contiguous():
-        x = _contiguous(x, what, "x")
+    x, fmt = _cast_input(x, scale, fmt, rowwise, columnwise)
     data, data_t, scale_inv, amax = _call(_fp8_quantize_op, _fp8_quantize_launch, x, scale, fmt, bool(rowwise),
                                           bool(columnwise))
     return FP8Quantized(data=data if rowwise else None, data_t=data_t if columnwise else None,
@@ -888,11 +887,8 @@ def fp8_quantize_dbias(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: 
     """(eager, CUDA) :func:`fp8_quantize` of ``x`` and its bias gradient (:func:`bias_grad`'s bits, out
     of the cast's own pass over x: the tile sums, then one reduction launch). ``record``: as
     :func:`fp8_quantize_recording`, or None. The caller checks :func:`can_fuse_bias_grad`."""
-    if not _plain_quantize_args(x, scale, fmt, rowwise, columnwise):
-        fmt = check_fp8_quantize_args(x, scale, fmt, rowwise, columnwise)
+    x, fmt = _cast_input(x, scale, fmt, rowwise, columnwise)
     check_bias_grad_args(x, bias_dtype)
-    if not x.is_contiguous():
-        x = _contiguous(x, "fp8_quantize", "x")
     bias = _bias_outputs(x, bias_dtype)
     data, data_t, scale_inv, amax = _fp8_quantize_launch(x, scale, fmt, bool(rowwise), bool(columnwise), record,
                                                          bias)

@@ -178,14 +178,11 @@ def _rebuild_float8_tensor(state: Dict[str, Any]) -> Float8Tensor:
     return Float8Tensor.from_state_dict(state)
 
 
-def _wrap_traced(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
-    """A quantizer's op result as a Float8Tensor in traced code (built as usual, checks included)."""
-    return Float8Tensor(res.data, res.scale_inv, res.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
-
-
-def _from_traced_op(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec) -> Float8Tensor:
-    """The Float8Tensor of a traced cast op's (data, data_t, scale_inv, amax)."""
-    data, data_t, scale_inv, amax = out
+def _wrap_traced(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec) -> Float8Tensor:
+    """A cast's result in traced code as a Float8Tensor (built as usual, checks included): ``out`` starts
+    (data, data_t, scale_inv, amax), an op's tuple (empty placeholders for unwanted copies) or a twin's
+    NamedTuple (None there); the copies the spec does not want are dropped."""
+    data, data_t, scale_inv, amax = out[:4]
     return Float8Tensor(data if spec.rowwise else None, scale_inv, amax, fmt, x.dtype, x.shape,
                         data_t=data_t if spec.columnwise else None)
 
@@ -367,15 +364,15 @@ class Float8Quantizer(Quantizer):
             op = _TRACED_CASTS[0]
             if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
                 # one op: the cast reads the scale when it runs and records the amax into the history
-                return _from_traced_op(op(x2, self.scale, self.amax_history, self.fmt, spec.rowwise,
-                                          spec.columnwise), x, self.fmt, spec)
+                return _wrap_traced(op(x2, self.scale, self.amax_history, self.fmt, spec.rowwise,
+                                       spec.columnwise), x, self.fmt, spec)
             # The kernel reads the scale in stream order, before any later in-place update: no copy
             # needed eagerly. A traced graph copies it (see state_snapshot).
             res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=spec.rowwise,
                                    columnwise=spec.columnwise)
             slot = self.amax_history[0]
             torch.maximum(slot, res.amax, out=slot)
-            return _wrap_traced(res, x, self.fmt)
+            return _wrap_traced(res, x, self.fmt, spec)
         fn = resolved("fp8_quantize", x2)
         slot = self._slot0()
         if fn is _cuda_quantize() and slot.dtype == torch.float32 and _RECORDING[0]():
@@ -393,7 +390,7 @@ class Float8Quantizer(Quantizer):
             if op is not None and x.ndim == 2 and x.is_cuda and self.amax_history.dtype == torch.float32:
                 out = op(x, self.scale, self.amax_history, self.fmt, self.spec.rowwise, self.spec.columnwise,
                          bias_dtype)
-                return _from_traced_op(out[:4], x, self.fmt, self.spec), out[4]
+                return _wrap_traced(out, x, self.fmt, self.spec), out[4]
         elif x.ndim == 2:
             fn = resolved("fp8_quantize", x)
             slot = self._slot0()
@@ -458,7 +455,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
                 res = ops.fp8_current_scaling_quantize(x2, self.fmt, use_power_2_scales=s.use_power_2_scales,
                                                        amax_epsilon=s.amax_epsilon, rowwise=s.rowwise,
                                                        columnwise=s.columnwise)
-                return _wrap_traced(res, x, self.fmt)
+                return _wrap_traced(res, x, self.fmt, s)
             res = resolved("fp8_current_scaling_quantize", x2)(
                 x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
                 rowwise=s.rowwise, columnwise=s.columnwise)
@@ -481,7 +478,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
             if op is not None and x.ndim == 2 and x.is_cuda:
                 s = self.spec
                 out = op(x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise, s.columnwise, bias_dtype)
-                return _from_traced_op(out[:4], x, self.fmt, s), out[4]
+                return _wrap_traced(out, x, self.fmt, s), out[4]
         elif x.ndim == 2 and _cuda_quantize() is not None \
                 and resolved("fp8_current_scaling_quantize", x) is _FUSED_DBIAS[3] and _FUSED_DBIAS[0]():
             s = self.spec
