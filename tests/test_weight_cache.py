@@ -239,6 +239,62 @@ def test_an_optimizer_step_invalidates_and_frees_the_copy(name, weight_casts):
         assert torch.equal(y, _forward(fresh, recipe, x))
 
 
+@pytest.mark.parametrize("name", ["current", "nvfp4"])
+def test_automatic_mode_keeps_no_copy_that_is_never_reused(name, weight_casts):
+    """One micro-batch per optimizer step: the first step's copy is dropped unused by the optimizer step, so
+    automatic mode stops storing (no quantized weights held from the forward to the optimizer step); when
+    gradient accumulation starts (a forward finds the weight unchanged since the last one), it stores
+    again and the next micro-batch reuses. Outputs and gradients equal the uncached module's throughout."""
+    torch.manual_seed(0)
+    recipe = RECIPES[name]()
+    model = set_cache(Model(), True)
+    reference = set_cache(copy.deepcopy(model), False)
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, reference)]
+    nw = n_weights(model)
+    mods = [m for m in model.modules() if isinstance(m, QuantizedModule)]
+
+    def step(i, micro):
+        per = []
+        for j, x in enumerate(batches(i, micro)):
+            outs = []
+            for m in (model, reference):
+                with fp_recipes.autocast(recipe=recipe):
+                    y = m(x)
+                y.float().square().mean().backward()
+                outs.append(y.detach())
+            assert torch.equal(outs[0], outs[1]), f"step {i}, micro-batch {j}"
+            if j == 0:
+                weight_casts.clear()  # (the reference's casts counted too: count the cached model alone)
+            per.append(sum(len(m._weight_cache) for m in mods))
+        for m, opt in zip((model, reference), opts):
+            opt.step()
+            opt.zero_grad()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(a, b)
+        return per
+
+    assert step(0, 1)[0] >= len(mods)  # stored (per module, or per expert), then dropped unused by the step
+    assert all(not m._weight_cache.storing for m in mods)
+    for i in (1, 2):
+        assert step(i, 1) == [0]  # nothing held between the forward and the optimizer step
+    # gradient accumulation: micro-batch 2 finds the weights unchanged (storing again), micro-batch 3 reuses
+    weight_casts.clear()
+    with fp_recipes.autocast(recipe=recipe):
+        for j, x in enumerate(batches(3, 3)):
+            before = sum(weight_casts.values())
+            model(x).float().square().mean().backward()
+            assert sum(weight_casts.values()) - before == (0 if j == 2 else nw), f"micro-batch {j}"
+    assert all(m._weight_cache.storing for m in mods) and all(len(m._weight_cache) for m in mods)
+    # an in-place update under no_grad (no optimizer) with the copy unused turns storing off too
+    layer, recipe = _linear_and_recipe(name)
+    x = torch.randn(16, 32)
+    for _ in range(2):
+        _forward(layer, recipe, x)
+        with torch.no_grad():
+            layer.weight.add_(1e-3)
+    assert not layer._weight_cache.storing and len(layer._weight_cache) == 0
+
+
 def test_an_in_place_copy_under_no_grad_invalidates(weight_casts):
     layer, recipe = _linear_and_recipe()
     x = torch.randn(16, 32)

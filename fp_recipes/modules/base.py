@@ -183,7 +183,7 @@ def quantize_weight(quantizer: Optional[Any], weight: torch.Tensor, group: Any =
         q = quantize_operand(quantizer, weight, group, record=record)
         if record:
             if own:
-                cache.store_one(quantizer, weight, q)
+                cache.store_one(quantizer, weight, q, mode)
             else:
                 cache.store((quantizer,), (weight,), q)
         return q

@@ -82,7 +82,7 @@ def _quantize_weights(multi: bool, quantizers: list, weights: Sequence[torch.Ten
     if hit is None:
         casts = _quantize_experts(True, quantizers, weights, None, group, record=record)
         if cache is not None and record:
-            cache.store(quantizers, weights, casts)
+            cache.store(quantizers, weights, casts, mode)
         return casts
     if record and quantizers[0].spec.scaling is ScalingKind.DELAYED:
         hit.record_amaxes(quantizers)
