@@ -157,10 +157,16 @@ def count(step) -> dict:
     return {"aten_ops": counter.n, "python_calls": calls[0]}
 
 
+#: the layer's ``weight_columnwise_copy``: "save" by default, the path of the common case with at least as many
+#: tokens as outputs (the default 16 tokens and 64 outputs would make "auto" recast in the backward)
+WEIGHT_COPY = "save"
+
+
 def measure(name: str, m: int, k: int, n: int, changing: bool) -> dict:
     torch.manual_seed(0)
     recipe = RECIPES[name]() if RECIPES[name] is not None else None
     layer = fp_recipes.Linear(k, n)
+    layer.weight_columnwise_copy = WEIGHT_COPY
     x = torch.randn(m, k, requires_grad=True)
 
     def step() -> None:
@@ -188,8 +194,12 @@ def main() -> None:
     p.add_argument("--m", type=int, default=16)
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--n", type=int, default=64)
+    p.add_argument("--weight-copy", choices=("save", "recast", "auto"), default="save",
+                   help="the layer's weight_columnwise_copy (docs/modules.md)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    global WEIGHT_COPY
+    WEIGHT_COPY = args.weight_copy
     torch.set_num_threads(1)
     names = list(RECIPES)
     if args.kernels == "stub":

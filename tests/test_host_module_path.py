@@ -339,6 +339,7 @@ for name in ("delayed", "current", "nvfp4", "nvfp4_rs46", "per_token"):
     torch.manual_seed(0)
     recipe = H.RECIPES[name]()
     layer = fp_recipes.Linear(64, 64)
+    layer.weight_columnwise_copy = H.WEIGHT_COPY  # (16 tokens < 64 outputs: "auto" would recast)
     x = torch.randn(16, 64, requires_grad=True)
 
     def step():

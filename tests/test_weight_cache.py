@@ -63,13 +63,17 @@ def weight_casts(monkeypatch):
     casts: Counter = Counter()
 
     def wrap(cls):
-        orig = cls.quantize
+        # quantize_rowwise: a weight whose columnwise copy the backward makes (weight_columnwise.py)
+        for method in ("quantize", "quantize_rowwise"):
+            if not hasattr(cls, method):
+                continue
+            orig = getattr(cls, method)
 
-        def quantize(self, x, *args, **kwargs):
-            if self.spec.role.tensor is TensorKind.WEIGHT:
-                casts[str(self.spec.role)] += 1
-            return orig(self, x, *args, **kwargs)
-        monkeypatch.setattr(cls, "quantize", quantize)
+            def quantize(self, x, *args, _orig=orig, **kwargs):
+                if self.spec.role.tensor is TensorKind.WEIGHT:
+                    casts[str(self.spec.role)] += 1
+                return _orig(self, x, *args, **kwargs)
+            monkeypatch.setattr(cls, method, quantize)
 
     for cls in (float8.Float8Quantizer, float8.Float8CurrentScalingQuantizer, nvfp4.NVFP4Quantizer,
                 per_token.PerTokenQuantizer):
@@ -415,13 +419,13 @@ def fsdp_rank() -> None:
         fully_shard(sharded)
         assert all(m._sharded_params for m in sharded if isinstance(m, QuantizedModule))
         casts = Counter()
-        orig = float8.Float8CurrentScalingQuantizer.quantize
-
-        def quantize(self, x, *a, **k):
-            if self.spec.role.tensor is TensorKind.WEIGHT:
-                casts[id(self)] += 1
-            return orig(self, x, *a, **k)
-        float8.Float8CurrentScalingQuantizer.quantize = quantize
+        cls = float8.Float8CurrentScalingQuantizer
+        for method in ("quantize", "quantize_rowwise"):  # (quantize_rowwise: weight_columnwise.py)
+            def counted(self, x, *a, _orig=getattr(cls, method), **k):
+                if self.spec.role.tensor is TensorKind.WEIGHT:
+                    casts[id(self)] += 1
+                return _orig(self, x, *a, **k)
+            setattr(cls, method, counted)
         opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, sharded)]
         for step in range(3):
             flags = [None] * MICRO if step < 2 else [True] + [False] * (MICRO - 1)

@@ -40,6 +40,7 @@ from . import state as qstate
 from ..autocast import AutocastState, _local as _autocast_tls, _resolve_recipe, get_autocast_state
 from .amax_reduction import reducer
 from .weight_cache import AUTO, WeightCache, cache_mode, cacheable
+from .weight_columnwise import DeferredColumnwise, check_policy, quantize_weight_rowwise, recasts
 
 __all__ = ["backward_operands", "check_input_dtype", "GemmQuantizers", "pad_tokens", "token_multiple",
            "QuantizedLinearFunction", "QuantizedModule", "quantized_linear", "quantize_operand",
@@ -49,6 +50,7 @@ _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
 _ACTIVATION, _WEIGHT, _GRAD_OUTPUT = _OPERANDS
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_COPY_POLICIES = ("auto", "save", "recast")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,6 +74,8 @@ class GemmQuantizers:
     flush_forward: bool = False
     record: Optional[Any] = None
     replay: bool = False
+    # a checkpoint recompute: whether the original call made the weight's columnwise copy in the backward
+    weight_recast: Optional[bool] = None
     # derived from the specs once (per-call variants share them): see token_multiple and
     # _check_nvfp4_shapes
     token_multiple: int = field(default=1, init=False, repr=False, compare=False)
@@ -178,7 +182,7 @@ def quantize_weight(quantizer: Optional[Any], weight: torch.Tensor, group: Any =
             or getattr(quantizer.spec, "stochastic_rounding", False):
         return quantize_operand(quantizer, weight, group, record=record)
     own = type(cache) is WeightCache  # (else a wrapper with lookup/store only: graphs.py's _HoldingCache)
-    hit = cache.lookup_one(quantizer, weight, mode) if own else cache.lookup((quantizer,), (weight,), mode)
+    hit = cache.lookup_one(quantizer, weight, mode, record) if own else cache.lookup((quantizer,), (weight,), mode)
     if hit is None:
         q = quantize_operand(quantizer, weight, group, record=record)
         if record:
@@ -344,7 +348,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
     @staticmethod
     @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                qs: GemmQuantizers, cache: Optional[WeightCache] = None, mode: str = AUTO) -> torch.Tensor:
+                qs: GemmQuantizers, cache: Optional[WeightCache] = None, mode: str = AUTO,
+                weight_copy: str = "auto") -> torch.Tensor:
         m, k = x.shape
         n = weight.shape[0]
         group = qs.amax_reduction_group
@@ -369,8 +374,21 @@ class QuantizedLinearFunction(torch.autograd.Function):
                 qx = aq.quantize(x)
                 if record and spec.scaling is ScalingKind.DELAYED:
                     reducer.record_forward(aq, group)
-        qw = quantize_weight(wq, weight if wq is not None else amp_cast(weight, amp), group,
-                             record=record, cache=cache, mode=mode)
+        w_later = None  # the weight's columnwise copy for dgrad, when made in the backward (weight_columnwise.py)
+        recast = qs.weight_recast  # (a recompute repeats its original call's choice)
+        if recast is None:
+            recast = weight_copy != "save" and qs.backward_override is None and recasts(weight_copy, wq, weight, m)
+        if recast:
+            qw, w_later = quantize_weight_rowwise(
+                wq, weight, group, record=record, cache=cache, mode=mode, forced=qs.weight_recast is not None,
+                full=lambda: quantize_weight(wq, weight, group, record=record, cache=cache, mode=mode))
+            if qs.record is not None:
+                qs.record.weight_recast[id(qs.quantizers)] = w_later is not None
+        else:
+            if qs.record is not None and qs.weight_recast is None:
+                qs.record.weight_recast[id(qs.quantizers)] = False
+            qw = quantize_weight(wq, weight if wq is not None else amp_cast(weight, amp), group,
+                                 record=record, cache=cache, mode=mode)
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         else:
@@ -380,7 +398,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         ctx.compute_dtype = x.dtype
         ctx.has_bias = bias is not None
         if qs.backward_override is None:  # (backward_operands, inline)
-            x_op, w_op = columnwise_only(qx), columnwise_only(qw)
+            x_op, w_op = columnwise_only(qx), columnwise_only(qw if w_later is None else w_later)
         else:
             x_op, w_op = backward_operands(qs, x, weight, qx, qw, amp)
         # Every tensor the backward reads goes through save_for_backward (the quantized operands as
@@ -415,6 +433,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
             x_shell, w_shell = ctx.shells
             x_op = x_shell[1].with_saved_tensors(list(saved[:n_x]))
             w_op = w_shell[1].with_saved_tensors(list(saved[n_x:]))
+        if type(w_op) is DeferredColumnwise:
+            w_op = None if not ctx.needs_input_grad[0] else w_op.columnwise()  # (only dgrad reads it)
         if qs.record is not None or qs.flush_forward:  # (else start_backward does nothing)
             start_backward(qs, dy)
         need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], \
@@ -425,7 +445,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dx = torch.zeros(0, k, dtype=in_dtype, device=dy.device) if need_dx else None
             dw = torch.zeros(n, k, dtype=w_dtype, device=dy.device) if need_dw else None
             db = torch.zeros(n, dtype=b_dtype, device=dy.device) if need_db else None
-            return dx, dw, db, None, None, None
+            return dx, dw, db, None, None, None, None
         gq = qs.quantizers[_GRAD_OUTPUT]
         if gq is None or not (need_dx or need_dw):
             qdy = dy
@@ -449,7 +469,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         if need_db and db is None:
             # FP32 column sums of dy in the fixed order of ops.bias_grad (the order the fused casts use)
             db = ops.bias_grad(dy, b_dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def start_backward(qs: GemmQuantizers, anchor: Optional[torch.Tensor] = None) -> None:
@@ -472,7 +492,7 @@ def start_backward(qs: GemmQuantizers, anchor: Optional[torch.Tensor] = None) ->
 
 
 #: the quantized tensor types whose ``split_saved``/``with_saved_tensors`` the Function calls directly
-_SPLIT_TYPES = ("Float8Tensor", "NVFP4Tensor")
+_SPLIT_TYPES = ("Float8Tensor", "NVFP4Tensor", "DeferredColumnwise")
 
 # Linear's shortcut (QuantizedModule._linear_shortcut): the C calls it makes instead of Python helpers
 _LINEAR_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, QuantizedLinearFunction)
@@ -501,13 +521,14 @@ def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      qs: Optional[GemmQuantizers], weight_cache: Optional[WeightCache] = None,
-                     cache_mode: str = AUTO) -> torch.Tensor:
+                     cache_mode: str = AUTO, weight_columnwise_copy: str = "auto") -> torch.Tensor:
     """``F.linear`` with the operands quantized by ``qs`` (None: exactly ``F.linear``).
 
     Any leading dims of ``x`` are flattened into tokens and restored; a token count that NVFP4 cannot
     block is zero-padded for the GEMMs and the padding sliced off again. This is the entry point for
     tensor-parallel wrappers: it communicates nothing. ``weight_cache``/``cache_mode``: reuse the
-    quantized weight (``QuantizedModule.weight_cache_for``; None: quantize it)."""
+    quantized weight (``QuantizedModule.weight_cache_for``; None: quantize it).
+    ``weight_columnwise_copy``: where dgrad's copy of the weight comes from (``weight_columnwise.py``)."""
     if qs is None:
         return torch.nn.functional.linear(x, weight, bias)
     if x.dtype not in _INPUT_DTYPES:
@@ -518,7 +539,9 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     tokens = x2.shape[0]
     if qs.token_multiple != 1:  # (token_multiple(qs), read directly)
         x2 = pad_tokens(x2, qs.token_multiple)
-    y = QuantizedLinearFunction.apply(x2, weight, bias, qs, weight_cache, cache_mode)
+    if weight_columnwise_copy not in _COPY_POLICIES:
+        check_policy(weight_columnwise_copy)
+    y = QuantizedLinearFunction.apply(x2, weight, bias, qs, weight_cache, cache_mode, weight_columnwise_copy)
     if x.ndim == 2 and y.shape[0] == tokens:
         return y
     return _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
@@ -615,11 +638,24 @@ class QuantizedModule(torch.nn.Module):
         # quantized weights reused while the weights are unchanged (weight_cache.py)
         self.cache_quantized_weights = True
         self._weight_cache = WeightCache()
+        self._weight_columnwise_copy = "auto"
         self._sharded_params = False  # a parameter was replaced by a DTensor (FSDP2, tensor parallel)
 
     @property
     def num_gemms(self) -> int:
         return 1
+
+    @property
+    def weight_columnwise_copy(self) -> str:
+        """Where dgrad's columnwise FP8 copy of a weight comes from: ``"save"`` (cast in the forward and held
+        until the backward), ``"recast"`` (cast in the backward from the weight, the same bytes: less memory,
+        one more read of the weight) or ``"auto"`` (default: recast when the layer has more outputs than the
+        call has tokens). See ``modules/weight_columnwise.py``."""
+        return self.__dict__.get("_weight_columnwise_copy", "auto")
+
+    @weight_columnwise_copy.setter
+    def weight_columnwise_copy(self, value: str) -> None:
+        self.__dict__["_weight_columnwise_copy"] = check_policy(value)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # FSDP2 (fully_shard) replaces the parameters by sharded DTensors, and swaps in the unsharded
@@ -699,8 +735,8 @@ class QuantizedModule(torch.nn.Module):
         if self._records and replay.in_backward():
             record = self._records.pop()
             if record is not None:
-                return replay.replay_sets(record, lambda qs, quantizers: qs.variant(quantizers, replay=True,
-                                                                                    record=None))
+                return replay.replay_sets(record, lambda qs, quantizers: qs.variant(
+                    quantizers, replay=True, record=None, weight_recast=record.weight_recast.get(id(qs.quantizers))))
         recipe, module_mode, group = self._call_recipe(get_autocast_state())
         if recipe is None:
             sets = None
@@ -790,11 +826,12 @@ class QuantizedModule(torch.nn.Module):
         tokens = x2.shape[0]
         if qs.token_multiple != 1:
             x2 = pad_tokens(x2, qs.token_multiple)
+        copy_policy = self.weight_columnwise_copy
         if _functorch_active():
-            y = QuantizedLinearFunction.apply(x2, weight, bias, qs, cache, mode)
+            y = QuantizedLinearFunction.apply(x2, weight, bias, qs, cache, mode, copy_policy)
         else:  # what Function.apply runs then (QuantizedLinearFunction defines no setup_context)
             y = _LINEAR_APPLY(_unwrap_if_dead(x2), _unwrap_if_dead(weight),
-                              None if bias is None else _unwrap_if_dead(bias), qs, cache, mode)
+                              None if bias is None else _unwrap_if_dead(bias), qs, cache, mode, copy_policy)
         if ndim != 2 or y.shape[0] != tokens:
             y = _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
         return (y, ln_out) if norm else y

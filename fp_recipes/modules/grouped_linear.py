@@ -78,7 +78,7 @@ def _quantize_weights(multi: bool, quantizers: list, weights: Sequence[torch.Ten
     if not multi:
         return [quantize_weight(q, w if q is not None else amp_cast(w, amp), group, record=record, cache=cache,
                                 mode=mode) for q, w in zip(quantizers, weights)]
-    hit = None if cache is None else cache.lookup(quantizers, weights, mode)
+    hit = None if cache is None else cache.lookup(quantizers, weights, mode, record)
     if hit is None:
         casts = _quantize_experts(True, quantizers, weights, None, group, record=record)
         if cache is not None and record:

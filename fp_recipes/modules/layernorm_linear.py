@@ -76,7 +76,7 @@ class LayerNormLinear(QuantizedModule):
             out = quantized_linear(ln_out, self.weight, self.bias, None)
         else:
             cache, mode = self.weight_cache_for(is_first_microbatch)
-            out = quantized_linear(ln_out, self.weight, self.bias, sets[0], cache, mode)
+            out = quantized_linear(ln_out, self.weight, self.bias, sets[0], cache, mode, self.weight_columnwise_copy)
         if self.return_layernorm_output:
             return out, ln_out
         return out

@@ -71,7 +71,7 @@ class Linear(QuantizedModule):
         if sets is None:
             return quantized_linear(x, self.weight, self.bias, None)
         cache, mode = self.weight_cache_for(is_first_microbatch)
-        return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode)
+        return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode, self.weight_columnwise_copy)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

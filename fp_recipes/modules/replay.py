@@ -80,11 +80,15 @@ class CallRecord:
     forward scales (one stacked snapshot) and the stochastic-rounding offsets of its forward
     quantizers."""
 
-    __slots__ = ("sets", "scales", "offsets", "done", "__weakref__")
+    __slots__ = ("sets", "scales", "offsets", "done", "weight_recast", "__weakref__")
 
     def __init__(self, sets: Optional[List[Any]]) -> None:
         self.sets = sets
         self.done = False
+        # per set (keyed by id of its quantizers dict, shared by the set's per-call variants): whether the
+        # call made its weight's columnwise copy in the backward (weight_columnwise.py); a recompute
+        # repeats the choice, so it saves the same tensors (non-reentrant checkpoint compares them)
+        self.weight_recast: dict = {}
         scales: List[torch.Tensor] = []
         offsets: List[int] = []
         for qs in sets or ():

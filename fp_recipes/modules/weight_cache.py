@@ -142,13 +142,18 @@ class WeightCache:
             self.storing = True
             self._probes = {}
 
-    def lookup(self, quantizers: Sequence[Any], weights: Sequence[torch.Tensor], mode: str) -> Any:
+    def lookup(self, quantizers: Sequence[Any], weights: Sequence[torch.Tensor], mode: str,
+               probe: bool = True) -> Any:
+        """The cached value for these quantizers and weights, or None. ``probe=False`` (a checkpoint
+        recompute, which repeats a forward rather than following it): neither a hit nor a would-be hit
+        counts as reuse (keeping every copy through the backward to save the recompute's casts is the
+        memory that checkpointing gives up time to save)."""
         if mode == REFRESH:
             return None
         key = id(quantizers[0])
         e = self._entries.get(key)
         if e is None:
-            if not self.storing and mode == AUTO:
+            if probe and not self.storing and mode == AUTO:
                 self._probe_hit(quantizers, weights)
             return None
         if e.n != len(quantizers):
@@ -162,7 +167,8 @@ class WeightCache:
         if mode != REUSE and not _matches(e, quantizers, weights):
             self._stale(key)
             return None
-        e.hits += 1
+        if probe:  # (a recompute's reuse does not count: it holds the copies through the backward)
+            e.hits += 1
         return e.value
 
     def store(self, quantizers: Sequence[Any], weights: Sequence[torch.Tensor], value: Any,
@@ -190,14 +196,14 @@ class WeightCache:
             _CACHES.add(self)  # (an empty cache has nothing for the optimizer hook to drop)
         self._entries[id(e.quantizers[0])] = e
 
-    def lookup_one(self, quantizer: Any, weight: torch.Tensor, mode: str) -> Any:
-        """``lookup((quantizer,), (weight,), mode)`` (one weight: no sequences built or zipped per call)."""
+    def lookup_one(self, quantizer: Any, weight: torch.Tensor, mode: str, probe: bool = True) -> Any:
+        """``lookup((quantizer,), (weight,), mode, probe)`` (one weight: no sequences built or zipped per call)."""
         if mode == REFRESH:
             return None
         key = id(quantizer)
         e = self._entries.get(key)
         if e is None:
-            if not self.storing and mode == AUTO:
+            if probe and not self.storing and mode == AUTO:
                 self._probe_hit((quantizer,), (weight,))
             return None
         if e.n != 1 or e.quantizers[0] is not quantizer:
@@ -215,7 +221,8 @@ class WeightCache:
                 if scale is not scale_key[0] or scale._version != scale_key[1]:
                     self._stale(key)
                     return None
-        e.hits += 1
+        if probe:  # (a recompute's reuse does not count: it holds the copies through the backward)
+            e.hits += 1
         return e.value
 
     def store_one(self, quantizer: Any, weight: torch.Tensor, value: Any, mode: str = REFRESH) -> None:

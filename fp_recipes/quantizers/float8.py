@@ -263,6 +263,22 @@ def state_snapshot(t: torch.Tensor) -> torch.Tensor:
     return torch.ops.fp_recipes.state_snapshot(t)
 
 
+def _columnwise_with_scale(x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor, fmt: str) -> Float8Tensor:
+    """``x``'s columnwise copy cast with ``scale`` (the one ``rowwise`` was cast with), as a Float8Tensor with
+    ``rowwise``'s scale_inv and amax (1 / scale and amax(x): the values this cast computes again)."""
+    x2 = checked_2d(x, "quantize_columnwise")
+    res = resolved("fp8_quantize", x2)(x2, scale, fmt, rowwise=False, columnwise=True)
+    t = object.__new__(Float8Tensor)
+    t.data = None
+    t.data_t = res.data_t
+    t.scale_inv = rowwise.scale_inv
+    t.amax = rowwise.amax
+    t.fmt = fmt
+    t.orig_dtype = x.dtype
+    t._shape = x.shape
+    return t
+
+
 class Float8Quantizer(Quantizer):
     """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
 
@@ -356,20 +372,36 @@ class Float8Quantizer(Quantizer):
         torch.maximum(slot, amax, out=slot)  # one kernel, in place
 
     def quantize(self, x: torch.Tensor) -> Float8Tensor:
+        return self._quantize(x, self.spec.rowwise, self.spec.columnwise)
+
+    def quantize_rowwise(self, x: torch.Tensor) -> Tuple[Float8Tensor, torch.Tensor]:
+        """(eager) :meth:`quantize` making the rowwise copy alone, and a copy of the scale it used (the state's
+        scale is rewritten at the autocast exit, before the backward): :meth:`quantize_columnwise` makes the
+        columnwise copy from the same ``x`` later, with the same bytes (a weight's copy for dgrad, made in
+        the backward instead of held from the forward: ``QuantizedModule.weight_columnwise_copy``)."""
+        scale = self.scale.clone()  # (in stream order before any update, as the cast reads it)
+        return self._quantize(x, True, False), scale
+
+    def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor) -> Float8Tensor:
+        """The columnwise copy :meth:`quantize` would have made beside ``rowwise`` (from
+        :meth:`quantize_rowwise` of the same ``x``, with its ``scale``): no amax is recorded (the rowwise
+        cast did)."""
+        return _columnwise_with_scale(x, scale, rowwise, self.fmt)
+
+    def _quantize(self, x: torch.Tensor, rowwise: bool, columnwise: bool) -> Float8Tensor:
         x2 = checked_2d(x, "Float8Quantizer.quantize")
         if x.device != self.scale.device:
             self._check_device(x)
-        spec = self.spec
         if torch.compiler.is_compiling():
+            spec = self.spec
             op = _TRACED_CASTS[0]
             if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
                 # one op: the cast reads the scale when it runs and records the amax into the history
-                return _wrap_traced(op(x2, self.scale, self.amax_history, self.fmt, spec.rowwise,
-                                       spec.columnwise), x, self.fmt, spec)
+                return _wrap_traced(op(x2, self.scale, self.amax_history, self.fmt, rowwise, columnwise),
+                                    x, self.fmt, spec)
             # The kernel reads the scale in stream order, before any later in-place update: no copy
             # needed eagerly. A traced graph copies it (see state_snapshot).
-            res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=spec.rowwise,
-                                   columnwise=spec.columnwise)
+            res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=rowwise, columnwise=columnwise)
             slot = self.amax_history[0]
             torch.maximum(slot, res.amax, out=slot)
             return _wrap_traced(res, x, self.fmt, spec)
@@ -377,8 +409,8 @@ class Float8Quantizer(Quantizer):
         slot = self._slot0()
         if fn is _cuda_quantize() and slot.dtype == torch.float32 and _RECORDING[0]():
             # the CUDA cast records the amax into amax_history[0] itself (one launch, not two)
-            return _wrap(_RECORDING[1](x2, self.scale, self.fmt, spec.rowwise, spec.columnwise, slot), x, self.fmt)
-        res = fn(x2, self.scale, self.fmt, rowwise=spec.rowwise, columnwise=spec.columnwise)
+            return _wrap(_RECORDING[1](x2, self.scale, self.fmt, rowwise, columnwise, slot), x, self.fmt)
+        res = fn(x2, self.scale, self.fmt, rowwise=rowwise, columnwise=columnwise)
         torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
         return _wrap(res, x, self.fmt)
 
@@ -469,6 +501,21 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def __call__(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
         return self.quantize(x, amax=amax)
+
+    def quantize_rowwise(self, x: torch.Tensor) -> Tuple[Float8Tensor, torch.Tensor]:
+        """(eager) :meth:`quantize` making the rowwise copy alone, and the scale it computed:
+        :meth:`quantize_columnwise` makes the columnwise copy from the same ``x`` later, with the same bytes."""
+        x2 = checked_2d(x, "Float8CurrentScalingQuantizer.quantize")
+        s = self.spec
+        res = resolved("fp8_current_scaling_quantize", x2)(
+            x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
+            rowwise=True, columnwise=False)
+        return _wrap(res, x, self.fmt), res.scale
+
+    def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor) -> Float8Tensor:
+        """The columnwise copy :meth:`quantize` would have made beside ``rowwise`` (see :meth:`quantize_rowwise`):
+        the cast with the computed scale is the current-scaling cast's second pass, the same bytes."""
+        return _columnwise_with_scale(x, scale, rowwise, self.fmt)
 
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast pass (the second of

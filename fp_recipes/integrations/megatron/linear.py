@@ -66,7 +66,8 @@ class FpColumnParallelLinear(MegatronQuantized, _McoreColumn, RngNeutralQuantize
 
     def _quantized_forward(self, x: torch.Tensor, sets) -> tuple:
         bias = None if self.skip_bias_add else self.bias
-        out = quantized_linear(self._parallel_input(x), self.weight, bias, sets[0])
+        out = quantized_linear(self._parallel_input(x), self.weight, bias, sets[0],
+                               weight_columnwise_copy=self.weight_columnwise_copy)
         return out, (self.bias if self.skip_bias_add else None)
 
     def forward(self, input_: torch.Tensor, weight: Optional[torch.Tensor] = None,
@@ -103,7 +104,7 @@ class FpRowParallelLinear(MegatronQuantized, _McoreRow, RngNeutralQuantizedModul
             return _McoreRow.forward(self, input_)
         x = input_ if self.input_is_parallel else \
             tensor_parallel.scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
-        y = quantized_linear(x, self.weight, None, sets[0])
+        y = quantized_linear(x, self.weight, None, sets[0], weight_columnwise_copy=self.weight_columnwise_copy)
         if self.explicit_expert_comm:
             pass
         elif self.sequence_parallel:

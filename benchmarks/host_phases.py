@@ -1,0 +1,88 @@
+"""Where the host time of one ``fp_recipes.Linear`` step goes, by phase, on a GPU machine: autocast entry,
+forward, autocast exit (delayed scaling: the amax reduction and scale update), backward. A small layer
+(default 256^3) keeps the GPU ahead of the host, so every number is the host's time to enqueue; the
+wall clock around each phase (no profiler, whose per-call hooks distort Python-heavy code), the median
+over many steps. The weight changes after every step (an optimizer step: the weight cast is redone).
+
+    python benchmarks/host_phases.py [--recipes off,delayed,current,nvfp4] [--size 256] [--steps 400] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import fp_recipes
+from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockScaling
+
+RECIPES = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling, "nvfp4": NVFP4BlockScaling}
+PHASES = ("enter", "forward", "exit", "backward", "weight update")
+
+
+def phases(recipe, size: int, steps: int) -> dict:
+    dev = torch.device("cuda")
+    x = torch.randn(size, size, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    mod = Linear(size, size, bias=True, params_dtype=torch.bfloat16, device=dev)
+    times = {p: [] for p in PHASES}
+
+    def step(record: bool) -> None:
+        x.grad = None
+        mod.weight.grad = mod.bias.grad = None
+        t0 = time.perf_counter()
+        ctx = fp_recipes.autocast(enabled=recipe is not None, recipe=recipe)
+        ctx.__enter__()
+        t1 = time.perf_counter()
+        y = mod(x)
+        t2 = time.perf_counter()
+        ctx.__exit__(None, None, None)
+        t3 = time.perf_counter()
+        y.backward(dy)
+        t4 = time.perf_counter()
+        with torch.no_grad():
+            mod.weight.add_(1e-6)  # as an optimizer step
+        t5 = time.perf_counter()
+        if record:
+            for p, a, b in zip(PHASES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
+                times[p].append((b - a) * 1e6)
+
+    for _ in range(30):
+        step(False)
+    torch.cuda.synchronize()
+    for i in range(steps):
+        step(True)
+        if i % 50 == 49:
+            torch.cuda.synchronize()  # keep the launch queue short: enqueue time, not queue-full stalls
+    torch.cuda.synchronize()
+    out = {p: statistics.median(v) for p, v in times.items()}
+    out["total"] = sum(out[p] for p in PHASES)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipes", default="off,delayed,current,nvfp4")
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; Linear {args.size}^3 + bias, "
+          "host us per phase (median)")
+    print(f"{'recipe':10s}" + "".join(f"{ph:>14s}" for ph in PHASES) + f"{'total':>10s}")
+    results = {}
+    for name in args.recipes.split(","):
+        recipe = RECIPES[name]() if RECIPES[name] is not None else None
+        r = results[name] = phases(recipe, args.size, args.steps)
+        print(f"{name:10s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
+                       "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

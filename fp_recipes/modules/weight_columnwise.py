@@ -1,0 +1,109 @@
+"""A weight's columnwise copy for dgrad: held from the forward, or made again in the backward.
+
+Hopper's FP8 GEMMs take only the TN layout, so dgrad (dy @ W) reads W's *columnwise* FP8 copy. Cast in
+the forward beside the rowwise copy and saved for the backward, it costs 1 byte per weight element from
+the forward to the backward, while FP8 saves only 1 byte per input element in place of BF16's 2: a
+Linear with more outputs than tokens (N > M) then holds more than its BF16 twin (which saves only x:
+its dgrad reads the weight, resident anyway). At hidden 4096 with 4096 tokens (``bench_model.py``) the
+saved weight copies outweigh the activation savings by ~290 MiB over 4 blocks.
+
+So a module's ``weight_columnwise_copy`` says where the copy comes from:
+
+* ``"save"``: cast with the rowwise copy in the forward (one pass over W) and saved;
+* ``"recast"``: the forward casts the rowwise copy alone and keeps the scale it used; the backward casts
+  the columnwise copy from the weight (resident) with that scale: the same bytes, one more read of W;
+* ``"auto"`` (default): ``"recast"`` when N > M (the saved copy would exceed what the BF16 Linear saves
+  for its backward), else ``"save"``.
+
+Recasting applies to per-tensor FP8 weights (delayed and current scaling: a quantizer with
+``quantize_rowwise``/``quantize_columnwise``), eagerly, when the weight is a plain tensor and is not
+served from or stored into the weight cache (a cached copy holds both copies anyway: it is used as is).
+Other formats, torch.compile graphs, and weights FSDP2 all-gathered quantized always save.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from .amax_reduction import reducer
+from .weight_cache import WeightCache
+from ..quantizers.base import shallow_copy
+from ..quantizers.roles import ScalingKind
+
+__all__ = ["COPY_POLICIES", "DeferredColumnwise", "check_policy", "recasts", "quantize_weight_rowwise"]
+
+COPY_POLICIES = ("auto", "save", "recast")
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def check_policy(value: Any) -> str:
+    if value not in COPY_POLICIES:
+        raise ValueError(f"weight_columnwise_copy must be one of {', '.join(map(repr, COPY_POLICIES))}, "
+                         f"got {value!r}")
+    return value
+
+
+def recasts(policy: str, quantizer: Any, weight: torch.Tensor, tokens: int) -> bool:
+    """Whether this forward casts ``weight``'s rowwise copy alone and the backward the columnwise one."""
+    if policy == "save" or quantizer is None or tokens == 0 or type(weight) not in _PLAIN_TENSORS:
+        return False
+    if policy == "auto" and weight.shape[0] <= tokens:
+        return False
+    spec = quantizer.spec
+    return spec.rowwise and spec.columnwise and hasattr(quantizer, "quantize_columnwise") \
+        and not torch.compiler.is_compiling()
+
+
+class DeferredColumnwise:
+    """What the backward needs to make a weight's columnwise copy: the weight, the quantizer, the scale
+    and the rowwise copy's scale_inv/amax (saved through ``split_saved``, as a quantized tensor is)."""
+
+    __slots__ = ("quantizer", "weight", "scale", "rowwise")
+
+    def __init__(self, quantizer: Any, weight: torch.Tensor, scale: torch.Tensor, rowwise: Any) -> None:
+        self.quantizer, self.weight, self.scale = quantizer, weight, scale
+        self.rowwise = shallow_copy(rowwise)  # only its scale_inv/amax are kept (split_saved)
+        self.rowwise.data = None
+
+    def split_saved(self) -> Tuple[tuple, "DeferredColumnwise"]:
+        shell = object.__new__(DeferredColumnwise)
+        shell.quantizer = self.quantizer
+        shell.weight = shell.scale = None
+        shell.rowwise = shallow_copy(self.rowwise)
+        shell.rowwise.scale_inv = shell.rowwise.amax = None
+        return (self.weight, self.scale, self.rowwise.scale_inv, self.rowwise.amax), shell
+
+    def with_saved_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> "DeferredColumnwise":
+        new = object.__new__(DeferredColumnwise)
+        new.quantizer = self.quantizer
+        new.weight, new.scale, scale_inv, amax = tensors
+        new.rowwise = shallow_copy(self.rowwise)
+        new.rowwise.scale_inv, new.rowwise.amax = scale_inv, amax
+        return new
+
+    def columnwise(self) -> Any:
+        """The columnwise copy the forward would have saved (the same bytes)."""
+        return self.quantizer.quantize_columnwise(self.weight, self.scale, self.rowwise)
+
+
+def quantize_weight_rowwise(quantizer: Any, weight: torch.Tensor, group: Any, *, record: bool,
+                            cache: Optional[WeightCache], mode: str, full, forced: bool = False) -> Tuple[Any, Any]:
+    """(the quantized weight, None) from the weight cache (hit, or a cast that will be stored: ``full``,
+    the usual ``quantize_weight``, makes both copies), else (the rowwise cast alone, a
+    :class:`DeferredColumnwise` for the backward). ``forced``: a checkpoint recompute of a
+    call that cast the rowwise copy alone (the cache is not consulted: the same tensors are saved)."""
+    if cache is not None and not forced:
+        if type(cache) is not WeightCache or len(cache) or (record and cache.will_store(mode)):
+            return full(), None
+        cache.lookup_one(quantizer, weight, mode, probe=record)  # (empty: sees whether reuse started)
+        if record and cache.will_store(mode):
+            return full(), None
+    q, scale = quantizer.quantize_rowwise(weight)
+    if record:
+        if quantizer.spec.scaling is ScalingKind.DELAYED:
+            reducer.record_forward(quantizer, group)
+        if cache is not None:
+            cache.store_one(quantizer, weight, q, mode)  # (not storing: keeps the key the copy would have)
+    return q, DeferredColumnwise(quantizer, weight, scale, q)
