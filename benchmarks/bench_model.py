@@ -98,6 +98,9 @@ class Block(torch.nn.Module):
 #: per optimizer step casts every weight (--weights fixed: the cache, as gradient accumulation's later
 #: micro-batches see it). Session 23 and earlier measured with the cache on.
 CACHE_WEIGHTS = [False]
+#: every fp_recipes module's ``weight_columnwise_copy`` (docs/modules.md): "auto" (the default) recasts the
+#: columnwise copy of a weight with more outputs than tokens in the backward; --weight-copy save/recast for an A/B
+WEIGHT_COPY = ["auto"]
 
 
 def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda") -> torch.nn.Module:
@@ -106,6 +109,7 @@ def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cu
     for m in model.modules():
         if isinstance(m, QuantizedModule):
             m.cache_quantized_weights = CACHE_WEIGHTS[0]
+            m.weight_columnwise_copy = WEIGHT_COPY[0]
     return model
 
 
@@ -242,6 +246,7 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
     def quantized() -> Linear:
         layer = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device="cuda")
         layer.cache_quantized_weights = CACHE_WEIGHTS[0]
+        layer.weight_columnwise_copy = WEIGHT_COPY[0]
         return layer
 
     cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None, False)]
@@ -296,11 +301,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--weights", choices=("changing", "fixed"), default="changing",
                    help="changing (default): every step casts every weight, as with an optimizer step per "
                    "micro-batch; fixed: the modules' weight cache reuses unchanged weights' casts")
+    p.add_argument("--weight-copy", choices=("auto", "save", "recast"), default="auto",
+                   help="every module's weight_columnwise_copy (docs/modules.md; default auto)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     CACHE_WEIGHTS[0] = args.weights == "fixed"
+    WEIGHT_COPY[0] = args.weight_copy
     if args.nvfp4_gemm_units is not None:
         from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
@@ -310,7 +318,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "weights": args.weights}
+                              "weights": args.weights, "weight_copy": args.weight_copy}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
         rows = result["linear"] = linear_profile(compiled=not args.no_compiled)

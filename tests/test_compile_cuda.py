@@ -78,13 +78,19 @@ def test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backe
 
 
 @pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+@pytest.mark.parametrize("copy", ["save", "recast"])
 @pytest.mark.parametrize("name", list(RECIPES))
-def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name):
+def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, copy):
     """What a compiled step calls: the traced cast ops (no scale snapshot, no separate bias reduction,
-    no torch.maximum record), and fp8_mm, not torch._scaled_mm (a heuristic query per call)."""
+    no torch.maximum record), and fp8_mm, not torch._scaled_mm (a heuristic query per call). With the
+    weights' columnwise copies made in the backward (weight_columnwise_copy="recast"), one given-scale
+    cast per layer more (and for delayed scaling the copy of the scale it needs)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Stack()
+    for m in model.modules():
+        if hasattr(m, "weight_columnwise_copy"):
+            m.weight_columnwise_copy = copy
     compiled = torch.compile(model, fullgraph=True)
     recipe = RECIPES[name]()
     x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -101,12 +107,16 @@ def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name):
         step()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
+    recasts = 3 if copy == "recast" else 0
     if name == "delayed":  # x and W of 3 layers forward; dy of 3 layers with its bias gradient
         assert names.count("fp_recipes::fp8_delayed_cast") == 6
         assert names.count("fp_recipes::fp8_delayed_cast_dbias") == 3
+        assert names.count("fp_recipes::state_snapshot") == recasts
     else:
         assert names.count("fp_recipes::fp8_current_scaling_quantize") == 6
         assert names.count("fp_recipes::fp8_current_cast_dbias") == 3
+        assert names.count("fp_recipes::state_snapshot") == 0
+    assert names.count("fp_recipes::fp8_quantize") == recasts
     assert names.count("fp_recipes::fp8_mm") == 9  # 3 forward, 3 dgrad, 3 wgrad
-    for absent in ("aten::_scaled_mm", "fp_recipes::state_snapshot", "fp_recipes::bias_grad", "aten::maximum"):
+    for absent in ("aten::_scaled_mm", "fp_recipes::bias_grad", "aten::maximum"):
         assert absent not in names, absent

@@ -16,9 +16,9 @@ So a module's ``weight_columnwise_copy`` says where the copy comes from:
   for its backward), else ``"save"``.
 
 Recasting applies to per-tensor FP8 weights (delayed and current scaling: a quantizer with
-``quantize_rowwise``/``quantize_columnwise``), eagerly, when the weight is a plain tensor and is not
-served from or stored into the weight cache (a cached copy holds both copies anyway: it is used as is).
-Other formats, torch.compile graphs, and weights FSDP2 all-gathered quantized always save.
+``quantize_rowwise``/``quantize_columnwise``), eagerly and in torch.compile graphs, when the weight is a
+plain tensor and is not served from or stored into the weight cache (a cached copy holds both copies
+anyway: it is used as is). Other formats and weights FSDP2 all-gathered quantized always save.
 """
 
 from __future__ import annotations
@@ -52,15 +52,13 @@ def recasts(policy: str, quantizer: Any, weight: torch.Tensor, tokens: int) -> b
     if policy == "auto" and weight.shape[0] <= tokens:
         return False
     spec = quantizer.spec
-    return spec.rowwise and spec.columnwise and hasattr(quantizer, "quantize_columnwise") \
-        and not torch.compiler.is_compiling()
+    return spec.rowwise and spec.columnwise and hasattr(quantizer, "quantize_columnwise")
 
 
 class DeferredColumnwise:
     """What the backward needs to make a weight's columnwise copy: the weight, the quantizer, the scale
-    and the rowwise copy's scale_inv/amax (saved through ``split_saved``, as a quantized tensor is)."""
-
-    __slots__ = ("quantizer", "weight", "scale", "rowwise")
+    and the rowwise copy's scale_inv/amax (saved through ``split_saved``, as a quantized tensor is).
+    (No ``__slots__``: torch.compile traces it as it traces the quantized tensors.)"""
 
     def __init__(self, quantizer: Any, weight: torch.Tensor, scale: torch.Tensor, rowwise: Any) -> None:
         self.quantizer, self.weight, self.scale = quantizer, weight, scale

@@ -178,13 +178,17 @@ def _rebuild_float8_tensor(state: Dict[str, Any]) -> Float8Tensor:
     return Float8Tensor.from_state_dict(state)
 
 
-def _wrap_traced(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec) -> Float8Tensor:
+def _wrap_traced(out: tuple, x: torch.Tensor, fmt: str, spec: QuantizerSpec, rowwise: Optional[bool] = None,
+                 columnwise: Optional[bool] = None) -> Float8Tensor:
     """A cast's result in traced code as a Float8Tensor (built as usual, checks included): ``out`` starts
     (data, data_t, scale_inv, amax), an op's tuple (empty placeholders for unwanted copies) or a twin's
-    NamedTuple (None there); the copies the spec does not want are dropped."""
+    NamedTuple (None there); the copies not wanted (by the spec, or by ``rowwise``/``columnwise`` when
+    given) are dropped."""
     data, data_t, scale_inv, amax = out[:4]
-    return Float8Tensor(data if spec.rowwise else None, scale_inv, amax, fmt, x.dtype, x.shape,
-                        data_t=data_t if spec.columnwise else None)
+    rowwise = spec.rowwise if rowwise is None else rowwise
+    columnwise = spec.columnwise if columnwise is None else columnwise
+    return Float8Tensor(data if rowwise else None, scale_inv, amax, fmt, x.dtype, x.shape,
+                        data_t=data_t if columnwise else None)
 
 
 def load_cuda_casts() -> None:
@@ -267,6 +271,9 @@ def _columnwise_with_scale(x: torch.Tensor, scale: torch.Tensor, rowwise: Float8
     """``x``'s columnwise copy cast with ``scale`` (the one ``rowwise`` was cast with), as a Float8Tensor with
     ``rowwise``'s scale_inv and amax (1 / scale and amax(x): the values this cast computes again)."""
     x2 = checked_2d(x, "quantize_columnwise")
+    if torch.compiler.is_compiling():
+        res = ops.fp8_quantize(x2, scale, fmt, rowwise=False, columnwise=True)
+        return Float8Tensor(None, rowwise.scale_inv, rowwise.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
     res = resolved("fp8_quantize", x2)(x2, scale, fmt, rowwise=False, columnwise=True)
     t = object.__new__(Float8Tensor)
     t.data = None
@@ -379,7 +386,8 @@ class Float8Quantizer(Quantizer):
         scale is rewritten at the autocast exit, before the backward): :meth:`quantize_columnwise` makes the
         columnwise copy from the same ``x`` later, with the same bytes (a weight's copy for dgrad, made in
         the backward instead of held from the forward: ``QuantizedModule.weight_columnwise_copy``)."""
-        scale = self.scale.clone()  # (in stream order before any update, as the cast reads it)
+        # (in stream order before any update, as the cast reads it; traced: an opaque copy, see state_snapshot)
+        scale = state_snapshot(self.scale) if torch.compiler.is_compiling() else self.scale.clone()
         return self._quantize(x, True, False), scale
 
     def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor) -> Float8Tensor:
@@ -398,13 +406,13 @@ class Float8Quantizer(Quantizer):
             if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
                 # one op: the cast reads the scale when it runs and records the amax into the history
                 return _wrap_traced(op(x2, self.scale, self.amax_history, self.fmt, rowwise, columnwise),
-                                    x, self.fmt, spec)
+                                    x, self.fmt, spec, rowwise, columnwise)
             # The kernel reads the scale in stream order, before any later in-place update: no copy
             # needed eagerly. A traced graph copies it (see state_snapshot).
             res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=rowwise, columnwise=columnwise)
             slot = self.amax_history[0]
             torch.maximum(slot, res.amax, out=slot)
-            return _wrap_traced(res, x, self.fmt, spec)
+            return _wrap_traced(res, x, self.fmt, spec, rowwise, columnwise)
         fn = resolved("fp8_quantize", x2)
         slot = self._slot0()
         if fn is _cuda_quantize() and slot.dtype == torch.float32 and _RECORDING[0]():
@@ -507,6 +515,10 @@ class Float8CurrentScalingQuantizer(Quantizer):
         :meth:`quantize_columnwise` makes the columnwise copy from the same ``x`` later, with the same bytes."""
         x2 = checked_2d(x, "Float8CurrentScalingQuantizer.quantize")
         s = self.spec
+        if torch.compiler.is_compiling():
+            res = ops.fp8_current_scaling_quantize(x2, self.fmt, use_power_2_scales=s.use_power_2_scales,
+                                                   amax_epsilon=s.amax_epsilon, rowwise=True, columnwise=False)
+            return _wrap_traced(res, x, self.fmt, s, True, False), res.scale
         res = resolved("fp8_current_scaling_quantize", x2)(
             x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
             rowwise=True, columnwise=False)
