@@ -138,7 +138,7 @@ def measure(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, floa
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     hosts = []
-    for _ in range(max(3, iters // 3)):
+    for _ in range(max(5, iters)):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         step()
