@@ -140,6 +140,7 @@ def test_the_traced_cast_and_gemm_ops_have_the_kernels_shapes_under_fake_cuda_te
             "delayed, rowwise only": ops.fp8_delayed_cast(x, scale, history, "e4m3", True, False),
             "delayed dbias": ops.fp8_delayed_cast_dbias(x, scale, history, "e5m2", True, True, torch.bfloat16),
             "current dbias": ops.fp8_current_cast_dbias(x, "e5m2", False, 0.0, True, True, torch.float32),
+            "delayed rowwise + scale": ops.fp8_delayed_rowwise_cast(x, scale, history, "e4m3"),
         }
         a = torch.empty(48, 80, dtype=torch.float8_e4m3fn, device="cuda")
         b = torch.empty(32, 80, dtype=torch.float8_e4m3fn, device="cuda")
@@ -150,6 +151,8 @@ def test_the_traced_cast_and_gemm_ops_have_the_kernels_shapes_under_fake_cuda_te
     assert shapes["delayed, rowwise only"] == [((48, 80), e4), ((0,), e4), ((), f32), ((), f32)]
     assert shapes["delayed dbias"] == [((48, 80), e5), ((80, 48), e5), ((), f32), ((), f32), ((80,), torch.bfloat16)]
     assert shapes["current dbias"] == [((48, 80), e5), ((80, 48), e5), ((), f32), ((), f32), ((80,), f32)]
+    assert shapes["delayed rowwise + scale"] == [((48, 80), e4), ((), f32), ((), f32), ((), f32)]
+    assert "Tensor(a2!) history" in str(ops.fp8_delayed_rowwise_cast.default._schema)
     assert (tuple(y.shape), y.dtype, y.device.type) == ((48, 32), torch.bfloat16, "cuda")
     schema = str(ops.fp8_delayed_cast.default._schema)
     assert "Tensor(a2!) history" in schema  # the history is the op's mutated argument: the graph keeps the order

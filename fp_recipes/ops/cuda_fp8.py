@@ -351,7 +351,19 @@ def _fp8_delayed_cast_dbias_impl(x: torch.Tensor, scale: torch.Tensor, history: 
     return _delayed_cast(x, scale, history, fmt, rowwise, columnwise, bias_dtype)
 
 
+def _fp8_delayed_rowwise_cast_impl(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor,
+                                   fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(data, scale_inv, amax, scale used): :func:`_fp8_delayed_cast_impl`'s rowwise copy alone and a copy of
+    the scale it read, for the weight's columnwise copy the backward makes (modules/weight_columnwise.py). An
+    output of this op (which records into the history) is saved for the backward, never recomputed there from
+    the scale, which the autocast exit rewrites in place before the backward runs."""
+    data, _, scale_inv, amax = _delayed_cast(x, scale, history, fmt, True, False, None)
+    return data, scale_inv, amax, scale.clone()
+
+
 fp8_delayed_cast_op = define_op("fp8_delayed_cast", _fp8_delayed_cast_impl, mutates_args=("history",))
+fp8_delayed_rowwise_cast_op = define_op("fp8_delayed_rowwise_cast", _fp8_delayed_rowwise_cast_impl,
+                                        mutates_args=("history",))
 fp8_delayed_cast_dbias_op = define_op("fp8_delayed_cast_dbias", _fp8_delayed_cast_dbias_impl,
                                       mutates_args=("history",))
 
@@ -364,6 +376,12 @@ def _cast_fakes(x: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool) -> t
 @register_fake(fp8_delayed_cast_op)
 def _(x, scale, history, fmt, rowwise, columnwise):
     return _cast_fakes(x, fmt, rowwise, columnwise)
+
+
+@register_fake(fp8_delayed_rowwise_cast_op)
+def _(x, scale, history, fmt):
+    data, _, scale_inv, amax = _cast_fakes(x, fmt, True, False)
+    return data, scale_inv, amax, torch.empty_like(scale)
 
 
 @register_fake(fp8_delayed_cast_dbias_op)

@@ -217,10 +217,10 @@ _RECORDING: List[Any] = [lambda: False, None]
 # scaling cast]: set by _cuda_quantize too
 _FUSED_DBIAS: List[Any] = [lambda: False, None, None, None]
 _CUDA_QUANTIZE: List[Any] = []
-# [the delayed-scaling cast op, the same with the bias gradient, the current-scaling cast + bias gradient op]
-# traced code calls on CUDA
+# [the delayed-scaling cast op, the same with the bias gradient, the current-scaling cast + bias gradient op,
+# the delayed-scaling rowwise cast that also returns the scale it read] traced code calls on CUDA
 # (ops/cuda_fp8.py: one op per cast; None with an extension built before them): set by _cuda_quantize
-_TRACED_CASTS: List[Any] = [None, None, None]
+_TRACED_CASTS: List[Any] = [None, None, None, None]
 
 
 def _cuda_quantize() -> Any:
@@ -239,7 +239,7 @@ def _cuda_quantize() -> Any:
                                cuda_fp8.fp8_current_scaling_quantize_dbias, cuda_fp8.fp8_current_scaling_quantize]
             if cuda_fp8.can_record_amax() and cuda_fp8.can_fuse_bias_grad():
                 _TRACED_CASTS[:] = [cuda_fp8.fp8_delayed_cast_op, cuda_fp8.fp8_delayed_cast_dbias_op,
-                                    cuda_fp8.fp8_current_cast_dbias_op]
+                                    cuda_fp8.fp8_current_cast_dbias_op, cuda_fp8.fp8_delayed_rowwise_cast_op]
         _CUDA_QUANTIZE.append(impl)
     return _CUDA_QUANTIZE[0]
 
@@ -386,8 +386,16 @@ class Float8Quantizer(Quantizer):
         scale is rewritten at the autocast exit, before the backward): :meth:`quantize_columnwise` makes the
         columnwise copy from the same ``x`` later, with the same bytes (a weight's copy for dgrad, made in
         the backward instead of held from the forward: ``QuantizedModule.weight_columnwise_copy``)."""
-        # (in stream order before any update, as the cast reads it; traced: an opaque copy, see state_snapshot)
-        scale = state_snapshot(self.scale) if torch.compiler.is_compiling() else self.scale.clone()
+        if torch.compiler.is_compiling():
+            x2 = checked_2d(x, "Float8Quantizer.quantize")
+            op = _TRACED_CASTS[3]
+            if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
+                # the scale copy as an output of the recording cast: saved for the backward, never recomputed
+                # there from the scale input (rewritten in place by the autocast exit before the backward)
+                data, scale_inv, amax, scale = op(x2, self.scale, self.amax_history, self.fmt)
+                return Float8Tensor(data, scale_inv, amax, self.fmt, x.dtype, x.shape), scale
+            return self._quantize(x, True, False), state_snapshot(self.scale)
+        scale = self.scale.clone()  # (in stream order before any update, as the cast reads it)
         return self._quantize(x, True, False), scale
 
     def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor) -> Float8Tensor:
