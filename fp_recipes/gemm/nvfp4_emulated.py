@@ -96,19 +96,6 @@ def gemm_nvfp4_emulated(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
 
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: a row-scaled GEMM's FP32 output (before its epilogue rounds it once to the output dtype) is made in row
-#: chunks of at most this many bytes: whole, it was the largest transient of a row-scaled NVFP4 step (a 4096 x
-#: 14336 FC1 output: 224 MiB FP32 beside the 112 MiB result) and put the model's peak above BF16's
-ROW_SCALED_CHUNK_BYTES = 64 << 20
-
-
-def row_chunk(m: int, n: int) -> int:
-    """Rows per chunk of a row-scaled GEMM's FP32 output: m (one chunk) up to ROW_SCALED_CHUNK_BYTES, else
-    equal chunks rounded up to 16 rows (aligned operand slices)."""
-    if m * n * 4 <= ROW_SCALED_CHUNK_BYTES:
-        return m
-    chunks = -(-m * n * 4 // ROW_SCALED_CHUNK_BYTES)
-    return min(m, -(-(-(-m // chunks)) // 16) * 16)
 
 
 def cached_unit(op: Nvfp4Operand, dev: torch.device) -> Optional[torch.Tensor]:
@@ -193,21 +180,7 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
             out = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
             fuse_bias = False
         return out if fuse_bias else finish(out, bias, out_dtype)
-    rows = row_chunk(m, n)
-    if rows >= m:
-        d = torch.empty((m, n), dtype=torch.float32, device=dev)
-        if not cublaslt.bf16_gemm_device_alpha(ua, ub, d, alpha_beta):
-            d = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
-        return cuda_nvfp4.nvfp4_row_scale_epilogue(d, amax_a, a.row_scaled, amax_b, b.row_scaled, bias, out_dtype)
-    # row chunks: each output row depends only on its own row of a (the same GEMM and epilogue per row)
-    out = torch.empty((m, n), dtype=out_dtype, device=dev)
-    d = torch.empty((rows, n), dtype=torch.float32, device=dev)
-    row_amax = amax_a.reshape(-1) if a.row_scaled else amax_a
-    for r0 in range(0, m, rows):
-        r1 = min(m, r0 + rows)
-        dc, uc = d[:r1 - r0], ua[r0:r1]
-        if not cublaslt.bf16_gemm_device_alpha(uc, ub, dc, alpha_beta):
-            torch.mul(torch.mm(uc, ub.t(), out_dtype=torch.float32), alpha_beta[0], out=dc)
-        cuda_nvfp4.nvfp4_row_scale_epilogue(dc, row_amax[r0:r1] if a.row_scaled else amax_a, a.row_scaled, amax_b,
-                                            b.row_scaled, bias, out_dtype, out=out[r0:r1])
-    return out
+    d = torch.empty((m, n), dtype=torch.float32, device=dev)
+    if not cublaslt.bf16_gemm_device_alpha(ua, ub, d, alpha_beta):
+        d = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
+    return cuda_nvfp4.nvfp4_row_scale_epilogue(d, amax_a, a.row_scaled, amax_b, b.row_scaled, bias, out_dtype)
