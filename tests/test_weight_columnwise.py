@@ -119,6 +119,10 @@ def test_policy_errors_and_scope():
     assert layer.weight_columnwise_copy == "auto"
     with pytest.raises(ValueError, match="weight_columnwise_copy must be one of 'auto', 'save', 'recast'"):
         layer.weight_columnwise_copy = "recompute"
+    grouped = fp_recipes.GroupedLinear(2, 8, 8)
+    grouped.weight_columnwise_copy = "save"
+    with pytest.raises(ValueError, match="GroupedLinear: weight_columnwise_copy='recast' is not supported"):
+        grouped.weight_columnwise_copy = "recast"
     sets = None
     with fp_recipes.autocast(recipe=Float8CurrentScaling()):
         layer(torch.randn(4, 8))

@@ -40,7 +40,7 @@ from . import state as qstate
 from ..autocast import AutocastState, _local as _autocast_tls, _resolve_recipe, get_autocast_state
 from .amax_reduction import reducer
 from .weight_cache import AUTO, WeightCache, cache_mode, cacheable
-from .weight_columnwise import DeferredColumnwise, check_policy, quantize_weight_rowwise, recasts
+from .weight_columnwise import COPY_POLICIES, DeferredColumnwise, check_policy, quantize_weight_rowwise, recasts
 
 __all__ = ["backward_operands", "check_input_dtype", "GemmQuantizers", "pad_tokens", "token_multiple",
            "QuantizedLinearFunction", "QuantizedModule", "quantized_linear", "quantize_operand",
@@ -50,7 +50,6 @@ _OPERANDS = (TensorKind.ACTIVATION, TensorKind.WEIGHT, TensorKind.GRAD_OUTPUT)
 _ACTIVATION, _WEIGHT, _GRAD_OUTPUT = _OPERANDS
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_COPY_POLICIES = ("auto", "save", "recast")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,7 +538,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     tokens = x2.shape[0]
     if qs.token_multiple != 1:  # (token_multiple(qs), read directly)
         x2 = pad_tokens(x2, qs.token_multiple)
-    if weight_columnwise_copy not in _COPY_POLICIES:
+    if weight_columnwise_copy not in COPY_POLICIES:
         check_policy(weight_columnwise_copy)
     y = QuantizedLinearFunction.apply(x2, weight, bias, qs, weight_cache, cache_mode, weight_columnwise_copy)
     if x.ndim == 2 and y.shape[0] == tokens:
@@ -655,7 +654,11 @@ class QuantizedModule(torch.nn.Module):
 
     @weight_columnwise_copy.setter
     def weight_columnwise_copy(self, value: str) -> None:
-        self.__dict__["_weight_columnwise_copy"] = check_policy(value)
+        self.__dict__["_weight_columnwise_copy"] = check_policy(value, type(self).__name__,
+                                                                self._recasts_weight_copies)
+
+    #: whether this module kind can make its weights' columnwise copies in the backward (weight_columnwise.py)
+    _recasts_weight_copies = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         # FSDP2 (fully_shard) replaces the parameters by sharded DTensors, and swaps in the unsharded

@@ -194,6 +194,7 @@ class GroupedLinear(QuantizedModule):
     Outside autocast the result equals a loop of ``torch.nn.functional.linear`` exactly."""
 
     module_kind = ModuleKind.GROUPED_LINEAR
+    _recasts_weight_copies = False  # (the experts' casts: one multi-tensor cast, saved whole)
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
                  params_dtype: Optional[torch.dtype] = None, device=None) -> None:

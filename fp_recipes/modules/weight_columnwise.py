@@ -38,10 +38,13 @@ COPY_POLICIES = ("auto", "save", "recast")
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def check_policy(value: Any) -> str:
+def check_policy(value: Any, owner: str = "", recasts_supported: bool = True) -> str:
     if value not in COPY_POLICIES:
         raise ValueError(f"weight_columnwise_copy must be one of {', '.join(map(repr, COPY_POLICIES))}, "
                          f"got {value!r}")
+    if value == "recast" and not recasts_supported:
+        raise ValueError(f"{owner}: weight_columnwise_copy='recast' is not supported (its weights' columnwise "
+                         "copies are saved from the forward); allowed here: 'auto', 'save'")
     return value
 
 
