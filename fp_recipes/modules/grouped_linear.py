@@ -20,9 +20,10 @@ from ..quantizers.grouped import _cuda_lane, fp8_multi_cast, fp8_multi_cast_fits
 from ..quantizers.roles import ModuleKind, ScalingKind, TensorKind
 from . import replay
 from .amax_reduction import reducer
-from .base import (GemmQuantizers, QuantizedModule, _check_nvfp4_shapes, amp_cast, backward_operands,
-                   pad_tokens, quantize_operand, quantize_weight, start_backward, token_multiple,
-                   torch_autocast_backward, torch_autocast_forward)
+from .base import QuantizedModule
+from .linear_function import (GemmQuantizers, _check_nvfp4_shapes, amp_cast, backward_operands, pad_tokens,
+                              quantize_operand, quantize_weight, start_backward, token_multiple,
+                              torch_autocast_backward, torch_autocast_forward)
 from .weight_cache import WeightCache
 from .linear import _factory, check_features, new_linear_parameters
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..quantizers.roles import ModuleKind
-from .base import QuantizedModule, quantized_linear
+from .base import QuantizedModule
+from .linear_function import quantized_linear
 from .linear import _factory, check_features, new_linear_parameters
 
 __all__ = ["LayerNormLinear"]

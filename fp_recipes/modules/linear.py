@@ -8,7 +8,8 @@ from typing import Optional, Tuple
 import torch
 
 from ..quantizers.roles import ModuleKind
-from .base import QuantizedModule, quantized_linear
+from .base import QuantizedModule
+from .linear_function import quantized_linear
 
 __all__ = ["Linear"]
 

@@ -156,15 +156,9 @@ class WeightCache:
             if probe and not self.storing and mode == AUTO:
                 self._probe_hit(quantizers, weights)
             return None
-        if e.n != len(quantizers):
+        if not _same_objects(e, quantizers, weights):
             return None
-        for q, q0 in zip(quantizers, e.quantizers):
-            if q is not q0:
-                return None
-        for w, (ref, _, _, _) in zip(weights, e.weights):
-            if ref() is not w:
-                return None
-        if mode != REUSE and not _matches(e, quantizers, weights):
+        if mode != REUSE and not _unchanged(e, quantizers, weights):
             self._stale(key)
             return None
         if probe:  # (a recompute's reuse does not count: it holds the copies through the backward)
@@ -204,7 +198,14 @@ class WeightCache:
         e = self._entries.get(key)
         if e is None:
             if probe and not self.storing and mode == AUTO:
-                self._probe_hit((quantizer,), (weight,))
+                # (_probe_hit for one weight, inline: this runs at every forward of a module not storing)
+                pr = self._probes.get(key)
+                if pr is not None and pr.n == 1 and pr.quantizers[0] is quantizer:
+                    ref, version, ptr, dtype = pr.weights[0]
+                    if ref() is weight and weight._version == version and weight.data_ptr() == ptr \
+                            and weight.dtype == dtype and _unchanged_scale(pr.scales[0], quantizer):
+                        self.storing = True
+                        self._probes = {}
             return None
         if e.n != 1 or e.quantizers[0] is not quantizer:
             return None
@@ -216,11 +217,9 @@ class WeightCache:
                 self._stale(key)
                 return None
             scale_key = e.scales[0]
-            if scale_key is not None:
-                scale = quantizer.scale
-                if scale is not scale_key[0] or scale._version != scale_key[1]:
-                    self._stale(key)
-                    return None
+            if scale_key is not None and not _unchanged_scale(scale_key, quantizer):
+                self._stale(key)
+                return None
         if probe:  # (a recompute's reuse does not count: it holds the copies through the backward)
             e.hits += 1
         return e.value
@@ -244,20 +243,39 @@ class WeightCache:
         return mode != AUTO or self.storing
 
 
-def _matches(e: _Entry, quantizers: Sequence[Any], weights: Sequence[torch.Tensor]) -> bool:
-    """Whether entry ``e`` (or probe) was made from these quantizers and weights, unchanged since."""
+def _same_objects(e: _Entry, quantizers: Sequence[Any], weights: Sequence[torch.Tensor]) -> bool:
+    """Whether entry ``e`` (or probe) was made from these quantizer and weight objects."""
     if e.n != len(quantizers):
         return False
     for q, q0 in zip(quantizers, e.quantizers):
         if q is not q0:
             return False
-    for w, (ref, version, ptr, dtype) in zip(weights, e.weights):
-        if ref() is not w or w._version != version or w.data_ptr() != ptr or w.dtype != dtype:
-            return False
-    for q, key in zip(quantizers, e.scales):
-        if key is not None and (q.scale is not key[0] or q.scale._version != key[1]):
+    for w, (ref, _, _, _) in zip(weights, e.weights):
+        if ref() is not w:
             return False
     return True
+
+
+def _unchanged(e: _Entry, quantizers: Sequence[Any], weights: Sequence[torch.Tensor]) -> bool:
+    """Whether the weights (version, storage, dtype) and delayed-scaling scales are as when ``e`` was made."""
+    for w, (_, version, ptr, dtype) in zip(weights, e.weights):
+        if w._version != version or w.data_ptr() != ptr or w.dtype != dtype:
+            return False
+    for q, key in zip(quantizers, e.scales):
+        if not _unchanged_scale(key, q):
+            return False
+    return True
+
+
+def _unchanged_scale(key: Optional[tuple], quantizer: Any) -> bool:
+    """Whether a delayed-scaling quantizer still has the scale tensor of ``key``, at that version (None: no
+    scale in the key)."""
+    return key is None or (quantizer.scale is key[0] and quantizer.scale._version == key[1])
+
+
+def _matches(e: _Entry, quantizers: Sequence[Any], weights: Sequence[torch.Tensor]) -> bool:
+    """Whether entry ``e`` (or probe) was made from these quantizers and weights, unchanged since."""
+    return _same_objects(e, quantizers, weights) and _unchanged(e, quantizers, weights)
 
 
 def cacheable(quantizer: Any, weight: torch.Tensor) -> bool:

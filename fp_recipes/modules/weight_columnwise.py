@@ -23,7 +23,7 @@ anyway: it is used as is). Other formats and weights FSDP2 all-gathered quantize
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 

@@ -275,15 +275,7 @@ def _columnwise_with_scale(x: torch.Tensor, scale: torch.Tensor, rowwise: Float8
         res = ops.fp8_quantize(x2, scale, fmt, rowwise=False, columnwise=True)
         return Float8Tensor(None, rowwise.scale_inv, rowwise.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
     res = resolved("fp8_quantize", x2)(x2, scale, fmt, rowwise=False, columnwise=True)
-    t = object.__new__(Float8Tensor)
-    t.data = None
-    t.data_t = res.data_t
-    t.scale_inv = rowwise.scale_inv
-    t.amax = rowwise.amax
-    t.fmt = fmt
-    t.orig_dtype = x.dtype
-    t._shape = x.shape
-    return t
+    return _wrap(res._replace(data=None, scale_inv=rowwise.scale_inv, amax=rowwise.amax), x, fmt)
 
 
 class Float8Quantizer(Quantizer):

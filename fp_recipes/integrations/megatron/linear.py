@@ -5,7 +5,7 @@ Each class subclasses Megatron's own local layer, so parameters, initialisation 
 tracker, ``use_cpu_initialization``), parallel attributes and ``sharded_state_dict`` are Megatron's.
 The constructor takes exactly the arguments Megatron passes to the TransformerEngine classes. When
 the module runs quantized, the split and the sequence-parallel communication go through
-``megatron.core.tensor_parallel`` mappings around :func:`fp_recipes.modules.base.quantized_linear`
+``megatron.core.tensor_parallel`` mappings around :func:`fp_recipes.modules.linear_function.quantized_linear`
 (which communicates nothing); when it does not, Megatron's own local forward runs unchanged.
 """
 
@@ -19,7 +19,7 @@ from megatron.core import tensor_parallel
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear as _McoreColumn
 from megatron.core.tensor_parallel.layers import RowParallelLinear as _McoreRow
 
-from ...modules.base import quantized_linear
+from ...modules.linear_function import quantized_linear
 from ...quantizers.roles import ModuleKind
 from .quant import MegatronQuantized, RngNeutralQuantizedModule
 
