@@ -126,26 +126,18 @@ class QuantizedModule(torch.nn.Module):
         # quantized weights reused while the weights are unchanged (weight_cache.py)
         self.cache_quantized_weights = True
         self._weight_cache = WeightCache()
-        self._weight_columnwise_copy = "auto"
+        self.weight_columnwise_copy = "auto"
         self._sharded_params = False  # a parameter was replaced by a DTensor (FSDP2, tensor parallel)
 
     @property
     def num_gemms(self) -> int:
         return 1
 
-    @property
-    def weight_columnwise_copy(self) -> str:
-        """Where dgrad's columnwise FP8 copy of a weight comes from: ``"save"`` (cast in the forward and held
-        until the backward), ``"recast"`` (cast in the backward from the weight, the same bytes: less memory,
-        one more read of the weight) or ``"auto"`` (default: recast when the layer has more outputs than the
-        call has tokens). See ``modules/weight_columnwise.py``."""
-        return self.__dict__.get("_weight_columnwise_copy", "auto")
-
-    @weight_columnwise_copy.setter
-    def weight_columnwise_copy(self, value: str) -> None:
-        self.__dict__["_weight_columnwise_copy"] = check_policy(value, type(self).__name__,
-                                                                self._recasts_weight_copies)
-
+    #: where dgrad's columnwise FP8 copy of a weight comes from: "save" (cast in the forward and held until the
+    #: backward), "recast" (cast in the backward from the weight, the same bytes: less memory, one more read of
+    #: the weight) or "auto" (recast when the layer has more outputs than the call has tokens); checked when
+    #: set (``__setattr__``), a plain attribute when read (the forward reads it). See weight_columnwise.py.
+    weight_columnwise_copy: str = "auto"
     #: whether this module kind can make its weights' columnwise copies in the backward (weight_columnwise.py)
     _recasts_weight_copies = True
 
@@ -155,6 +147,8 @@ class QuantizedModule(torch.nn.Module):
         # version bump: the automatic weight cache cannot see those refills, so it stays off here
         if isinstance(value, torch.Tensor) and type(value).__name__ == "DTensor":
             self.__dict__["_sharded_params"] = True
+        elif name == "weight_columnwise_copy":
+            value = check_policy(value, type(self).__name__, self._recasts_weight_copies)
         super().__setattr__(name, value)
 
     def train(self, mode: bool = True) -> "QuantizedModule":

@@ -236,6 +236,12 @@ class WeightCache:
             else (None,)
         e.n = 1
         e.hits = 0
+        if mode == AUTO and not self.storing:  # (_keep, inline: the per-forward path of a module not storing)
+            e.value = None
+            if not self._probes:
+                _CACHES.add(self)
+            self._probes[id(quantizer)] = e
+            return
         self._keep(e, value, mode)
 
     def will_store(self, mode: str) -> bool:
