@@ -139,3 +139,27 @@ def test_policy_errors_and_scope():
         with fp_recipes.autocast(recipe=fp_recipes.NVFP4BlockScaling()):
             m(x).sum().backward()
     assert torch.equal(a.weight.grad, b.weight.grad)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recast_under_torch_autocast_bf16_matches_save(name, recasts):
+    """FP32 master weights under torch.autocast(bfloat16) (how HF Trainer and RL jobs run): the backward casts the
+    columnwise copy from the FP32 master weight, as the forward's cast did; outputs and every gradient equal
+    "save"'s bit for bit."""
+    torch.manual_seed(0)
+    a = fp_recipes.Linear(32, 64)
+    b = copy.deepcopy(a)
+    a.weight_columnwise_copy, b.weight_columnwise_copy = "recast", "save"
+    a.cache_quantized_weights = b.cache_quantized_weights = False
+    recipe = RECIPES[name]()
+    got = []
+    for m in (a, b):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe):
+            y = m(x)
+        assert y.dtype == torch.bfloat16
+        y.float().square().sum().backward()
+        got.append((y.detach(), x.grad, m.weight.grad, m.bias.grad))
+    for u, v in zip(*got):
+        assert torch.equal(u, v)
+    assert recasts[0] == 1  # a's backward made its copy; b saved one

@@ -369,13 +369,11 @@ class QuantizedLinearFunction(torch.autograd.Function):
             qw, w_later = quantize_weight_rowwise(
                 wq, weight, group, record=record, cache=cache, mode=mode, forced=qs.weight_recast is not None,
                 full=lambda: quantize_weight(wq, weight, group, record=record, cache=cache, mode=mode))
-            if qs.record is not None:
-                qs.record.weight_recast[id(qs.quantizers)] = w_later is not None
         else:
-            if qs.record is not None and qs.weight_recast is None:
-                qs.record.weight_recast[id(qs.quantizers)] = False
             qw = quantize_weight(wq, weight if wq is not None else amp_cast(weight, amp), group,
                                  record=record, cache=cache, mode=mode)
+        if qs.record is not None:  # what a checkpoint recompute of this call repeats
+            qs.record.weight_recast[id(qs.quantizers)] = w_later is not None
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         else:

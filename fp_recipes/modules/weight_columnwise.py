@@ -29,7 +29,6 @@ import torch
 
 from .amax_reduction import reducer
 from .weight_cache import WeightCache
-from ..quantizers.base import shallow_copy
 from ..quantizers.roles import ScalingKind
 
 __all__ = ["COPY_POLICIES", "DeferredColumnwise", "check_policy", "recasts", "quantize_weight_rowwise"]
@@ -59,34 +58,24 @@ def recasts(policy: str, quantizer: Any, weight: torch.Tensor, tokens: int) -> b
 
 
 class DeferredColumnwise:
-    """What the backward needs to make a weight's columnwise copy: the weight, the quantizer, the scale
-    and the rowwise copy's scale_inv/amax (saved through ``split_saved``, as a quantized tensor is).
+    """What the backward needs to make a weight's columnwise copy: the quantizer, the weight, the scale of the
+    rowwise cast and that cast's scale_inv/amax (saved through ``split_saved``, as a quantized tensor is).
     (No ``__slots__``: torch.compile traces it as it traces the quantized tensors.)"""
 
-    def __init__(self, quantizer: Any, weight: torch.Tensor, scale: torch.Tensor, rowwise: Any) -> None:
-        self.quantizer, self.weight, self.scale = quantizer, weight, scale
-        self.rowwise = shallow_copy(rowwise)  # only its scale_inv/amax are kept (split_saved)
-        self.rowwise.data = None
+    def __init__(self, quantizer: Any, weight: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor,
+                 amax: torch.Tensor) -> None:
+        self.quantizer = quantizer
+        self.weight, self.scale, self.scale_inv, self.amax = weight, scale, scale_inv, amax
 
     def split_saved(self) -> Tuple[tuple, "DeferredColumnwise"]:
-        shell = object.__new__(DeferredColumnwise)
-        shell.quantizer = self.quantizer
-        shell.weight = shell.scale = None
-        shell.rowwise = shallow_copy(self.rowwise)
-        shell.rowwise.scale_inv = shell.rowwise.amax = None
-        return (self.weight, self.scale, self.rowwise.scale_inv, self.rowwise.amax), shell
+        return (self.weight, self.scale, self.scale_inv, self.amax), DeferredColumnwise(self.quantizer, *(None,) * 4)
 
     def with_saved_tensors(self, tensors: Sequence[Optional[torch.Tensor]]) -> "DeferredColumnwise":
-        new = object.__new__(DeferredColumnwise)
-        new.quantizer = self.quantizer
-        new.weight, new.scale, scale_inv, amax = tensors
-        new.rowwise = shallow_copy(self.rowwise)
-        new.rowwise.scale_inv, new.rowwise.amax = scale_inv, amax
-        return new
+        return DeferredColumnwise(self.quantizer, *tensors)
 
     def columnwise(self) -> Any:
         """The columnwise copy the forward would have saved (the same bytes)."""
-        return self.quantizer.quantize_columnwise(self.weight, self.scale, self.rowwise)
+        return self.quantizer.quantize_columnwise(self.weight, self.scale, self.scale_inv, self.amax)
 
 
 def quantize_weight_rowwise(quantizer: Any, weight: torch.Tensor, group: Any, *, record: bool,
@@ -107,4 +96,4 @@ def quantize_weight_rowwise(quantizer: Any, weight: torch.Tensor, group: Any, *,
             reducer.record_forward(quantizer, group)
         if cache is not None:
             cache.store_one(quantizer, weight, q, mode)  # (not storing: keeps the key the copy would have)
-    return q, DeferredColumnwise(quantizer, weight, scale, q)
+    return q, DeferredColumnwise(quantizer, weight, scale, q.scale_inv, q.amax)

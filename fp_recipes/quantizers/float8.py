@@ -267,18 +267,26 @@ def state_snapshot(t: torch.Tensor) -> torch.Tensor:
     return torch.ops.fp_recipes.state_snapshot(t)
 
 
-def _columnwise_with_scale(x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor, fmt: str) -> Float8Tensor:
-    """``x``'s columnwise copy cast with ``scale`` (the one ``rowwise`` was cast with), as a Float8Tensor with
-    ``rowwise``'s scale_inv and amax (1 / scale and amax(x): the values this cast computes again)."""
-    x2 = checked_2d(x, "quantize_columnwise")
-    if torch.compiler.is_compiling():
-        res = ops.fp8_quantize(x2, scale, fmt, rowwise=False, columnwise=True)
-        return Float8Tensor(None, rowwise.scale_inv, rowwise.amax, fmt, x.dtype, x.shape, data_t=res.data_t)
-    res = resolved("fp8_quantize", x2)(x2, scale, fmt, rowwise=False, columnwise=True)
-    return _wrap(res._replace(data=None, scale_inv=rowwise.scale_inv, amax=rowwise.amax), x, fmt)
+class _ColumnwiseRecast:
+    """What both per-tensor FP8 quantizers share for a weight's columnwise copy made in the backward
+    (``modules/weight_columnwise.py``): their ``quantize_rowwise`` returns the scale the rowwise cast used."""
+
+    fmt: str
+
+    def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor,
+                            amax: torch.Tensor) -> Float8Tensor:
+        """The columnwise copy :meth:`quantize` would have made beside the rowwise one of the same ``x``, cast
+        with its ``scale`` (from ``quantize_rowwise``): the same bytes. It carries the rowwise cast's
+        ``scale_inv``/``amax`` (1 / scale and amax(x): what this cast computes again) and records no amax."""
+        x2 = checked_2d(x, "quantize_columnwise")
+        if torch.compiler.is_compiling():
+            res = ops.fp8_quantize(x2, scale, self.fmt, rowwise=False, columnwise=True)
+            return Float8Tensor(None, scale_inv, amax, self.fmt, x.dtype, x.shape, data_t=res.data_t)
+        res = resolved("fp8_quantize", x2)(x2, scale, self.fmt, rowwise=False, columnwise=True)
+        return _wrap(res._replace(data=None, scale_inv=scale_inv, amax=amax), x, self.fmt)
 
 
-class Float8Quantizer(Quantizer):
+class Float8Quantizer(_ColumnwiseRecast, Quantizer):
     """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
 
     State (FP32, mutated in place, never rebound, so modules can register them as buffers):
@@ -390,12 +398,6 @@ class Float8Quantizer(Quantizer):
         scale = self.scale.clone()  # (in stream order before any update, as the cast reads it)
         return self._quantize(x, True, False), scale
 
-    def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor) -> Float8Tensor:
-        """The columnwise copy :meth:`quantize` would have made beside ``rowwise`` (from
-        :meth:`quantize_rowwise` of the same ``x``, with its ``scale``): no amax is recorded (the rowwise
-        cast did)."""
-        return _columnwise_with_scale(x, scale, rowwise, self.fmt)
-
     def _quantize(self, x: torch.Tensor, rowwise: bool, columnwise: bool) -> Float8Tensor:
         x2 = checked_2d(x, "Float8Quantizer.quantize")
         if x.device != self.scale.device:
@@ -469,7 +471,7 @@ class Float8Quantizer(Quantizer):
         watch.report([self])
 
 
-class Float8CurrentScalingQuantizer(Quantizer):
+class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
     """FP8 current scaling: the scale comes from this tensor's own amax (``ops.fp8_current_scaling_quantize``).
 
     ``quantize(x, amax=...)`` takes an amax computed elsewhere (e.g. MAX-reduced across ranks); the
@@ -523,11 +525,6 @@ class Float8CurrentScalingQuantizer(Quantizer):
             x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
             rowwise=True, columnwise=False)
         return _wrap(res, x, self.fmt), res.scale
-
-    def quantize_columnwise(self, x: torch.Tensor, scale: torch.Tensor, rowwise: Float8Tensor) -> Float8Tensor:
-        """The columnwise copy :meth:`quantize` would have made beside ``rowwise`` (see :meth:`quantize_rowwise`):
-        the cast with the computed scale is the current-scaling cast's second pass, the same bytes."""
-        return _columnwise_with_scale(x, scale, rowwise, self.fmt)
 
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast pass (the second of
