@@ -115,7 +115,10 @@ def _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype):
 
 
 @cuda
-@pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (37, 1), (129, 259), (512, 1024)])
+# N % 4 == 0 takes the 4-column kernel: (1, 4), (3, 1028) (a second, partial column block), (70000, 8) (more
+# rows than grid rows); the others the scalar kernel
+@pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (37, 1), (129, 259), (512, 1024), (1, 4), (3, 1028),
+                                 (70000, 8)])
 @pytest.mark.parametrize("rows_cols", [(True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("out_dtype,bias_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, None),
                                                   (torch.float32, torch.float32), (torch.float16, torch.bfloat16),
@@ -142,13 +145,45 @@ def test_row_scale_epilogue_bit_equal(m, n, rows_cols, out_dtype, bias_dtype):
     assert torch.equal(out[ok], expect[ok])
 
 
+@cuda
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shift", ["none", "d", "out", "rows"])
+def test_row_scale_epilogue_unaligned_and_row_blocks(out_dtype, shift):
+    """d or out one element off a 16-byte boundary (the scalar kernel), or out a row block of a larger
+    output (the GEMM's row chunks): the same bytes as the torch epilogue."""
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    m, n = 33, 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    d = torch.randn(m, n, device="cuda", generator=g) * 100
+    if shift == "d":
+        d = torch.empty(m * n + 1, device="cuda")[1:].view(m, n).copy_(d)
+    amax_a = torch.rand(m, device="cuda", generator=g) * 7
+    amax_b = torch.rand((), device="cuda", generator=g)
+    bias = torch.randn(n, device="cuda", generator=g).bfloat16()
+    expect = _torch_row_epilogue(d, amax_a, True, amax_b, False, bias, out_dtype)
+    out = None
+    if shift == "out":
+        out = torch.empty(m * n + 1, device="cuda", dtype=out_dtype)[1:].view(m, n)
+    elif shift == "rows":
+        big = torch.full((m + 5, n), 7, device="cuda", dtype=out_dtype)
+        out = big[3:3 + m]
+    got = C.nvfp4_row_scale_epilogue(d, amax_a, True, amax_b, False, bias, out_dtype, out=out)
+    assert out is None or got.data_ptr() == out.data_ptr()
+    assert torch.equal(got.view(torch.int8 if out_dtype == torch.bfloat16 else torch.int32),
+                       expect.view(torch.int8 if out_dtype == torch.bfloat16 else torch.int32))
+    if shift == "rows":
+        assert bool((big[:3] == 7).all()) and bool((big[3 + m:] == 7).all()), "wrote outside its rows"
+
+
 def _nvfp4_operand(x, **kw):
     q = R.nvfp4_quantize(x, rowwise=True, columnwise=False, **kw)
     return Nvfp4Operand(q.data, q.scale, q.amax, kw.get("row_scaled", False), kw.get("e4m3_max", 448), False)
 
 
 @cuda
-@pytest.mark.parametrize("m,k,n", [(16, 16, 16), (48, 96, 40), (130, 256, 72), (512, 1024, 768)])
+@pytest.mark.parametrize("m,k,n", [(16, 16, 16), (48, 96, 40), (130, 256, 72), (512, 1024, 768),
+                                   (3001, 64, 56), (4100, 32, 40)])  # row-scaled: 2 and 4 row chunks
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("bias_dtype", [None, "same", torch.float32])
 @pytest.mark.parametrize("row_scaled", [False, True])
@@ -237,9 +272,10 @@ def fake_cuda_pieces(monkeypatch):
         out.copy_(acc.to(out.dtype))
         return True
 
-    def epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype):
+    def epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype, out=None):
         rec.calls.append(("epilogue", a_rows, b_cols))
-        return _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype)
+        y = _torch_row_epilogue(d, amax_a, a_rows, amax_b, b_cols, bias, out_dtype)
+        return y if out is None else out.copy_(y)
 
     monkeypatch.setattr(C, "unit_operands_available", lambda: True)
     monkeypatch.setattr(C, "nvfp4_unit_operands", unit_operands)
@@ -273,6 +309,36 @@ def test_cpu_wiring_row_scaled(fake_cuda_pieces):
     assert fake_cuda_pieces.calls == [("decode", 2, False, False, 448, 448), ("gemm", torch.float32, None),
                                       ("epilogue", True, False)]
     assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, None))
+
+
+@pytest.mark.parametrize("m, chunks", [(1024, 1), (2047, 1), (2048, 2), (3001, 2), (4096, 4), (9000, 4)])
+def test_cpu_wiring_row_scaled_chunks(fake_cuda_pieces, m, chunks):
+    """A row-scaled product of >= 2048 rows runs in up to 4 row chunks (one GEMM into a shared FP32 scratch and
+    one epilogue each, the last chunk shorter): the same output as the emulation, row for row."""
+    g = torch.Generator().manual_seed(4)
+    a = _nvfp4_operand(torch.randn(m, 32, generator=g) * torch.rand(m, 1, generator=g) * 8, row_scaled=True)
+    b = _nvfp4_operand(torch.randn(24, 32, generator=g))
+    bias = torch.randn(24, generator=g).bfloat16()
+    assert E.row_chunk(m) * chunks >= m > E.row_chunk(m) * (chunks - 1)
+    out = E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, bias)
+    assert fake_cuda_pieces.calls == [("decode", 2, False, False, 448, 448)] + \
+        [("gemm", torch.float32, None), ("epilogue", True, False)] * chunks
+    assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, bias))
+
+
+def test_row_scale_epilogue_out_checks():
+    from fp_recipes.ops import cuda_nvfp4 as C
+
+    d = torch.zeros(4, 8)
+    amax = torch.ones(4)
+    one = torch.ones(())
+    with pytest.raises(ValueError, match="out must be a contiguous \\(4, 8\\) torch.bfloat16"):
+        C.nvfp4_row_scale_epilogue(d, amax, True, one, False, None, torch.bfloat16, out=torch.empty(4, 8))
+    with pytest.raises(ValueError, match="not contiguous"):
+        C.nvfp4_row_scale_epilogue(d, amax, True, one, False, None, torch.bfloat16,
+                                   out=torch.empty(8, 4, dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match="d must be a contiguous float32"):
+        C.nvfp4_row_scale_epilogue(d.bfloat16(), amax, True, one, False, None, torch.bfloat16)
 
 
 def test_cpu_wiring_declines(fake_cuda_pieces, monkeypatch):

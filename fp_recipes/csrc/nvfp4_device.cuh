@@ -645,20 +645,25 @@ __device__ __forceinline__ uint32_t unit_bf16_bits(uint32_t nibble, float sf, bo
   return sf_nan ? kUnitBf16NaN : (__float_as_uint(v) >> 16);
 }
 
+// 8 BF16 unit values (codes: 4 bytes of a packed block, low nibble first) to out[0..7] (16 bytes,
+// 16-byte aligned): one 16-byte store.
+__device__ __forceinline__ void store_unit8(uint32_t codes, float sf, bool sf_nan, uint16_t* out) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t byte = (codes >> (8 * i)) & 0xFFu;  // elements 2i, 2i+1
+    w[i] = unit_bf16_bits(byte & 0xFu, sf, sf_nan) | (unit_bf16_bits(byte >> 4, sf, sf_nan) << 16);
+  }
+  *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // The 16 BF16 unit values of one packed block (q: 8 bytes, low nibble first) to out[0..15]
 // (32 bytes, 16-byte aligned).
 __device__ __forceinline__ void store_unit16(const uint2& q, uint32_t sf_code, uint16_t* out) {
   const float sf = nvfp4_e4m3_decode(sf_code);
   const bool sf_nan = (sf_code & 0x7Fu) == 0x7Fu;
-  uint32_t w[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t byte = ((i < 4 ? q.x : q.y) >> (8 * (i % 4))) & 0xFFu;  // elements 2i, 2i+1
-    w[i] = unit_bf16_bits(byte & 0xFu, sf, sf_nan) | (unit_bf16_bits(byte >> 4, sf, sf_nan) << 16);
-  }
-  uint4* dst = reinterpret_cast<uint4*>(out);
-  dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  store_unit8(q.x, sf, sf_nan, out);
+  store_unit8(q.y, sf, sf_nan, out + 8);
 }
 
 }  // namespace nvfp4

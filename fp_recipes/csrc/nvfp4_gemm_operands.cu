@@ -52,10 +52,13 @@ __global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_cons
       first = p.cta_start[j];
     }
   }
-  const int64_t g = (cta - first) * kThreads + threadIdx.x;  // one 16-element block per thread
-  if (g >= blocks) return;
-  const uint2 q = __ldg(reinterpret_cast<const uint2*>(data) + g);
-  store_unit16(q, __ldg(scale + g), out + g * 16);
+  // Two threads per 16-element block, each decoding 8 elements (4 bytes of codes) into one 16-byte store:
+  // a warp's stores cover 512 contiguous bytes (one block per thread wrote two 16-byte halves 32 bytes apart).
+  const int64_t h = (cta - first) * kThreads + threadIdx.x;
+  if (h >= 2 * blocks) return;
+  const uint32_t sf_code = __ldg(scale + (h >> 1));
+  store_unit8(__ldg(reinterpret_cast<const uint32_t*>(data) + h), nvfp4_e4m3_decode(sf_code),
+              (sf_code & 0x7Fu) == 0x7Fu, out + h * 8);
 }
 
 template <typename T>
@@ -99,12 +102,60 @@ __global__ void __launch_bounds__(kThreads) row_scale_kernel(const float* d, int
   }
 }
 
+// The same rule, 4 columns per thread (N % 4 == 0, d 16-byte and out 4-element aligned): blockIdx.x picks
+// 4 * kThreads columns, the rows are walked with a stride of gridDim.y, so a thread loads its column
+// factors and bias once and has no index division (the scalar kernel divides per element).
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) row_scale_vec4_kernel(const float* d, int64_t M, int64_t N,
+                                                                  const float* amax_a, bool a_rows,
+                                                                  const float* amax_b, bool b_cols,
+                                                                  const void* bias, DType bias_t, T* out) {
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
+  if (n0 >= N) return;
+  const float sa0 = a_rows ? 0.0f : __ldg(amax_a);
+  float sb[4], bv[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    sb[j] = b_cols ? __ldg(amax_b + n0 + j) : __ldg(amax_b);
+    bv[j] = bias != nullptr ? bias_value(bias, bias_t, n0 + j) : 0.0f;
+  }
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    const float sa = a_rows ? __ldg(amax_a + m) : sa0;
+    const float4 x = __ldg(reinterpret_cast<const float4*>(d + m * N + n0));
+    const float xs[4] = {x.x, x.y, x.z, x.w};
+    Vec4<T> o;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float y = __fmul_rn(xs[j], __fmul_rn(sa, sb[j]));
+      if (bias != nullptr) y = __fadd_rn(y, bv[j]);
+      o.v[j] = cast_out<T>(y);
+    }
+    *reinterpret_cast<Vec4<T>*>(out + m * N + n0) = o;
+  }
+}
+
 template <typename T>
 void launch_row_scale(const float* d, int64_t M, int64_t N, const float* amax_a, bool a_rows, const float* amax_b,
                       bool b_cols, const void* bias, DType bias_t, void* out, cudaStream_t stream) {
   const int sms = sm_count_cached();
-  const int64_t want = (M * N + kThreads - 1) / kThreads;
   const int64_t cap = static_cast<int64_t>(sms) * 16;
+  if (N % 4 == 0 && reinterpret_cast<std::uintptr_t>(d) % 16 == 0 &&
+      reinterpret_cast<std::uintptr_t>(out) % (4 * sizeof(T)) == 0) {
+    const int64_t gx = (N / 4 + kThreads - 1) / kThreads;
+    int64_t gy = cap / gx;
+    gy = gy < 1 ? 1 : (gy > M ? M : (gy > 65535 ? 65535 : gy));
+    require(gx <= 0x7FFFFFFF, "nvfp4 row_scale_epilogue: too many columns");
+    row_scale_vec4_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream>>>(
+        d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_t, static_cast<T*>(out));
+    check_launch("nvfp4 row_scale_vec4_kernel");
+    return;
+  }
+  const int64_t want = (M * N + kThreads - 1) / kThreads;
   row_scale_kernel<T><<<static_cast<unsigned>(want < cap ? want : cap), kThreads, 0, stream>>>(
       d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_t, static_cast<T*>(out));
   check_launch("nvfp4 row_scale_kernel");
@@ -126,7 +177,7 @@ void decode_unit_bf16(const UnitDecodeJob* jobs, int num_jobs, const GemmAlphaAr
             "nvfp4 decode_unit_bf16: data must be 8-byte and out 16-byte aligned");
     p.jobs[j] = job;
     p.cta_start[j] = ctas;
-    ctas += (job.blocks + kThreads - 1) / kThreads;
+    ctas += (2 * job.blocks + kThreads - 1) / kThreads;  // two threads per block
   }
   for (int j = num_jobs; j <= kMaxUnitJobs; ++j) p.cta_start[j] = ctas;
   if (ctas == 0 && alpha.out != nullptr) ctas = 1;  // empty operands: still write alpha and beta

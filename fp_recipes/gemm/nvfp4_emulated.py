@@ -8,8 +8,9 @@ scale is never folded into the E4M3 block scales (seed 003). Row-scaled operands
 FP32, then each output row scaled by ``RN(amax_row[m] * amax_other)``, bias in FP32, then the cast.
 
 Two implementations of the same values: :func:`gemm_nvfp4_emulated` in torch ops (every device), and
-:func:`gemm_nvfp4_emulated_cuda`, three launches at most on CUDA (one decode kernel that also writes
-alpha on the device, one cuBLASLt BF16 GEMM reading that alpha, a row-scale epilogue kernel)."""
+:func:`gemm_nvfp4_emulated_cuda`, three launches on CUDA (one decode kernel that also writes alpha on the
+device, one cuBLASLt BF16 GEMM reading that alpha, a row-scale epilogue kernel; a row-scaled product of
+2048 rows or more runs its GEMM and epilogue in up to 4 row chunks, to bound its FP32 scratch)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ._common import finish, mm_bf16_fp32_accum
 from .operands import Nvfp4Operand
 
 __all__ = ["decode_nvfp4_unit", "nvfp4_alpha", "apply_global_factors", "gemm_nvfp4_emulated",
-           "gemm_nvfp4_emulated_cuda", "cached_unit"]
+           "gemm_nvfp4_emulated_cuda", "cached_unit", "row_chunk"]
 
 _PAIR_TABLES: dict = {}
 
@@ -125,7 +126,8 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
     """The emulation in three launches at most: one kernel decodes the operands that have no cached BF16
     unit copy (the CUDA quantizer writes those next to the packed copies) and writes alpha on the device;
     one cuBLASLt BF16 GEMM (FP32 accumulation) applies that alpha (and a
-    bias of the output dtype) in its epilogue; a row-scaled product adds one epilogue kernel. The same
+    bias of the output dtype) in its epilogue; a row-scaled product adds one epilogue kernel (per row
+    chunk: :func:`row_chunk`). The same
     values and roundings as :func:`gemm_nvfp4_emulated`; only the FP32 accumulation order is
     cuBLAS's choice, as it already was. None when it cannot run here (no cuBLASLt, tracing under
     torch.compile, operands it does not take): the caller runs the torch emulation."""
@@ -180,7 +182,29 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
             out = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
             fuse_bias = False
         return out if fuse_bias else finish(out, bias, out_dtype)
-    d = torch.empty((m, n), dtype=torch.float32, device=dev)
-    if not cublaslt.bf16_gemm_device_alpha(ua, ub, d, alpha_beta):
-        d = torch.mm(ua, ub.t(), out_dtype=torch.float32) * alpha_beta[0]
-    return cuda_nvfp4.nvfp4_row_scale_epilogue(d, amax_a, a.row_scaled, amax_b, b.row_scaled, bias, out_dtype)
+    # The FP32 product of a row-scaled GEMM is twice the size of a BF16 output; computed in row chunks, the
+    # scratch is a quarter of the full product (half a BF16 output): the model's peak memory stays at or
+    # below BF16's (issue 13). Each chunk is one GEMM of >= 1024 rows (a full wave of output tiles at
+    # Llama widths) and one epilogue launch writing its rows of the output.
+    rows = row_chunk(m)
+    out = torch.empty((m, n), dtype=out_dtype, device=dev)
+    scratch = torch.empty((min(rows, m), n), dtype=torch.float32, device=dev)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        d = scratch[: r1 - r0]
+        if not cublaslt.bf16_gemm_device_alpha(ua[r0:r1], ub, d, alpha_beta):
+            d = torch.mm(ua[r0:r1], ub.t(), out_dtype=torch.float32) * alpha_beta[0]
+        cuda_nvfp4.nvfp4_row_scale_epilogue(d, amax_a[r0:r1] if a.row_scaled else amax_a, a.row_scaled, amax_b,
+                                            b.row_scaled, bias, out_dtype, out=out[r0:r1])
+    return out
+
+
+#: the fewest rows a chunk of a row-scaled GEMM has, and the most chunks it is split into
+ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS = 1024, 4
+
+
+def row_chunk(m: int) -> int:
+    """Rows per chunk of a row-scaled GEMM with ``m`` output rows: up to 4 chunks of at least 1024 rows
+    (fewer than 2048 rows: one chunk, the whole product)."""
+    chunks = max(1, min(ROW_CHUNK_MAX_CHUNKS, m // ROW_CHUNK_MIN_ROWS))
+    return -(-m // chunks)

@@ -860,13 +860,23 @@ def _alpha_ws(device: torch.device, stream: int) -> torch.Tensor:
 
 
 def nvfp4_row_scale_epilogue(d: torch.Tensor, amax_a: torch.Tensor, a_rows: bool, amax_b: torch.Tensor,
-                             b_cols: bool, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+                             b_cols: bool, bias: Optional[torch.Tensor], out_dtype: torch.dtype,
+                             out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The row-scaled GEMM's epilogue on its FP32 output ``d = RN(acc * alpha_unit)`` (M, N):
     ``cast(RN(RN(d * RN(sa * sb)) + bias))`` with sa = amax_a[m] (``a_rows``) or the scalar amax_a, sb =
     amax_b[n] (``b_cols``) or the scalar amax_b; the same FP32 roundings as the torch version in
-    gemm/nvfp4_emulated.py."""
+    gemm/nvfp4_emulated.py. ``out``: a contiguous (M, N) tensor of ``out_dtype`` to write (a row block of
+    a larger output, for the GEMM that runs in row chunks), else a new one."""
     m, n = d.shape
-    out = torch.empty((m, n), dtype=out_dtype, device=d.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=d.device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.device != d.device or not out.is_contiguous():
+        raise ValueError(f"nvfp4_row_scale_epilogue: out must be a contiguous ({m}, {n}) {out_dtype} tensor on "
+                         f"{d.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+                         f"{'' if out.is_contiguous() else ' (not contiguous)'}")
+    if d.dtype != torch.float32 or not d.is_contiguous():
+        raise ValueError(f"nvfp4_row_scale_epilogue: d must be a contiguous float32 matrix, got {d.dtype}"
+                         f"{'' if d.is_contiguous() else ' (not contiguous)'}")
     if bias is not None and (bias.dtype not in _DTYPE_CODES or bias.shape != (n,) or not bias.is_contiguous()):
         raise ValueError(f"nvfp4_row_scale_epilogue: bias must be a contiguous ({n},) float32/bfloat16/float16 "
                          f"vector, got {bias.dtype} {tuple(bias.shape)}")
