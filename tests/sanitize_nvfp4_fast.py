@@ -34,7 +34,9 @@ def main() -> int:
             bad += not torch.equal(o.view(torch.int16), E.decode_nvfp4_unit(d, s, torch.bfloat16).view(torch.int16))
         bad += not torch.equal(ab[:1].cpu(), R.nvfp4_gemm_alpha(torch.tensor(3.0), torch.tensor(0.5), 448, 256)
                                .reshape(1))
-    for m, n, bias_dtype in ((1, 1, None), (3, 37, torch.bfloat16), (129, 67, torch.float32)):
+    # scalar kernel (N % 4 != 0), then the 4-column kernel (a partial second column block; FP32 output)
+    for m, n, bias_dtype in ((1, 1, None), (3, 37, torch.bfloat16), (129, 67, torch.float32), (2, 8, None),
+                             (5, 1028, torch.bfloat16), (67, 68, torch.float32)):
         d = torch.randn(m, n, device="cuda")
         amax_a = torch.rand(m, device="cuda")
         amax_b = torch.rand((), device="cuda")
@@ -42,7 +44,7 @@ def main() -> int:
         out = C.nvfp4_row_scale_epilogue(d, amax_a, True, amax_b, False, bias, torch.bfloat16)
         runs += 1
         bad += not torch.equal(out, finish(d * (amax_a * amax_b).unsqueeze(1), bias, torch.bfloat16))
-    for m, k, n, row in ((16, 32, 16, False), (48, 96, 40, True)):
+    for m, k, n, row in ((16, 32, 16, False), (48, 96, 40, True), (2100, 32, 24, True)):  # 2100: two row chunks
         a = R.nvfp4_quantize(torch.randn(m, k, device="cuda"), row_scaled=row)
         b = R.nvfp4_quantize(torch.randn(n, k, device="cuda"))
         oa = Nvfp4Operand(a.data, a.scale, a.amax, row, 448, False)
