@@ -52,13 +52,10 @@ __global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_cons
       first = p.cta_start[j];
     }
   }
-  // Two threads per 16-element block, each decoding 8 elements (4 bytes of codes) into one 16-byte store:
-  // a warp's stores cover 512 contiguous bytes (one block per thread wrote two 16-byte halves 32 bytes apart).
-  const int64_t h = (cta - first) * kThreads + threadIdx.x;
-  if (h >= 2 * blocks) return;
-  const uint32_t sf_code = __ldg(scale + (h >> 1));
-  store_unit8(__ldg(reinterpret_cast<const uint32_t*>(data) + h), nvfp4_e4m3_decode(sf_code),
-              (sf_code & 0x7Fu) == 0x7Fu, out + h * 8);
+  const int64_t g = (cta - first) * kThreads + threadIdx.x;  // one 16-element block per thread
+  if (g >= blocks) return;
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(data) + g);
+  store_unit16(q, __ldg(scale + g), out + g * 16);
 }
 
 template <typename T>
@@ -105,12 +102,25 @@ __global__ void __launch_bounds__(kThreads) row_scale_kernel(const float* d, int
 // The same rule, 4 columns per thread (N % 4 == 0, d 16-byte and out 4-element aligned): blockIdx.x picks
 // 4 * kThreads columns, the rows are walked with a stride of gridDim.y, so a thread loads its column
 // factors and bias once and has no index division (the scalar kernel divides per element).
-template <typename T>
-struct alignas(4 * sizeof(T)) Vec4 {
-  T v[4];
-};
+// Four results to out[0..3] in one store (8 bytes for 16-bit outputs, 16 for FP32), each rounded once to
+// nearest even as cast_out does. Inline PTX: NVVM split the plain vector assignment into four scalar stores.
+__device__ __forceinline__ void st_v2(void* p, uint32_t a, uint32_t b) {
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
+}
+__device__ __forceinline__ void store4(float* out, const float (&y)[4]) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out), "f"(y[0]), "f"(y[1]), "f"(y[2]), "f"(y[3])
+               : "memory");
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* out, const float (&y)[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(y[0], y[1]), hi = __floats2bfloat162_rn(y[2], y[3]);
+  st_v2(out, *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+__device__ __forceinline__ void store4(__half* out, const float (&y)[4]) {
+  const __half2 lo = __floats2half2_rn(y[0], y[1]), hi = __floats2half2_rn(y[2], y[3]);
+  st_v2(out, *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
 
-template <typename T>
+template <typename T, bool kBias>
 __global__ void __launch_bounds__(kThreads) row_scale_vec4_kernel(const float* d, int64_t M, int64_t N,
                                                                   const float* amax_a, bool a_rows,
                                                                   const float* amax_b, bool b_cols,
@@ -122,20 +132,18 @@ __global__ void __launch_bounds__(kThreads) row_scale_vec4_kernel(const float* d
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     sb[j] = b_cols ? __ldg(amax_b + n0 + j) : __ldg(amax_b);
-    bv[j] = bias != nullptr ? bias_value(bias, bias_t, n0 + j) : 0.0f;
+    bv[j] = kBias ? bias_value(bias, bias_t, n0 + j) : 0.0f;
   }
   for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
     const float sa = a_rows ? __ldg(amax_a + m) : sa0;
     const float4 x = __ldg(reinterpret_cast<const float4*>(d + m * N + n0));
-    const float xs[4] = {x.x, x.y, x.z, x.w};
-    Vec4<T> o;
+    float y[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      float y = __fmul_rn(xs[j], __fmul_rn(sa, sb[j]));
-      if (bias != nullptr) y = __fadd_rn(y, bv[j]);
-      o.v[j] = cast_out<T>(y);
+      y[j] = __fmul_rn(y[j], __fmul_rn(sa, sb[j]));
+      if (kBias) y[j] = __fadd_rn(y[j], bv[j]);  // (a branch on the pointer here split the vector store)
     }
-    *reinterpret_cast<Vec4<T>*>(out + m * N + n0) = o;
+    store4(out + m * N + n0, y);
   }
 }
 
@@ -150,8 +158,14 @@ void launch_row_scale(const float* d, int64_t M, int64_t N, const float* amax_a,
     int64_t gy = cap / gx;
     gy = gy < 1 ? 1 : (gy > M ? M : (gy > 65535 ? 65535 : gy));
     require(gx <= 0x7FFFFFFF, "nvfp4 row_scale_epilogue: too many columns");
-    row_scale_vec4_kernel<T><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), kThreads, 0, stream>>>(
-        d, M, N, amax_a, a_rows, amax_b, b_cols, bias, bias_t, static_cast<T*>(out));
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+    if (bias != nullptr) {
+      row_scale_vec4_kernel<T, true><<<grid, kThreads, 0, stream>>>(d, M, N, amax_a, a_rows, amax_b, b_cols, bias,
+                                                                    bias_t, static_cast<T*>(out));
+    } else {
+      row_scale_vec4_kernel<T, false><<<grid, kThreads, 0, stream>>>(d, M, N, amax_a, a_rows, amax_b, b_cols,
+                                                                     nullptr, bias_t, static_cast<T*>(out));
+    }
     check_launch("nvfp4 row_scale_vec4_kernel");
     return;
   }
@@ -177,7 +191,7 @@ void decode_unit_bf16(const UnitDecodeJob* jobs, int num_jobs, const GemmAlphaAr
             "nvfp4 decode_unit_bf16: data must be 8-byte and out 16-byte aligned");
     p.jobs[j] = job;
     p.cta_start[j] = ctas;
-    ctas += (2 * job.blocks + kThreads - 1) / kThreads;  // two threads per block
+    ctas += (job.blocks + kThreads - 1) / kThreads;
   }
   for (int j = num_jobs; j <= kMaxUnitJobs; ++j) p.cta_start[j] = ctas;
   if (ctas == 0 && alpha.out != nullptr) ctas = 1;  // empty operands: still write alpha and beta
