@@ -39,6 +39,8 @@ KERNEL_VARIANTS = [
     ("4over6 fast MSE rowwise", True, False, dict(fos=2, mse=True)),
     ("4over6 strict MSE rowwise", True, False, dict(fos=1, mse=True)),
     ("4over6 fast MAE 2D row+col", True, True, dict(fos=2, block_2d=True)),
+    ("4over6 fast MAE row+col", True, True, dict(fos=2)),  # 1-D: the tile2 kernel since session 25
+    ("4over6 strict MAE row+col", True, True, dict(fos=1)),
     ("RHT columnwise", False, True, dict(rht=True)),
     ("rowwise + RHT columnwise", True, True, dict(rht=True)),
     ("SR rowwise", True, False, dict(sr=True)),

@@ -541,14 +541,18 @@ __device__ __forceinline__ void t2_quant_rn(const float (&x)[16], float bamax, c
 #ifndef NVFP4_TILE2_MINB
 #define NVFP4_TILE2_MINB 0
 #endif
-template <bool kSR>
+template <bool kSR, int kFos>
 constexpr int tile2_min_blocks() {
-  return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kSR ? 3 : 4);
+  return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kFos != 0 ? (fos_fast(kFos) ? 3 : 2) : (kSR ? 3 : 4));
 }
-template <typename T, bool k2D, bool kSR, bool kRHT>
-__global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR>()) tile2_kernel(KParams p) {
+// kFos != 0: 1-D 4over6 (quantize_block_1d<kFos>, the per-block code of tile_kernel and the rowwise
+// kernel: the same bytes); 3 blocks per SM for the fast error (80 registers, no spill), 2 for the strict
+// one (128; bounded to 80 it spills 60-104 bytes).
+template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
+__global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2_kernel(KParams p) {
   using C = Tile2Cfg<T>;
   static_assert(!(k2D && kRHT), "2-D excludes RHT");
+  static_assert(kFos == 0 || !(k2D || kSR || kRHT), "tile2 4over6 is 1-D, round to nearest, no RHT");
   __shared__ __align__(16) uint32_t tile[2][C::kTileWords];
   __shared__ uint32_t part[k2D ? C::kRows / 8 : 1][4];  // 2-D: max |x| bits of 8 rows x 16 columns
 
@@ -626,7 +630,9 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR>()) tile2_kerne
           }
         } else {
           const TensorScale ts = p.row_scaled ? make_tensor_scale(__ldg(p.amax + row), p.e4m3_max) : t_row;
-          if (kSR) {
+          if (kFos != 0) {
+            quantize_block_1d<kFos, 0>(x, ts, false, static_cast<uint64_t>(b), 0, 0, q, sf, nullptr, nullptr);
+          } else if (kSR) {
             quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(x, ts, true, static_cast<uint64_t>(b), p.seed,
                                                                  p.offset, q, sf, nullptr, nullptr);
           } else {
@@ -669,6 +675,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR>()) tile2_kerne
             } else {
               t2_quant_rn(v, tamax, t_col, q, sf);
             }
+          } else if (kFos != 0) {
+            quantize_block_1d<kFos, 0>(v, t_col, false, b, 0, 0, q, sf, nullptr, nullptr);
           } else if (kSR) {
             quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(v, t_col, true, b, p.seed, p.offset, q, sf, nullptr,
                                                                  nullptr);
@@ -779,7 +787,7 @@ void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) 
 // BF16: row+col 154 us against 172 us for one persistent wave, 2-D and RHT likewise; within 2 % at
 // 4096x4096: benchmarks/RESULTS.md, v7 tile table). waves > 0 (benchmarks) asks for that many waves of
 // resident thread blocks (occupancy per instantiation, queried once) walking the tiles instead.
-template <typename T, bool k2D, bool kSR, bool kRHT>
+template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
 void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
   using C = Tile2Cfg<T>;
   const int64_t tiles = ((kp.N + 63) / 64) * ((kp.M + C::kRows - 1) / C::kRows);
@@ -794,7 +802,7 @@ void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
     int per_sm = dev >= 0 ? occupancy[dev].load(std::memory_order_relaxed) : 0;
     if (per_sm == 0) {
       int occ = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT>, kThreads, 0) !=
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT, kFos>, kThreads, 0) !=
               cudaSuccess || occ < 1)
         occ = 1;
       per_sm = occ;
@@ -803,13 +811,18 @@ void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
     const int64_t want = static_cast<int64_t>(sms) * per_sm * waves;
     if (want < grid) grid = want;
   }
-  tile2_kernel<T, k2D, kSR, kRHT><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
+  tile2_kernel<T, k2D, kSR, kRHT, kFos><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
   check_launch("nvfp4 tile2_kernel");
 }
 
-template <typename T>
+template <typename T, int kFos = 0>
 void launch_tile2(const KParams& kp, cudaStream_t stream, int waves = 0) {
   const bool sr = kp.sr != 0;
+  if constexpr (kFos != 0) {
+    require(!kp.block_2d && !sr && !kp.rht, "nvfp4 quantize: the tile2 4over6 path is 1-D, RN, without RHT");
+    launch_tile2_mode<T, false, false, false, kFos>(kp, stream, waves);
+    return;
+  }
   if (kp.block_2d) {
     if (sr) launch_tile2_mode<T, true, true, false>(kp, stream, waves);
     else launch_tile2_mode<T, true, false, false>(kp, stream, waves);
@@ -846,8 +859,8 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
     check_launch("nvfp4 rowwise_kernel");
   } else {
     if (kp.M == 0 || kp.N == 0) return;
-    if constexpr (kFos == 0) {
-      launch_tile2<T>(kp, stream);
+    if (kFos == 0 || !kp.block_2d) {  // 2-D 4over6 (a decision per 16x16 tile) keeps tile_kernel
+      launch_tile2<T, kFos>(kp, stream);
       return;
     }
     const int64_t gx = (kp.N + kTile - 1) / kTile, gy = (kp.M + kTile - 1) / kTile;
