@@ -325,26 +325,15 @@ __device__ __forceinline__ uint32_t e2m1x2_encode_rn(float ya, float yb, float x
 // t = |y| / step is exact (a power-of-two scaling), lo = floor(t) * step, and
 // frac = RN((|y| - lo) / (hi - lo)) = t - floor(t), also exact. Round up iff 2*rbyte + 1 < frac * 512,
 // i.e. with probability frac. |y| >= 6 (Inf too) -> 6, NaN -> 7.
-//
-// Computed in integers from the bits of a = min(|y|, 7) (the same decisions, exactly): F = t * 512 =
-// a * 2^s (s = 10, 9, 8 in the three binades) is the significand m shifted right by sh = 150 - e - s (13
-// for a >= 1, more below; 31 clears every bit of m), so floor(F) = m >> sh and F is fractional iff a bit
-// is shifted out ("sticky"). floor(t) = floor(F) >> 9, and for the odd integer 2*rbyte + 1,
-// 2*rbyte + 1 < F  <=>  2*rbyte + 1 < (floor(F) mod 512) + sticky. No conversion instructions (the float
-// form needed three per element: truncf, int -> float, float -> int, on the quarter-rate conversion
-// pipe, which bounded the stochastic-rounding kernels). scripts/nvfp4_check_sr_int.py checks the
-// equivalence on every a in [0, 7].
 __device__ __forceinline__ uint32_t e2m1_encode_sr(float y, float x, uint32_t rbyte) {
   const float ay = fabsf(y);
-  const uint32_t bits = __float_as_uint(fminf(ay, 7.0f));  // >= 6 and NaN are set below
-  const uint32_t e = bits >> 23;                            // biased exponent, 0 .. 129
-  const uint32_t m = (bits & 0x7FFFFFu) | (e != 0u ? 0x800000u : 0u);
-  const uint32_t sh = min(140u - min(max(e, 1u), 127u), 31u);
-  const uint32_t fl = m >> sh;                              // floor(F), < 2048
-  const uint32_t sticky = (m & ((1u << sh) - 1u)) != 0u ? 1u : 0u;
-  const uint32_t up = 2u * rbyte + 1u < (fl & 511u) + sticky ? 1u : 0u;
-  const uint32_t binade = min(max(e, 127u), 129u) - 127u;  // 0 below 2, 1 in [2, 4), 2 from 4
-  uint32_t idx = (fl >> 9) + 2u * binade + up;
+  const float a = fminf(ay, 7.0f);  // keeps the arithmetic finite; >= 6 and NaN are set below
+  const bool p2 = a >= 2.0f, p4 = a >= 4.0f;
+  const float t = __fmul_rn(a, p4 ? 0.5f : (p2 ? 1.0f : 2.0f));
+  const float k = truncf(t);
+  const float frac = __fsub_rn(t, k);
+  const uint32_t up = static_cast<float>(2u * rbyte + 1u) < __fmul_rn(frac, 512.0f) ? 1u : 0u;
+  uint32_t idx = static_cast<uint32_t>(k) + (p4 ? 4u : (p2 ? 2u : 0u)) + up;
   if (!(ay < 6.0f)) idx = 7u;
   return e2m1_sign(x) | idx;
 }
