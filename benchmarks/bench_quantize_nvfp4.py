@@ -45,6 +45,7 @@ KERNEL_VARIANTS = [
     ("rowwise + RHT columnwise", True, True, dict(rht=True)),
     ("SR rowwise", True, False, dict(sr=True)),
     ("SR rowwise + RHT SR columnwise", True, True, dict(rht=True, sr=True)),
+    ("SR row + RHT SR col + bias grad", True, True, dict(rht=True, sr=True, bias=True)),  # a grad_output's cast
     # + the BF16 unit GEMM operands written by the same kernel (issue 13: the emulated GEMM reads them)
     ("plain rowwise + unit", True, False, dict(unit=(True, False))),
     ("2D row+col + row unit", True, True, dict(block_2d=True, unit=(True, False))),
@@ -72,14 +73,20 @@ def _kernel_call(ext, x, bufs, amaxes, row, col, opts):
     want_u, want_ut = opts.get("unit", (False, False))
     rs, rht = opts.get("row_scaled", False), opts.get("rht", False)
 
-    def call():
+    bias, keep = {}, ()
+    if opts.get("bias"):  # the fused bias gradient (FP32 tile sums, BF16 db); needs a session-25+ extension
+        keep = (torch.empty((m + 63) // 64, n, dtype=torch.float32, device=x.device),
+                torch.empty(n, dtype=torch.bfloat16, device=x.device))
+        bias = dict(bias_partials=keep[0].data_ptr(), bias_out=keep[1].data_ptr(), bias_dtype=2)
+
+    def call(_keep=keep):  # (the closure holds the bias buffers)
         ext.nvfp4_quantize(
             x.data_ptr(), BF16, m, n, data.data_ptr() if row else 0, scale.data_ptr() if row else 0,
             (row_amax if rs else amax).data_ptr(), rs, data_t.data_ptr() if col else 0,
             scale_t.data_ptr() if col else 0, (rht_amax if rht else amax).data_ptr(), rht,
             opts.get("block_2d", False), opts.get("fos", 0), opts.get("mse", False), 448.0,
             opts.get("sr", False), 1234, 5, torch.cuda.current_stream().cuda_stream, x.device.index,
-            unit=unit.data_ptr() if want_u else 0, unit_t=unit_t.data_ptr() if want_ut else 0)
+            unit=unit.data_ptr() if want_u else 0, unit_t=unit_t.data_ptr() if want_ut else 0, **bias)
 
     return call
 
@@ -105,6 +112,9 @@ def bench_shape(table: Table, m: int, n: int, quick: bool) -> list[dict]:
     results = []
     plain_ms = None
     for case, row, col, opts in KERNEL_VARIANTS:
+        if opts.get("bias") and not getattr(ext, "nvfp4_fused_bias_grad", False):
+            print(f"  {case}: skipped (this extension has no fused bias gradient)")
+            continue
         t = measure(lambda c=_kernel_call(ext, x, bufs, (amax, row_amax, rht_amax), row, col, opts): c(), [()],
                     iters=iters)
         plain_ms = t.ms if plain_ms is None else plain_ms

@@ -1,6 +1,6 @@
 """The bias gradient of a Linear's grad_output: ``ops.bias_grad``'s fixed summation order (the contract),
-the CUDA kernels (alone, fused into the FP8 casts of dy, one call per grouped layer) against it byte for
-byte, and the modules that use it.
+the CUDA kernels (alone, fused into the FP8 casts and into the NVFP4 tile kernel of dy, one call per
+grouped layer) against it byte for byte, and the modules that use it.
 
 The order (ops/ref_fp8.py, bias_grad): FP32 sums of 16-row segments, four per 64-row tile, tiles added in
 order, rows past M counted as +0.0, one rounding to the bias dtype. CPU tests check the reference against
@@ -268,3 +268,100 @@ def test_cuda_bias_grad_under_torch_autocast_and_checkpoint(recipe):
     db_ck, _ = _autocast_checkpoint_bias_grad("cuda", recipe, checkpoint=True)
     assert same_bits(db, ref_fp8.bias_grad(dy, torch.float32))
     assert same_bits(db_ck, db)
+
+
+# ---- NVFP4: the bias gradient fused into dy's columnwise quantization (the v7 tile kernel) ---------
+
+NVFP4_FUSED_CONFIGS = {
+    "plain": dict(),
+    "rht_sr": dict(rht=True, stochastic_rounding=True),  # the default recipe's grad_output
+    "4over6_fast": dict(four_over_six=True, err_fast_math=True),  # the row-scaled + 4over6 "fast" recipe's
+    "4over6_strict_mse": dict(four_over_six=True, err_mode="MSE"),
+}
+
+
+def _nvfp4_plan(cfg: dict):
+    from fp_recipes.ops import cuda_nvfp4
+
+    opts = dict(rowwise=True, columnwise=True, block_2d=False, row_scaled=False, four_over_six=False,
+                e4m3_max=448, err_mode="MAE", err_fast_math=False, rht=False, stochastic_rounding=False)
+    opts.update(cfg)
+    return cuda_nvfp4.QuantizePlan(**opts)
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("shape", [(16, 16), (48, 96), (80, 1040), (208, 160), (320, 48), (1040, 32), (64, 72)])
+@pytest.mark.parametrize("dtype,cfg", [(d, c) for d in DTYPES for c in NVFP4_FUSED_CONFIGS
+                                       if d == torch.bfloat16 or "rht" not in c])  # RHT takes BF16 only
+def test_cuda_nvfp4_fused_bias_grad_matches_the_cast_and_the_reference(shape, dtype, cfg):
+    """The NVFP4 quantization with the fused bias gradient writes the bytes of the plain quantization (same
+    seed and offset), and db == the reference order's bits, for 64-row tiles cut by M (M % 64 != 0), tile
+    columns cut by N, NaN/Inf/huge/-0 inputs and every bias dtype."""
+    from fp_recipes.ops import cuda_nvfp4
+
+    kw = NVFP4_FUSED_CONFIGS[cfg]
+    for kind in ("random", "huge", "nan", "zeros"):
+        x = special_input(shape, dtype, kind, seed=3 * shape[0] + shape[1], device="cuda")
+        for bias_dtype in DTYPES:
+            fused = cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan(kw), 77, 2**33 + 5, bias_dtype)
+            assert fused is not None, "the fused launch declined a 1-D columnwise quantization"
+            got, db = fused
+            want = cuda_nvfp4.nvfp4_quantize_planned(x, _nvfp4_plan(kw), None, 77, 2**33 + 5)
+            assert same_bits(db, ref_fp8.bias_grad(x, bias_dtype)), (cfg, shape, dtype, kind, bias_dtype)
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert (a is None) == (b is None), i
+                if a is not None:
+                    assert same_bits(a, b) if a.dtype == torch.float32 else \
+                        torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (cfg, shape, dtype, kind, i)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_nvfp4_fused_bias_grad_declines_what_it_does_not_fuse():
+    from fp_recipes.ops import cuda_nvfp4
+
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    assert cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan(dict(columnwise=False)), 0, 0,
+                                                   torch.float32) is None
+    assert cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan(dict(block_2d=True)), 0, 0,
+                                                   torch.float32) is None
+    assert cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan({}), 0, 0, torch.float64) is None
+    with pytest.raises(ValueError):
+        cuda_nvfp4.nvfp4_quantize_planned_dbias(torch.randn(40, 64, device="cuda", dtype=torch.bfloat16),
+                                               _nvfp4_plan({}), 0, 0, torch.float32)  # M % 16 != 0
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("recipe", [fp_recipes.NVFP4BlockScaling(), fp_recipes.NVFP4BlockScaling(
+    row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True, disable_stochastic_rounding=True,
+    nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)], ids=["default", "rs46"])
+def test_cuda_nvfp4_linear_fused_bias_grad_changes_no_bit(recipe, monkeypatch):
+    """A Linear with a bias under NVFP4: every gradient with the fused bias gradient equals the run with the
+    standalone kernel, and the fused run launches no standalone bias kernel."""
+    from fp_recipes.ops import cuda_nvfp4
+
+    def run():
+        torch.manual_seed(0)
+        lin = fp_recipes.Linear(128, 96, bias=True, params_dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(320, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        dy = torch.randn(320, 96, dtype=torch.bfloat16, device="cuda")
+        with fp_recipes.autocast(recipe=recipe):
+            y = lin(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            y.backward(dy)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return (x.grad, lin.weight.grad, lin.bias.grad), names
+
+    calls = []
+    real = cuda_nvfp4.nvfp4_quantize_planned_dbias
+    monkeypatch.setattr(cuda_nvfp4, "nvfp4_quantize_planned_dbias", lambda *a: calls.append(1) or real(*a))
+    fused, names = run()
+    assert calls and not any("bias_partials_kernel" in n for n in names), names
+    monkeypatch.setattr(cuda_nvfp4, "nvfp4_quantize_planned_dbias", lambda *a: None)
+    plain, names = run()
+    assert any("bias_partials_kernel" in n for n in names), names
+    for a, b in zip(fused, plain):
+        assert same_bits(a, b)

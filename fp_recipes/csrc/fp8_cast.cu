@@ -568,6 +568,12 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
   if (n > 0) run_amax(x, in_dtype, n, amax_out, stream);
 }
 
+void launch_bias_reduce(const BiasGradOut& bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  require(rows >= 0 && cols >= 0, "bias_reduce: negative shape");
+  check_bias_grad(&bias, rows, cols);
+  run_bias_reduce(bias, rows, cols, stream);
+}
+
 void launch_bias_grad(const void* x, DType in_dtype, int64_t rows, int64_t cols, const BiasGradOut& bias,
                       cudaStream_t stream) {
   require_input_dtype(in_dtype, "bias_grad input");

@@ -22,6 +22,10 @@ struct BiasGradOut {
   DType out_dtype;
 };
 
+// The second half of a bias gradient: db from the (ceil(rows / 64), cols) tile sums a cast wrote into
+// bias.partials (the NVFP4 tile kernel's fused bias gradient uses it too).
+void launch_bias_reduce(const BiasGradOut& bias, int64_t rows, int64_t cols, cudaStream_t stream);
+
 // The bias gradient alone (two launches: tile sums, then the reduction over tiles).
 void launch_bias_grad(const void* x, DType in_dtype, int64_t rows, int64_t cols, const BiasGradOut& bias,
                       cudaStream_t stream);

@@ -45,6 +45,13 @@ struct QuantizeArgs {
   // it here (M floats, exactly what row_amax writes) and quantize with it; `amax` is then ignored. One
   // read of x where the fused kernel fits (16-bit input, N <= 16384), else row_amax + quantize.
   float* row_amax_out = nullptr;
+  // Optional bias gradient of a grad_output x, fused into a columnwise 1-D quantization (the tile kernel
+  // reads every column anyway): the FP32 partial sums of ops.bias_grad's fixed order (16-row segments,
+  // four per 64-row tile) into bias_partials ((M + 63) / 64, N), then db (N,) of bias_dtype into bias_out
+  // (a second, small launch): the bytes of launch_bias_grad without its read of x.
+  float* bias_partials = nullptr;
+  void* bias_out = nullptr;
+  DType bias_dtype = DType::kFloat32;
 };
 
 // Quantize per args (rowwise if data != nullptr, columnwise if data_t != nullptr).

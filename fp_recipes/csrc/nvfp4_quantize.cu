@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "fp8_kernels.h"
 #include "nvfp4_device.cuh"
 #include "nvfp4_kernels.h"
 
@@ -33,6 +34,7 @@ struct KParams {
   uint64_t seed, offset;
   uint16_t* unit;    // optional BF16 unit operand of the rowwise copy, (M, N)
   uint16_t* unit_t;  // optional BF16 unit operand of the columnwise copy, (N, M)
+  float* bias_partials;  // optional (tile2, columnwise): the bias gradient's 64-row tile sums, ((M + 63) / 64, N)
 };
 
 // Per-mode shape of the rowwise kernel's loop (benchmarks/nvfp4_variants measured the options, all with
@@ -541,6 +543,41 @@ __device__ __forceinline__ void t2_quant_rn(const float (&x)[16], float bamax, c
 #ifndef NVFP4_TILE2_MINB
 #define NVFP4_TILE2_MINB 0
 #endif
+// The fused bias gradient's tile sums (QuantizeArgs::bias_partials) from the tile in shared memory: this
+// thread's 16-row segment of its kCpt columns summed in order (+0 below the last row: M % 16 == 0, so a
+// segment is all in or all out), then the four segments of a 64-row tile, which sit in four neighbouring
+// lanes (crb 4q .. 4q + 3), as ((S0 + S1) + S2) + S3 by the lane of S0. Every lane of the warp takes part
+// in the shuffles. ops/ref_fp8.py bias_grad is the order.
+template <typename T>
+__device__ __forceinline__ void t2_bias_partials(const KParams& p, const uint32_t* tb, int64_t r0, int64_t c0,
+                                                 int crb, int cu) {
+  using C = Tile2Cfg<T>;
+  const int64_t row16 = r0 + crb * 16;
+  float s[C::kCpt];
+#pragma unroll
+  for (int j = 0; j < C::kCpt; ++j) s[j] = 0.0f;
+  if (row16 + 16 <= p.M) {
+    const uint32_t* cw = tb + t2_word<T>(crb * 16, cu);
+#pragma unroll
+    for (int j = 0; j < C::kCpt; ++j) s[j] = t2_col<T>(cw[0], j);
+#pragma unroll
+    for (int k = 1; k < 16; ++k) {
+      const uint32_t w = cw[k * C::kWords];
+#pragma unroll
+      for (int j = 0; j < C::kCpt; ++j) s[j] = __fadd_rn(s[j], t2_col<T>(w, j));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < C::kCpt; ++j) {
+    const float s1 = __shfl_down_sync(0xFFFFFFFFu, s[j], 1);
+    const float s2 = __shfl_down_sync(0xFFFFFFFFu, s[j], 2);
+    const float s3 = __shfl_down_sync(0xFFFFFFFFu, s[j], 3);
+    const int64_t col = c0 + cu * C::kCpt + j;
+    if ((crb & 3) == 0 && row16 < p.M && col < p.N)
+      p.bias_partials[(row16 / 64) * p.N + col] = __fadd_rn(__fadd_rn(__fadd_rn(s[j], s1), s2), s3);
+  }
+}
+
 template <bool kSR, int kFos>
 constexpr int tile2_min_blocks() {
   return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kFos != 0 ? (fos_fast(kFos) ? 3 : 2) : (kSR ? 3 : 4));
@@ -646,6 +683,7 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
     }
     // Columnwise copy: C::kCpt columns x 16 rows per thread, one word per row.
     if (do_col) {
+      if (!k2D && p.bias_partials != nullptr) t2_bias_partials<T>(p, tb, r0, c0, crb, cu);
       const int64_t row16 = r0 + crb * 16;
       if (row16 + 16 <= p.M) {
         // One word per row for all kCpt columns: a base address and immediate offsets (t2_swz).
@@ -927,7 +965,7 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
              a.row_scaled ? 1 : 0,       a.data_t,        a.scale_t, a.amax_t,
              a.rht ? 1 : 0,              a.block_2d ? 1 : 0, a.mse ? 1 : 0, a.e4m3_max,
              a.stochastic_rounding ? 1 : 0, a.seed,     a.offset,
-             a.unit,   a.unit_t};
+             a.unit,   a.unit_t, a.bias_partials};
   if (a.row_amax_out != nullptr) {
     // Row amax + row-scaled rowwise quantization in one pass where row_scaled_kernel fits, else the
     // row amax pass and then the quantization (the same bytes either way).
@@ -947,6 +985,9 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
     if (done) return;
     row_amax(a.x, a.in_dtype, a.M, a.N, a.row_amax_out, nullptr, stream);
   }
+  const bool bias = a.bias_partials != nullptr || a.bias_out != nullptr;
+  require(!bias || (a.bias_partials != nullptr && a.bias_out != nullptr && do_col && !a.block_2d),
+          "nvfp4 quantize: a fused bias gradient needs bias_partials and bias_out and a 1-D columnwise copy");
   // The rowwise-only 1-D case reads x directly (16-byte loads need N*sizeof % 16 == 0, true for
   // N % 16 == 0); everything else goes through the tile.
   const bool tiled = do_col || a.block_2d;
@@ -956,6 +997,7 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
     case DType::kFloat16: launch_fos<__half>(kp, a.four_over_six, tiled, stream); break;
     default: require(false, std::string("nvfp4 quantize: unsupported input dtype ") + dtype_name(a.in_dtype));
   }
+  if (bias) launch_bias_reduce(BiasGradOut{a.bias_partials, a.bias_out, a.bias_dtype}, a.M, a.N, stream);
 }
 
 }  // namespace nvfp4

@@ -658,6 +658,35 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
     return data, scale, out_amax, data_t, scale_t, amax_t, unit, unit_t
 
 
+def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int, offset: int,
+                                 bias_dtype: torch.dtype) -> Optional[tuple]:
+    """:func:`nvfp4_quantize_planned` (no amax override, no unit operands) of a grad_output ``x`` (M, N) with
+    its bias gradient fused into the columnwise quantization: ``(outputs, db)``, ``db`` the bytes of
+    ``ops.bias_grad(x, bias_dtype)`` (the tile kernel writes the 64-row tile sums, one small launch reduces
+    them; the standalone bias gradient reads x once more). None where the fused launch does not apply (no
+    columnwise copy, 2-D blocks, an extension without it, a launch that needs the general path): the caller
+    then quantizes and calls ``ops.bias_grad``. Checks ``x`` as :func:`nvfp4_quantize_planned` does."""
+    if not (plan.valid and plan.columnwise and not plan.block_2d and bias_dtype in _DTYPE_CODES):
+        return None
+    ext = backend.extension()
+    if ext is None or not getattr(ext, "nvfp4_fused_bias_grad", False):
+        return None
+    launch = plan.launches.get((x.shape, x.dtype))
+    if launch is None:
+        _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
+        if not x.numel() or len(plan.launches) >= _MAX_LAUNCHES:
+            return None
+        _require_cuda(x, "nvfp4_quantize")
+        launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x)
+    else:
+        _require_cuda(x, "nvfp4_quantize")
+    m, n = x.shape
+    partials = torch.empty(((m + 63) // 64, n), dtype=torch.float32, device=x.device)
+    db = torch.empty((n,), dtype=bias_dtype, device=x.device)
+    res = launch.run(x.contiguous(), seed, offset, bias=(partials, db))
+    return None if res is None else (res, db)
+
+
 # Resolved launches kept per plan (distinct input shapes and dtypes of one quantizer; a model's quantizer
 # sees one or a few). Past the cap, new shapes take the general path.
 _MAX_LAUNCHES = 64
@@ -693,9 +722,10 @@ class _Launch:
         # nvfp4_quantize's arguments between amax_t and the seed
         self.tail = (rht, block_2d, fos, mse, float(e4m3_max), sr)
 
-    def run(self, x: torch.Tensor, seed: int, offset: int) -> Optional[tuple]:
+    def run(self, x: torch.Tensor, seed: int, offset: int, bias: Optional[tuple] = None) -> Optional[tuple]:
         """The outputs ``(data, scale, amax, data_t, scale_t, amax_t, None, None)`` (absent copies None),
-        or None (nothing launched) where the general path must run."""
+        or None (nothing launched) where the general path must run. ``bias``: ``(partials, db)`` to write
+        x's bias gradient into (see :func:`nvfp4_quantize_planned_dbias`)."""
         x_ptr = x.data_ptr()
         dev_t = x.device
         if x_ptr % 16 or (x.is_cuda and (_E2M1.get(dev_t.index) or _e2m1_mode(dev_t)) == "reference"):
@@ -755,6 +785,9 @@ class _Launch:
                 data_t_ptr, scale_t_ptr, t_ptr, rht, block_2d, fos, mse, e4m3_max, sr, seed, offset, stream, dev)
         if row_amax_out:
             ext.nvfp4_quantize(*args, 0, 0, row_amax_out)  # unit, unit_t, row_amax_out
+        elif bias is not None:
+            partials, db = bias
+            ext.nvfp4_quantize(*args, 0, 0, 0, partials.data_ptr(), db.data_ptr(), _DTYPE_CODES[db.dtype])
         else:
             ext.nvfp4_quantize(*args, 0, 0)  # unit, unit_t (the arguments _quantize_kernels passes)
         if not self.rowwise:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -306,6 +306,27 @@ class NVFP4Quantizer(Quantizer):
         self._plan = plan = _QuantizePlan(self.spec)
         return plan
 
+    def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[NVFP4Tensor, torch.Tensor]:
+        """:meth:`quantize` and ``ops.bias_grad(x, bias_dtype)``; on CUDA, where the quantization has a 1-D
+        columnwise copy, the bias gradient comes from the same kernel (x is read once, not twice)."""
+        if not torch.compiler.is_compiling() and x.ndim == 2:
+            plan = self._plan
+            if plan is None or plan.spec is not self.spec:
+                plan = self._make_plan()
+            if plan.cuda is not None and self.gemm_units == "none" and \
+                    resolved("nvfp4_quantize", x) is plan.cuda.nvfp4_quantize:
+                check_input(x, plan.what)
+                seed, offset = (self._seed, self._offset) if self._seed_t is None else (self.seed, self.offset)
+                try:
+                    fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype)
+                except (ValueError, TypeError) as exc:
+                    raise self._input_error(exc, x, x) from exc
+                if fused is not None:
+                    if plan.stochastic_rounding:
+                        self._advance_offset(x)
+                    return self._tensor_from(fused[0], x, plan), fused[1]
+        return super().quantize_with_bias_grad(x, bias_dtype)
+
     def _quantize_cuda(self, x: torch.Tensor, x2: torch.Tensor, amax: Optional[torch.Tensor],
                        plan: "_QuantizePlan") -> NVFP4Tensor:
         """The eager CUDA cast: the kernel wrapper with the plan's checked options, and the tensor built
@@ -321,6 +342,10 @@ class NVFP4Quantizer(Quantizer):
             raise self._input_error(exc, x, x2) from exc
         if plan.stochastic_rounding:
             self._advance_offset(x2)
+        return self._tensor_from(res, x, plan)
+
+    @staticmethod
+    def _tensor_from(res: tuple, x: torch.Tensor, plan: "_QuantizePlan") -> NVFP4Tensor:
         # The tensor from the wrapper's own outputs, without the constructor's checks: the kernels made each
         # copy in its documented dtype and shape from x flattened to 2-D (the checks cost microseconds per
         # cast, on the step's host path). Traced code and the reference path construct.
