@@ -2,7 +2,8 @@
 unit decode (1-4 copies per launch, odd row counts, one row, tails of a CTA), the alpha it writes, the
 row-scaled epilogue (odd shapes, bias dtypes), the cuBLASLt BF16 GEMM with a device alpha, the quantize
 kernels writing the BF16 unit operands (rowwise and tile kernels, every mode family, odd shapes, one row)
-and the memset-free amax kernels (plain, RHT, row; repeated on one workspace). Not a
+the memset-free amax kernels (plain, RHT, row; repeated on one workspace) and the bias gradient fused into
+the tile kernel. Not a
 pytest file; scripts/gpu_nvfp4_fast.sh runs it. Exits non-zero if any result differs from its twin."""
 
 from __future__ import annotations
@@ -83,6 +84,20 @@ def main() -> int:
             runs += 1
             bad += not torch.equal(C.nvfp4_amax(x).nan_to_num(-1.0), R.nvfp4_amax(x).nan_to_num(-1.0))
             bad += not torch.equal(C.nvfp4_row_amax(x).nan_to_num(-1.0), R.nvfp4_row_amax(x).nan_to_num(-1.0))
+    # the bias gradient fused into the tile kernel (RHT + SR, plain FP32, 4over6 fast), tiles cut by M and N
+    from fp_recipes.ops import ref_fp8
+
+    for (m, n), dtype, kw in (((48, 80), torch.bfloat16, dict(rht=True, stochastic_rounding=True)),
+                              ((80, 1040), torch.float32, dict()),
+                              ((208, 160), torch.bfloat16, dict(four_over_six=True, err_fast_math=True))):
+        opts = dict(rowwise=True, columnwise=True, block_2d=False, row_scaled=False, four_over_six=False,
+                    e4m3_max=448, err_mode="MAE", err_fast_math=False, rht=False, stochastic_rounding=False)
+        opts.update(kw)
+        x = (torch.randn(m, n, device="cuda") * 5).to(dtype)
+        fused = C.nvfp4_quantize_planned_dbias(x, C.QuantizePlan(**opts), 3, 4, torch.bfloat16)
+        runs += 1
+        bad += fused is None or not torch.equal(fused[1].view(torch.int16),
+                                                ref_fp8.bias_grad(x, torch.bfloat16).view(torch.int16))
     torch.cuda.synchronize()
     print(f"sanitize_nvfp4_fast: {runs} kernel runs, {bad} mismatches")
     return 1 if bad else 0
