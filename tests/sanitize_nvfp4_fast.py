@@ -1,7 +1,7 @@
 """Small driver for compute-sanitizer (memcheck, racecheck) over the fast NVFP4 GEMM's kernels: the
 unit decode (1-4 copies per launch, odd row counts, one row, tails of a CTA), the alpha it writes, the
 row-scaled epilogue (odd shapes, bias dtypes), the cuBLASLt BF16 GEMM with a device alpha, the quantize
-kernels writing the BF16 unit operands (rowwise and tile kernels, every mode family, odd shapes, one row)
+kernels writing the BF16 unit operands (rowwise and tile kernels, every mode family, odd shapes, one row),
 the memset-free amax kernels (plain, RHT, row; repeated on one workspace) and the bias gradient fused into
 the tile kernel. Not a
 pytest file; scripts/gpu_nvfp4_fast.sh runs it. Exits non-zero if any result differs from its twin."""
