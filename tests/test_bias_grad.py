@@ -291,7 +291,7 @@ def _nvfp4_plan(cfg: dict):
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("shape", [(16, 16), (48, 96), (80, 1040), (208, 160), (320, 48), (1040, 32), (64, 72)])
+@pytest.mark.parametrize("shape", [(16, 16), (48, 96), (80, 1040), (208, 160), (320, 48), (1040, 32), (64, 80)])
 @pytest.mark.parametrize("dtype,cfg", [(d, c) for d in DTYPES for c in NVFP4_FUSED_CONFIGS
                                        if d == torch.bfloat16 or "rht" not in c])  # RHT takes BF16 only
 def test_cuda_nvfp4_fused_bias_grad_matches_the_cast_and_the_reference(shape, dtype, cfg):
@@ -327,9 +327,12 @@ def test_cuda_nvfp4_fused_bias_grad_declines_what_it_does_not_fuse():
     assert cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan(dict(block_2d=True)), 0, 0,
                                                    torch.float32) is None
     assert cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan({}), 0, 0, torch.float64) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="multiple of 16"):
         cuda_nvfp4.nvfp4_quantize_planned_dbias(torch.randn(40, 64, device="cuda", dtype=torch.bfloat16),
                                                _nvfp4_plan({}), 0, 0, torch.float32)  # M % 16 != 0
+    with pytest.raises(ValueError, match="N=72 must be a multiple of 16"):
+        cuda_nvfp4.nvfp4_quantize_planned_dbias(torch.randn(64, 72, device="cuda", dtype=torch.bfloat16),
+                                               _nvfp4_plan({}), 0, 0, torch.float32)
 
 
 @pytest.mark.cuda
