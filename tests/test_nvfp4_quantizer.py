@@ -207,3 +207,50 @@ def test_dequantize_uses_tensor_metadata():
     assert torch.equal(t.dequantize(), expect)
     wrong = R.nvfp4_dequantize(t.data, t.scale, t.amax.max(), e4m3_max=448)
     assert not torch.equal(t.dequantize(), wrong)
+
+
+class _FakeCudaNvfp4:
+    """Stands in for ops/cuda_nvfp4.py on a CPU (a quantizer plan's ``cuda``): ``nvfp4_quantize`` is whatever the
+    dispatcher resolves for CPU tensors (so the quantizer takes its CUDA branch), and the fused call computes the
+    documented results with the reference, recording its arguments; ``decline`` makes it return None as the CUDA
+    module does where the fused launch does not apply."""
+
+    def __init__(self, x: torch.Tensor, decline: bool = False) -> None:
+        from fp_recipes.ops.backend import resolved
+
+        self.nvfp4_quantize = resolved("nvfp4_quantize", x)
+        self.decline = decline
+        self.calls = []
+
+    @staticmethod
+    def _outputs(x, seed, offset):
+        q = R.nvfp4_quantize(x, columnwise=True, stochastic_rounding=True, seed=seed, offset=offset)
+        return q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, None, None
+
+    def nvfp4_quantize_planned(self, x, plan, amax, seed, offset, units=None):
+        self.calls.append(("planned", seed, offset))
+        return self._outputs(x, seed, offset)
+
+    def nvfp4_quantize_planned_dbias(self, x, plan, seed, offset, bias_dtype):
+        self.calls.append((tuple(x.shape), seed, offset, bias_dtype))
+        return None if self.decline else (self._outputs(x, seed, offset), ops.bias_grad(x, bias_dtype))
+
+
+@pytest.mark.parametrize("decline", [False, True], ids=["fused", "declined"])
+def test_quantize_with_bias_grad_takes_the_fused_cuda_call_and_advances_sr(decline):
+    """The CUDA branch of NVFP4Quantizer.quantize_with_bias_grad (wiring only; the kernel is tested on GPU in
+    test_bias_grad.py): the fused call gets the quantizer's seed and offset, its outputs become the tensor that
+    quantize() would build, the stochastic-rounding offset advances once; a declined call falls back to quantize()
+    and ops.bias_grad with the same results."""
+    x = (torch.randn(48, 64, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    q = NVFP4Quantizer(spec("grad_output", columnwise=True, stochastic_rounding=True), seed=9)
+    q._make_plan().cuda = fake = _FakeCudaNvfp4(x, decline)
+    t, db = q.quantize_with_bias_grad(x, torch.float32)
+    assert fake.calls == [((48, 64), 9, 0, torch.float32)] + ([("planned", 9, 0)] if decline else [])
+    assert q.offset == 48 * 64 // 16
+    want = NVFP4Quantizer(spec("grad_output", columnwise=True, stochastic_rounding=True), seed=9)(x)
+    assert_same_tensor(t, want)
+    assert torch.equal(db, ops.bias_grad(x, torch.float32))
+    t2, _ = q.quantize_with_bias_grad(x, torch.bfloat16)  # the next call draws fresh numbers
+    assert fake.calls[-2 if decline else -1] == ((48, 64), 9, 48 * 64 // 16, torch.bfloat16)
+    assert not torch.equal(t2.data, t.data)
