@@ -583,8 +583,8 @@ constexpr int tile2_min_blocks() {
   return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kFos != 0 ? (fos_fast(kFos) ? 3 : 2) : (kSR ? 3 : 4));
 }
 // kFos != 0: 1-D 4over6 (quantize_block_1d<kFos>, the per-block code of tile_kernel and the rowwise
-// kernel: the same bytes); 3 blocks per SM for the fast error (80 registers, no spill), 2 for the strict
-// one (128; bounded to 80 it spills 60-104 bytes).
+// kernel: the same bytes), used for a grad_output cast with the fused bias gradient; 3 blocks per SM for
+// the fast error (80 registers, no spill), 2 for the strict one (128; bounded to 80 it spills 60-104 bytes).
 template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
 __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2_kernel(KParams p) {
   using C = Tile2Cfg<T>;
@@ -897,7 +897,9 @@ void launch_t(const KParams& kp, bool tiled, cudaStream_t stream) {
     check_launch("nvfp4 rowwise_kernel");
   } else {
     if (kp.M == 0 || kp.N == 0) return;
-    if (kFos == 0 || !kp.block_2d) {  // 2-D 4over6 (a decision per 16x16 tile) keeps tile_kernel
+    // 4over6 takes tile_kernel (2-D: a decision per 16x16 tile; 1-D: measured 0-7 % faster than tile2 on an
+    // H100, RESULTS session 25 run 5), except a 1-D cast with the fused bias gradient, which lives in tile2.
+    if (kFos == 0 || (!kp.block_2d && kp.bias_partials != nullptr)) {
       launch_tile2<T, kFos>(kp, stream);
       return;
     }
