@@ -23,6 +23,8 @@ S=benchmarks/nvfp4_variants
   pids=()
   "$NVCC" -c "$S/base.cu" -o "$B/base.o" "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/main.cu" -o "$B/main.o" "${FLAGS[@]}" & pids+=($!)
+  # the bias-gradient reduce that nvfp4 quantize() (included by base.cu) calls for a fused bias gradient
+  "$NVCC" -c fp_recipes/csrc/fp8_cast.cu -o "$B/fp8.o" "${FLAGS[@]}" & pids+=($!)
   for k in 1 2 3 4 5; do
     "$NVCC" -c "$S/parts.cu" -DPART=$k -o "$B/part$k.o" "${FLAGS[@]}" & pids+=($!)
   done
@@ -30,7 +32,7 @@ S=benchmarks/nvfp4_variants
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   [ $rc -eq 0 ] || { echo "build failed"; exit 1; }
   "$NVCC" -o "$B/nvfp4_variants" "$B"/main.o "$B"/base.o "$B"/part1.o "$B"/part2.o "$B"/part3.o "$B"/part4.o \
-      "$B"/part5.o "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || { echo "link failed"; exit 1; }
+      "$B"/part5.o "$B"/fp8.o "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || { echo "link failed"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
   echo "== run"
   timeout "${LIM_RUN:-150}" "$B/nvfp4_variants" "$OUT/nvfp4_variants.json" --reps "${REPS:-60}"

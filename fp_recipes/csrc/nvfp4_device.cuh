@@ -255,8 +255,68 @@ __device__ __forceinline__ uint32_t sr_word(const uint4& w, int j) {
   return j < 4 ? w.x : (j < 8 ? w.y : (j < 12 ? w.z : w.w));
 }
 
+// Step 5 with stochastic rounding, the decisions of e2m1_encode_sr (formats.cuh) with the per-element work on
+// the FMA pipe (IMAD, IMAD.HI, FMUL, FADD in directed roundings) instead of the half-rate ALU pipe
+// (compares, selects, conversions), which bounds the SR tile kernels (session 25 measured an integer form
+// with MORE ALU work 1.2x slower). With a = min(|y|, 7) and b its binade (0 below 2, 1 in [2, 4), 2 from 4):
+//   T  = a * 2^(10 - b)                     = t * 512, exact (t = a / step of e2m1_encode_sr)
+//   kf = RZ(T + 2^32 + 1024)                = 2^32 + 512 (floor(t) + 2): bits 0x4F800002 + floor(t)
+//   F  = T - (kf - 2^32 - 1024)             = frac * 512, exact
+//   g  = RU(F + 2^23)                       = 2^23 + ceil(F): bits 0x4B000000 + ceil(F)
+//   up = (0x4B000001 + 2r) < bits(g)        <=> 2r + 1 < ceil(F) <=> 2r + 1 < F (2r + 1 is an integer)
+//   code = min(floor(t) + 2b + up, 7)       (|y| >= 6 and NaN: 7, as e2m1_encode_sr sets it)
+// The codes sit in the low byte of 0x4F800000 + 256 + code, the form pack8 gathers (signs from x, as
+// e2m1_sign). scripts/nvfp4_check_sr_fma.py checks the decisions on every a in [0, 7]. Off by default
+// (NVFP4_SR_FMA_PIPE=1 compiles it in) until a GPU run measures it (benchmarks/nvfp4_variants).
+#ifndef NVFP4_SR_FMA_PIPE
+#define NVFP4_SR_FMA_PIPE 0
+#endif
+#if NVFP4_SR_FMA_PIPE  // (device intrinsics without host shims in tests/nvfp4_host: compiled in only when asked)
+#if defined(__CUDACC__)
+static __constant__ uint32_t c_sr_k2 = 2u;  // multipliers from constant memory keep the ops on IMAD (FMA pipe)
+static __constant__ uint32_t c_sr_kneg1 = 0xFFFFFFFFu;
+#endif
+__device__ __forceinline__ uint32_t sr_k2() {
+#if defined(__CUDA_ARCH__)
+  return c_sr_k2;
+#else
+  return 2u;
+#endif
+}
+__device__ __forceinline__ uint32_t sr_kneg1() {
+#if defined(__CUDA_ARCH__)
+  return c_sr_kneg1;
+#else
+  return 0xFFFFFFFFu;
+#endif
+}
+template <int kPack = 0>
+__device__ __forceinline__ uint2 encode16_sr_fma(const float (&x)[16], float enc, const uint4& rnd) {
+  const uint32_t k2 = sr_k2(), kneg1 = sr_kneg1();
+  uint32_t s[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float a = fminf(fabsf(__fmul_rn(x[j], enc)), 7.0f);
+    const uint32_t e = __umulhi(__float_as_uint(fmaxf(a, 1.0f)), exp_k512());  // 127 + b
+    const float t512 = __fmul_rn(a, __uint_as_float(e * (0u - 0x800000u) + (264u << 23)));  // a * 2^(137 - e)
+    // 2^32 + 1024 + 512 floor(t): bits 0x4F800002 + floor(t) (the +2 of the code's offset 2e + 2 - 256)
+    const float kf = __fadd_rz(t512, 4294968320.0f);
+    const float f512 = __fsub_rn(t512, __fsub_rn(kf, 4294968320.0f));
+    const uint32_t g = __float_as_uint(__fadd_ru(f512, 8388608.0f));
+    const uint32_t r = __byte_perm(sr_word(rnd, j), 0u, 0x4440u | (j % 4));  // byte j % 4, one PRMT
+    // the sign bit of thr - bits(g), thr = 0x4B000001 + 2r: 1 iff thr < bits(g)
+    const uint32_t up = __umulhi(g * kneg1 + (r * k2 + 0x4B000001u), k2);
+    s[j] = min(__float_as_uint(kf) + e * k2 + up, 0x4F800000u + 256u + 7u);
+  }
+  return make_uint2(pack8<kPack>(s, x), pack8<kPack>(s + 8, x + 8));
+}
+#endif  // NVFP4_SR_FMA_PIPE
+
 // Step 5 with stochastic rounding.
 __device__ __forceinline__ uint2 encode16_sr(const float (&x)[16], float enc, const uint4& rnd) {
+#if NVFP4_SR_FMA_PIPE
+  return encode16_sr_fma<0>(x, enc, rnd);
+#endif
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
