@@ -122,24 +122,24 @@ __device__ __forceinline__ float block_enc(float sf, float s_dec) {
 // in nibble j without carries, and the low 12 bits of s0 + 16 s1 + 256 s2 are exactly idx0 | idx1 << 4
 // | idx2 << 8. The multipliers 16 and 4096 come from constant memory so that ptxas keeps IMADs with a
 // constant-bank operand (immediate multipliers become LEAs / shifts on the ALU pipe).
+// NVFP4_CONST_OPERAND(name, value): `name()` returns `value` read from constant memory in device code, so
+// that ptxas keeps a multiply by it on IMAD (the FMA pipe) instead of turning an immediate into a shift or a
+// LEA on the ALU pipe; host code (tests/nvfp4_host) gets the plain value.
+#if defined(__CUDA_ARCH__)
+#define NVFP4_CONST_READ(sym, value) (sym)
+#else
+#define NVFP4_CONST_READ(sym, value) (value)
+#endif
 #if defined(__CUDACC__)
-static __constant__ uint32_t c_pack_k16 = 16u;
-static __constant__ uint32_t c_pack_k4096 = 4096u;
-#endif
-__device__ __forceinline__ uint32_t pack_k16() {
-#if defined(__CUDA_ARCH__)
-  return c_pack_k16;
+#define NVFP4_CONST_OPERAND(name, value)             \
+  static __constant__ uint32_t c_##name = (value);   \
+  __device__ __forceinline__ uint32_t name() { return NVFP4_CONST_READ(c_##name, (value)); }
 #else
-  return 16u;
+#define NVFP4_CONST_OPERAND(name, value) \
+  __device__ __forceinline__ uint32_t name() { return (value); }
 #endif
-}
-__device__ __forceinline__ uint32_t pack_k4096() {
-#if defined(__CUDA_ARCH__)
-  return c_pack_k4096;
-#else
-  return 4096u;
-#endif
-}
+NVFP4_CONST_OPERAND(pack_k16, 16u)
+NVFP4_CONST_OPERAND(pack_k4096, 4096u)
 
 // The sign bits of 8 elements at bits 4j + 3, exactly the sign part of e2m1_pack8.
 __device__ __forceinline__ uint32_t e2m1_signs8(const float* x) {
@@ -168,16 +168,7 @@ __device__ __forceinline__ uint32_t pack8(const uint32_t* s, const float* x) {
 // keeps it on the FMA pipe (IMAD.HI) instead of a shift. Two ALU ops (the clamp and max(a, 1)) and two
 // IMADs per element in place of two compares and two selects (four ALU ops): the tile kernels, which
 // quantize every element twice, are bound by the ALU pipe.
-#if defined(__CUDACC__)
-static __constant__ uint32_t c_exp_k512 = 512u;
-#endif
-__device__ __forceinline__ uint32_t exp_k512() {
-#if defined(__CUDA_ARCH__)
-  return c_exp_k512;
-#else
-  return 512u;
-#endif
-}
+NVFP4_CONST_OPERAND(exp_k512, 512u)
 __device__ __forceinline__ float e2m1_round_magic_exp(float y, float& m) {
   const float a = fminf(fabsf(y), 6.0f);
   const uint32_t e = __umulhi(__float_as_uint(fmaxf(a, 1.0f)), exp_k512());
@@ -272,24 +263,8 @@ __device__ __forceinline__ uint32_t sr_word(const uint4& w, int j) {
 #define NVFP4_SR_FMA_PIPE 0
 #endif
 #if NVFP4_SR_FMA_PIPE  // (device intrinsics without host shims in tests/nvfp4_host: compiled in only when asked)
-#if defined(__CUDACC__)
-static __constant__ uint32_t c_sr_k2 = 2u;  // multipliers from constant memory keep the ops on IMAD (FMA pipe)
-static __constant__ uint32_t c_sr_kneg1 = 0xFFFFFFFFu;
-#endif
-__device__ __forceinline__ uint32_t sr_k2() {
-#if defined(__CUDA_ARCH__)
-  return c_sr_k2;
-#else
-  return 2u;
-#endif
-}
-__device__ __forceinline__ uint32_t sr_kneg1() {
-#if defined(__CUDA_ARCH__)
-  return c_sr_kneg1;
-#else
-  return 0xFFFFFFFFu;
-#endif
-}
+NVFP4_CONST_OPERAND(sr_k2, 2u)
+NVFP4_CONST_OPERAND(sr_kneg1, 0xFFFFFFFFu)
 template <int kPack = 0>
 __device__ __forceinline__ uint2 encode16_sr_fma(const float (&x)[16], float enc, const uint4& rnd) {
   const uint32_t k2 = sr_k2(), kneg1 = sr_kneg1();
