@@ -636,12 +636,12 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
     if not plan.valid:
         _check_options(x, amax, seed=seed, offset=offset, **plan.options)  # raises nvfp4_quantize's error
     _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
-    if launch is None and amax is None and units is None and x.numel() and len(plan.launches) < _MAX_LAUNCHES:
-        _require_cuda(x, "nvfp4_quantize")
-        launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x)  # kept once x passed every check
-        res = launch.run(x.contiguous(), seed, offset)
-        if res is not None:
-            return res
+    if launch is None and amax is None and units is None:
+        launch = _new_launch(x, plan)
+        if launch is not None:
+            res = launch.run(x.contiguous(), seed, offset)
+            if res is not None:
+                return res
     if amax is not None:
         _check_amax_override(x, amax, plan.row_scaled)
         amax = amax.contiguous()
@@ -674,10 +674,9 @@ def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int,
     launch = plan.launches.get((x.shape, x.dtype))
     if launch is None:
         _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
-        if not x.numel() or len(plan.launches) >= _MAX_LAUNCHES:
+        launch = _new_launch(x, plan)
+        if launch is None:
             return None
-        _require_cuda(x, "nvfp4_quantize")
-        launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x)
     else:
         _require_cuda(x, "nvfp4_quantize")
     m, n = x.shape
@@ -690,6 +689,16 @@ def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int,
 # Resolved launches kept per plan (distinct input shapes and dtypes of one quantizer; a model's quantizer
 # sees one or a few). Past the cap, new shapes take the general path.
 _MAX_LAUNCHES = 64
+
+
+def _new_launch(x: torch.Tensor, plan: QuantizePlan) -> Optional["_Launch"]:
+    """The resolved launch of ``x``'s shape and dtype, kept in ``plan`` once ``x`` passed every check of
+    the plan's options; None for an empty ``x`` or past the cap (the general path takes those)."""
+    if not x.numel() or len(plan.launches) >= _MAX_LAUNCHES:
+        return None
+    _require_cuda(x, "nvfp4_quantize")
+    launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x)
+    return launch
 
 
 class _Launch:

@@ -289,10 +289,10 @@ class NVFP4Quantizer(Quantizer):
         """Quantize ``x`` (..., K); ``amax`` overrides the global amax (0-dim, or (M,) when row_scaled),
         e.g. after a cross-rank MAX reduction."""
         compiling = torch.compiler.is_compiling()
-        plan = self._plan
-        if plan is None or plan.spec is not self.spec:
-            # traced code may not mutate the quantizer: a throwaway plan there, without the CUDA part
-            plan = _QuantizePlan(self.spec, eager=False) if compiling else self._make_plan()
+        # traced code may not mutate the quantizer: a throwaway plan there, without the CUDA part
+        plan = self._eager_plan() if not compiling else (
+            self._plan if self._plan is not None and self._plan.spec is self.spec
+            else _QuantizePlan(self.spec, eager=False))
         check_input(x, plan.what)
         x2 = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
         if compiling:
@@ -306,17 +306,24 @@ class NVFP4Quantizer(Quantizer):
         self._plan = plan = _QuantizePlan(self.spec)
         return plan
 
+    def _eager_plan(self) -> "_QuantizePlan":
+        """The plan of the current spec (made on first use and after a spec change)."""
+        plan = self._plan
+        return plan if plan is not None and plan.spec is self.spec else self._make_plan()
+
+    def _seed_offset(self) -> tuple:
+        """The stochastic-rounding seed and offset as ints (the plain attributes unless tensors hold them)."""
+        return (self._seed, self._offset) if self._seed_t is None else (self.seed, self.offset)
+
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[NVFP4Tensor, torch.Tensor]:
         """:meth:`quantize` and ``ops.bias_grad(x, bias_dtype)``; on CUDA, where the quantization has a 1-D
         columnwise copy, the bias gradient comes from the same kernel (x is read once, not twice)."""
         if not torch.compiler.is_compiling() and x.ndim == 2:
-            plan = self._plan
-            if plan is None or plan.spec is not self.spec:
-                plan = self._make_plan()
+            plan = self._eager_plan()
             if plan.cuda is not None and self.gemm_units == "none" and \
                     resolved("nvfp4_quantize", x) is plan.cuda.nvfp4_quantize:
                 check_input(x, plan.what)
-                seed, offset = (self._seed, self._offset) if self._seed_t is None else (self.seed, self.offset)
+                seed, offset = self._seed_offset()
                 try:
                     fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype)
                 except (ValueError, TypeError) as exc:
@@ -331,10 +338,7 @@ class NVFP4Quantizer(Quantizer):
                        plan: "_QuantizePlan") -> NVFP4Tensor:
         """The eager CUDA cast: the kernel wrapper with the plan's checked options, and the tensor built
         from its own outputs without the constructor's checks."""
-        if self._seed_t is None:
-            seed, offset = self._seed, self._offset
-        else:
-            seed, offset = self.seed, self.offset
+        seed, offset = self._seed_offset()
         units = None if self.gemm_units == "none" else self._units_wanted(x2)
         try:
             res = plan.cuda.nvfp4_quantize_planned(x2, plan.cuda_plan, amax, seed, offset, units)
