@@ -248,7 +248,8 @@ def _autocast_checkpoint_bias_grad(device: str, recipe, checkpoint: bool):
     return lin.bias.grad, seen["dy"]
 
 
-@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling(), fp_recipes.NVFP4BlockScaling()],
+                         ids=["delayed", "current", "nvfp4"])
 def test_bias_grad_under_torch_autocast_and_checkpoint_cpu(recipe):
     """FP32 bias, BF16 dy: the bias gradient is ops.bias_grad(dy, float32), with and without activation
     checkpointing, and the same bits either way."""
@@ -261,9 +262,11 @@ def test_bias_grad_under_torch_autocast_and_checkpoint_cpu(recipe):
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling()], ids=["delayed", "current"])
+@pytest.mark.parametrize("recipe", [DelayedScaling(), Float8CurrentScaling(), fp_recipes.NVFP4BlockScaling()],
+                         ids=["delayed", "current", "nvfp4"])
 def test_cuda_bias_grad_under_torch_autocast_and_checkpoint(recipe):
-    """The fused path (BF16 dy, FP32 bias) under torch.autocast and checkpointing: the twin's bits."""
+    """The fused path (BF16 dy, FP32 bias; NVFP4: the tile kernel's) under torch.autocast and checkpointing:
+    the twin's bits."""
     db, dy = _autocast_checkpoint_bias_grad("cuda", recipe, checkpoint=False)
     db_ck, _ = _autocast_checkpoint_bias_grad("cuda", recipe, checkpoint=True)
     assert same_bits(db, ref_fp8.bias_grad(dy, torch.float32))
