@@ -31,7 +31,7 @@ S=benchmarks/nvfp4_variants
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/m0.o" -DTB_TAG=m0 -DNVFP4_TILE2_EXP_MAGIC=0 -DNVFP4_TILE2_SHORT=0 \
       "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/s0.o" -DTB_TAG=s0 -DNVFP4_TILE2_SHORT=0 "${FLAGS[@]}" & pids+=($!)
-  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/f1.o" -DTB_TAG=f1 -DNVFP4_SR_FMA_PIPE=1 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/f1.o" -DTB_TAG=f1 -DNVFP4_SR_FMA_PIPE=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c fp_recipes/csrc/nvfp4_amax.cu -o "$B/amax.o" "${FLAGS[@]}" & pids+=($!)
   # fp8_cast.cu: the bias-gradient reduce that nvfp4 quantize() calls for a fused bias gradient (session 25)
   "$NVCC" -c fp_recipes/csrc/fp8_cast.cu -o "$B/fp8.o" "${FLAGS[@]}" & pids+=($!)

@@ -233,6 +233,52 @@ def test_e2m1_stochastic_all_bytes(lib):
     assert torch.equal(out, R._e2m1_sr(y, y, rb))
 
 
+def _encode16_sr_reference(x: torch.Tensor, enc: torch.Tensor, rnd: torch.Tensor) -> torch.Tensor:
+    """Packed bytes (n, 8) of e2m1_encode_sr per element: y = RN(x * enc), element j's random byte is byte j % 4
+    of word j // 4, the sign from x, low nibble first."""
+    n = x.shape[0]
+    y = x * enc.unsqueeze(1)  # FP32 RN, as __fmul_rn
+    shifts = (8 * (torch.arange(16) % 4)).to(torch.int64)
+    words = rnd.to(torch.int64) & 0xFFFFFFFF
+    rb = (words[:, torch.arange(16) // 4] >> shifts) & 0xFF
+    codes = R._e2m1_sr(y, x, rb).reshape(n, 8, 2).to(torch.int64)
+    return (codes[:, :, 0] | (codes[:, :, 1] << 4)).to(torch.uint8)
+
+
+def test_encode16_sr_matches_elementwise(lib):
+    """The kernels' block SR encode (encode16_sr: encode16_sr_fma, the FMA-pipe form, in the shipped build)
+    makes the decisions of e2m1_encode_sr: every FP32 in [2^-3, 8) at a stride (each with a random byte), the
+    grid values, midpoints and binade edges with all 256 bytes, and specials (0, -0, Inf, NaN, huge, tiny)."""
+    assert lib.h_sr_fma_pipe() == 1  # the shipped default (nvfp4_device.cuh)
+    g = torch.Generator().manual_seed(26)
+    near = torch.arange(0x3E000000, 0x41000000, 37, dtype=torch.int32).view(torch.float32)
+    near = near[: near.numel() // 16 * 16]  # whole blocks: the edge values below start a block
+    edges = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 6.5, 7.0,
+                          7.5, 1.999999, 3.999999, 5.999999, 0.0078125, 1e-30, 1e-45])
+    edges = edges.repeat_interleave(256)
+    special = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 3.0e38, -3.0e38, 1e-40, 65504.0])
+    vals = torch.cat([near, edges, special, torch.randn(160_000, generator=g) * 4])
+    vals = torch.cat([vals, -vals])
+    pad = (-vals.numel()) % 16
+    vals = torch.cat([vals, torch.zeros(pad)])
+    n = vals.numel() // 16
+    x = vals.reshape(n, 16).contiguous()
+    enc = torch.ones(n)
+    enc[n // 2:] = torch.exp2(torch.randn(n - n // 2, generator=g) * 3)  # scaled blocks: y = RN(x * enc)
+    rnd = torch.randint(-(2**31), 2**31, (n, 4), dtype=torch.int64, generator=g)
+    # the edge values with every byte: element j of a block takes byte j % 4 of word j // 4
+    first = near.numel() // 16
+    k = torch.arange(first, first + edges.numel() // 16)
+    byte = torch.arange(256).repeat(edges.numel() // 256)[: k.numel() * 16].reshape(-1, 16)
+    rnd[k] = sum((byte[:, j::4] & 0xFF) << (8 * j) for j in range(4)).to(torch.int64)
+    rnd = torch.where(rnd >= 2**31, rnd - 2**32, rnd).to(torch.int32).contiguous()
+    out = torch.empty(n, 8, dtype=torch.uint8)
+    lib.h_encode16_sr(_p(x), _p(enc), _p(rnd), ctypes.c_int64(n), _p(out))
+    want = _encode16_sr_reference(x, enc, rnd.view(torch.int32).to(torch.int64))
+    bad = (out != want).any(dim=1).nonzero().flatten()
+    assert bad.numel() == 0, f"{bad.numel()} of {n} blocks differ, first: x={x[bad[0]].tolist()} enc={enc[bad[0]]}"
+
+
 def test_philox_known_answers(lib):
     """Random123's philox4x32-10 known-answer vectors (kat_vectors)."""
     out = (ctypes.c_uint32 * 4)()

@@ -140,7 +140,7 @@ static const Case kCases[] = {
 struct Var {
   const char* name;
   int obj;  // 0: b0 (shipped), 4: b4 ((256, 4) for every mode), 1: m0 (v6 magic, no short path), 2: s0 (no short path),
-            // 5: f1 (SR encode on the FMA pipe)
+            // 5: f1 (the compare/select SR encode)
   int which, waves;
 };
 
@@ -159,7 +159,7 @@ static std::vector<Var> vars_for(const Case& c) {
   return {{"old tile", 0, tb::kOldTile, 0},    {"v7 w1", 0, tb::kTile2, 1}, {"v7 w2", 0, tb::kTile2, 2},
           {"v7 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1},
           {"v7 w1 cmpmagic", 1, tb::kTile2, 1}, {"v7 w1 noshort", 2, tb::kTile2, 1},
-          {"v7 pertile srfma", 5, tb::kTile2, 1000}};
+          {"v7 pertile srsel", 5, tb::kTile2, 1000}};
 }
 
 int main(int argc, char** argv) {

@@ -3,6 +3,7 @@
 // torch reference (tests/test_cuda_nvfp4_hostmath.py). x86-64 SSE arithmetic is IEEE RN like the GPU's
 // __f*_rn intrinsics; the shims below give those intrinsics their host meaning. The loops emulate the
 // kernels' per-block work (1-D rows, 2-D tiles with the tree-ordered 4over6 error, RHT, SR).
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,30 @@ static inline float __frcp_rn(float a) { volatile float r = 1.0f / a; return r; 
 
 static inline uint32_t min(uint32_t a, unsigned b) { return a < b ? a : b; }
 static inline float __fmaf_rn(float a, float b, float c) { volatile float r = std::fma(a, b, c); return r; }
+// The directed-rounding adds of encode16_sr_fma: the host FPU in that rounding mode for one add.
+static inline float add_in_mode(float a, float b, int mode) {
+  const int old = std::fegetround();
+  std::fesetround(mode);
+  volatile float va = a, vb = b;
+  volatile float r = va + vb;
+  std::fesetround(old);
+  return r;
+}
+static inline float __fadd_rz(float a, float b) { return add_in_mode(a, b, FE_TOWARDZERO); }
+static inline float __fadd_ru(float a, float b) { return add_in_mode(a, b, FE_UPWARD); }
+// PRMT's default mode: result byte i is byte (s >> 4i) & 7 of {y:x}, or that byte's sign replicated when bit 3
+// of the selector nibble is set.
+static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t xy = (uint64_t)y << 32 | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t sel = (s >> (4 * i)) & 0xFu;
+    uint32_t byte = (uint32_t)(xy >> (8 * (sel & 7u))) & 0xFFu;
+    if (sel & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    r |= byte << (8 * i);
+  }
+  return r;
+}
 #undef __device__
 #define __device__
 #undef __forceinline__
@@ -160,6 +185,17 @@ extern "C" void h_div6e(const float* w, int64_t n, float E, float* out) {
 extern "C" void h_sr(const float* y, const int64_t* bytes, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = (uint8_t)fp_recipes::e2m1_encode_sr(y[i], y[i], (uint32_t)bytes[i]);
 }
+// encode16_sr (the kernels' SR encode of a block: encode16_sr_fma unless built with NVFP4_SR_FMA_PIPE=0) of
+// n blocks of 16 values x, multiplier enc[b], random words rnd[4b..4b+3]: 8 packed bytes per block.
+extern "C" void h_encode16_sr(const float* x, const float* enc, const uint32_t* rnd, int64_t n, uint8_t* out) {
+  for (int64_t b = 0; b < n; ++b) {
+    float v[16];
+    for (int k = 0; k < 16; ++k) v[k] = x[b * 16 + k];
+    const uint2 q = encode16_sr(v, enc[b], make_uint4(rnd[4 * b], rnd[4 * b + 1], rnd[4 * b + 2], rnd[4 * b + 3]));
+    memcpy(out + b * 8, &q, 8);
+  }
+}
+extern "C" int h_sr_fma_pipe() { return NVFP4_SR_FMA_PIPE; }
 
 // 1: every 4over6 block takes the general path (fos_take_short answers false), so a test can check
 // both paths of fos_encode16 on the same data; 0: each block's own fos_short_ok decides.
