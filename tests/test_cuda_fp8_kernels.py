@@ -369,6 +369,140 @@ def test_per_token_bf16_amax_is_fp32(cu):
     assert_same(got.data, want.data, "data")
 
 
+# ---- memset-free amax (the per-stream workspace, ops/workspace.py) ----------------------------------
+
+def _ws_words():
+    from fp_recipes.ops import workspace
+
+    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    return workspace.AMAX_WS[key].cpu()
+
+
+def test_fp8_casts_memset_free_back_to_back(cu):
+    """Every FP8 cast on one stream reduces its amax in the stream's workspace with no memset: back-to-back
+    casts of every kind (a leftover maximum would leak into the next one) give the reference's bytes, and
+    the workspace ends zeroed."""
+    assert cu._amax_ws(torch.device("cuda"), torch.cuda.current_stream().cuda_stream) != 0
+    cases = [make_input(s, dt, k, seed=i) for i, (s, dt, k) in enumerate([
+        ((257, 1000), torch.bfloat16, "huge"), ((1, 1), torch.float32, "normal"), ((65, 63), torch.float16, "nan"),
+        ((128, 4096), torch.bfloat16, "zeros"), ((16500, 24), torch.float32, "normal"),
+        ((4096, 4096), torch.bfloat16, "normal"), ((7, 129), torch.bfloat16, "nan")])]
+    cases.append(torch.zeros((0, 16), device=DEV, dtype=torch.bfloat16))
+    scale = torch.tensor(0.37, device=DEV)
+    for rep in range(2):
+        for x in cases:
+            tag = f"{tuple(x.shape)} {x.dtype} rep {rep}"
+            for rw, cw in ((True, False), (True, True), (False, True)):
+                got = cu.fp8_current_scaling_quantize(x, "e4m3", rowwise=rw, columnwise=cw)
+                want = ref_fp8.fp8_current_scaling_quantize(x, "e4m3", rowwise=rw, columnwise=cw)
+                for f in ("data", "data_t", "scale_inv", "amax", "scale"):
+                    assert_same(getattr(got, f), getattr(want, f), f"current {f} rw={rw} cw={cw} {tag}")
+                got = cu.fp8_quantize(x, scale, "e5m2", rowwise=rw, columnwise=cw)
+                want = ref_fp8.fp8_quantize(x, scale, "e5m2", rowwise=rw, columnwise=cw)
+                for f in ("data", "data_t", "scale_inv", "amax"):
+                    assert_same(getattr(got, f), getattr(want, f), f"delayed {f} rw={rw} cw={cw} {tag}")
+            hist = torch.full((), 0.5, device=DEV)
+            rec = cu.fp8_quantize_recording(x, scale, "e4m3", True, True, hist)
+            assert_same(rec.amax, ref_fp8.fp8_amax(x), f"recording amax {tag}")
+            assert_same(hist, torch.maximum(torch.tensor(0.5, device=DEV), ref_fp8.fp8_amax(x)), f"history {tag}")
+            if x.dtype != torch.float32 and x.numel():
+                q, db = cu.fp8_current_scaling_quantize_dbias(x, "e4m3", False, 0.0, True, True, x.dtype)
+                assert_same(q.amax, ref_fp8.fp8_amax(x), f"current dbias amax {tag}")
+                q, db = cu.fp8_quantize_dbias(x, scale, "e4m3", True, True, None, x.dtype)
+                assert_same(q.amax, ref_fp8.fp8_amax(x), f"delayed dbias amax {tag}")
+    torch.cuda.synchronize()
+    assert torch.equal(_ws_words(), torch.zeros(4, dtype=torch.int32)), "workspace not re-zeroed"
+
+
+@pytest.mark.parametrize("use_ws", [True, False], ids=["workspace", "memset"])
+def test_fp8_cast_writes_amax_over_garbage(cu, use_ws):
+    """With the workspace nothing zeroes the amax output before the kernel: its last block must write the
+    value, whatever the buffer held; without it (ws 0, as under a CUDA-graph capture) the memset does."""
+    ext = cu._ext()
+    stream = torch.cuda.current_stream().cuda_stream
+    ws = cu._amax_ws(torch.device("cuda"), stream) if use_ws else 0
+    for shape, kind in (((513, 1000), "normal"), ((64, 64), "nan"), ((3, 5), "zeros")):
+        x = make_input(shape, torch.bfloat16, kind, seed=7)
+        m, n = shape
+        want = ref_fp8.fp8_amax(x)
+        for cw in (False, True):
+            out = torch.empty((m, n), dtype=torch.uint8, device=DEV)
+            out_t = torch.empty((n, m), dtype=torch.uint8, device=DEV)
+            scale, scale_inv = torch.empty((), device=DEV), torch.empty((), device=DEV)
+            amax = torch.full((), 1e30, device=DEV)
+            ext.fp8_current_scaling_quantize(x.data_ptr(), cu.DTYPE_CODE[x.dtype], m, n,
+                                             cu.DTYPE_CODE[torch.float8_e4m3fn], False, 0.0, out.data_ptr(),
+                                             out_t.data_ptr() if cw else 0, scale.data_ptr(), scale_inv.data_ptr(),
+                                             amax.data_ptr(), stream, ws)
+            assert_same(amax, want, f"current amax {shape} {kind} cw={cw}")
+            amax.fill_(-3.0)
+            one = torch.ones((), device=DEV)
+            ext.fp8_quantize(x.data_ptr(), cu.DTYPE_CODE[x.dtype], m, n, one.data_ptr(),
+                             cu.DTYPE_CODE[torch.float8_e4m3fn], out.data_ptr(), out_t.data_ptr() if cw else 0,
+                             scale_inv.data_ptr(), amax.data_ptr(), stream, ws)
+            assert_same(amax, want, f"delayed amax {shape} {kind} cw={cw}")
+    torch.cuda.synchronize()
+    if use_ws:
+        assert torch.equal(_ws_words(), torch.zeros(4, dtype=torch.int32)), "workspace not re-zeroed"
+
+
+def test_fp8_casts_inside_cuda_graph(cu):
+    """Casts captured on a stream without a workspace (the memset path) and on one with a workspace made
+    before the capture both replay to the reference's bytes as the input changes."""
+    x = make_input((256, 512), torch.bfloat16, "normal", seed=1)
+    scale = torch.tensor(0.5, device=DEV)
+    for warm in (False, True):
+        side = torch.cuda.Stream()
+        if warm:  # the capture stream's workspace exists before the capture
+            with torch.cuda.stream(side):
+                cu.fp8_current_scaling_quantize(x, "e4m3", columnwise=True)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            c = cu.fp8_current_scaling_quantize(x, "e4m3", columnwise=True)
+            d = cu.fp8_quantize(x, scale, "e4m3", columnwise=True)
+        for mult in (1.0, 1e-3, 300.0):
+            x.copy_(make_input((256, 512), torch.bfloat16, "normal", seed=int(mult * 10)) * mult)
+            graph.replay()
+            torch.cuda.synchronize()
+            wc = ref_fp8.fp8_current_scaling_quantize(x, "e4m3", columnwise=True)
+            wd = ref_fp8.fp8_quantize(x, scale, "e4m3", columnwise=True)
+            for f in ("data", "data_t", "scale_inv", "amax"):
+                assert_same(getattr(c, f), getattr(wc, f), f"graph current {f} x{mult} warm={warm}")
+                assert_same(getattr(d, f), getattr(wd, f), f"graph delayed {f} x{mult} warm={warm}")
+
+
+def _memsets_in(step) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "cudaMemsetAsync" in e.name)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_fp8_linear_step_makes_no_amax_memset(cu, recipe):
+    """A Linear forward + backward under FP8 makes no more memset calls than the same step in BF16 (each
+    cast used to zero its amax with one: 3 per step)."""
+    import fp_recipes
+
+    rec = fp_recipes.DelayedScaling() if recipe == "delayed" else fp_recipes.Float8CurrentScaling()
+    layer = fp_recipes.Linear(256, 512, params_dtype=torch.bfloat16, device=DEV)
+    x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+
+    def step(enabled):
+        def run():
+            with fp_recipes.autocast(enabled=enabled, recipe=rec):
+                y = layer(x)
+            y.backward(torch.ones_like(y))
+        return run
+
+    assert _memsets_in(step(True)) <= _memsets_in(step(False))
+
+
 # ---- dispatch, compile, errors -------------------------------------------------------------------
 
 def test_dispatch_runs_the_kernel(cu):

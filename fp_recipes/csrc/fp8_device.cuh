@@ -119,11 +119,26 @@ __device__ __forceinline__ void record_max(float* slot, uint32_t key) {
 
 // flush_amax, and the block's maximum also merged into a delayed-scaling history slot (record: null for
 // none). Every block merges, a zero maximum included (torch.maximum(slot, 0) of a negative slot is 0).
-__device__ __forceinline__ void flush_amax_record(uint32_t key, uint32_t* amax_bits, float* record) {
+// ws (null: the caller zeroed *amax_bits): memset-free, as nvfp4_amax.cu's kernels: the blocks combine in a
+// zeroed per-stream workspace {max, -, ticket, -} and the last block to take a ticket writes *amax_bits and
+// zeroes the workspace again for the next launch on the stream (one launch instead of memset + kernel).
+__device__ __forceinline__ void flush_amax_record(uint32_t key, uint32_t* amax_bits, float* record,
+                                                  uint32_t* ws = nullptr) {
   key = block_max_key(canonical_key(key));
   if (threadIdx.x == 0) {
-    if (key != 0u) atomicMax(amax_bits, key);
     if (record != nullptr) record_max(record, key);
+    if (ws == nullptr) {
+      if (key != 0u) atomicMax(amax_bits, key);
+      return;
+    }
+    if (key != 0u) atomicMax(ws, key);
+    __threadfence();
+    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (atomicAdd(ws + 2, 1u) == blocks - 1) {  // every other block has merged (fence above)
+      __threadfence();
+      *amax_bits = atomicExch(ws, 0u);
+      atomicExch(ws + 2, 0u);
+    }
   }
 }
 

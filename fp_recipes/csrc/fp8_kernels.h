@@ -41,8 +41,14 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
 // quantizer needs no launch of its own to record the amax.
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream, float* amax_record = nullptr, const BiasGradOut* bias = nullptr);
+                         cudaStream_t stream, float* amax_record = nullptr, const BiasGradOut* bias = nullptr,
+                         uint32_t* amax_ws = nullptr);
 
+// amax_ws (null: none) in both casts: a zeroed 16-byte per-stream workspace (the one nvfp4::amax uses) in which
+// the blocks reduce the amax, the last block writing amax[0] and zeroing it again: no memset launch. Kernels
+// on one stream run in order, so they never share it concurrently; null (CUDA-graph capture without a
+// workspace) zeroes amax with a memset first, as before.
+//
 // Current scaling, two launches: amax, then the cast with the scale computed on the device from it
 // (see fp8_current_scale in fp8_cast.cu). Writes amax[0], scale[0], scale_inv[0].
 // bias (null: none): the bias gradient of x computed in the cast's pass (tiled kernel), plus one
@@ -50,7 +56,8 @@ void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t co
 void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,
                                          DType out_dtype, bool power_2_scale, float amax_epsilon,
                                          void* out, void* out_t, float* scale, float* scale_inv,
-                                         float* amax, cudaStream_t stream, const BiasGradOut* bias = nullptr);
+                                         float* amax, cudaStream_t stream, const BiasGradOut* bias = nullptr,
+                                         uint32_t* amax_ws = nullptr);
 
 // out = cast(RN(fp32(data) * scale_inv[0])) to out_dtype (fp32/fp16/bf16) over n elements.
 void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv,

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import backend
+from . import backend, workspace
 from .op_library import define_op, register_fake
 from .ref_fp8 import (
     FP8GroupedQuantized,
@@ -133,6 +133,21 @@ def _stream(device: torch.device) -> int:
     return backend.current_stream(device)
 
 
+def _amax_ws(device: torch.device, stream: int) -> int:
+    """The stream's amax workspace for a memset-free cast (ops/workspace.py), or 0 where the extension
+    predates it or the stream is being captured without one (the launcher then memsets the amax)."""
+    ok = _AMAX_WS_OK
+    if not ok:
+        ok.append(bool(getattr(backend.extension(), "fp8_amax_workspace", False)))
+    if not ok[0]:
+        return 0
+    ws = workspace.AMAX_WS.get((device.index, stream))  # (workspace.amax_ws, inline where it exists)
+    return ws.data_ptr() if ws is not None else workspace.amax_ws(device, stream)
+
+
+_AMAX_WS_OK: list = []  # [whether the loaded extension's FP8 casts take amax_ws], set on first use
+
+
 def _ptr(t: Optional[torch.Tensor]) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
@@ -227,19 +242,21 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
+    stream = _stream(device)
+    ws = _amax_ws(device, stream)
     if bias is not None:
         partials, db = bias
         _launch(device, _ext().fp8_quantize_dbias, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                _ptr(record), _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype], _stream(device))
+                _ptr(record), _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype], stream, ws)
     elif record is None:
         _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                _stream(device))
+                stream, ws)
     else:
         _launch(device, _ext().fp8_quantize_record, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                record.data_ptr(), _stream(device))
+                record.data_ptr(), stream, ws)
     return data, data_t, scale_inv, amax
 
 
@@ -293,12 +310,13 @@ def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, ama
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
     args = (x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
             float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(), amax.data_ptr())
+    stream = _stream(device)
     if bias is None:
-        _launch(device, _ext().fp8_current_scaling_quantize, *args, _stream(device))
+        _launch(device, _ext().fp8_current_scaling_quantize, *args, stream, _amax_ws(device, stream))
     else:
         partials, db = bias
         _launch(device, _ext().fp8_current_scaling_quantize_dbias, *args, _ptr(partials), _ptr(db),
-                DTYPE_CODE[db.dtype], _stream(device))
+                DTYPE_CODE[db.dtype], stream, _amax_ws(device, stream))
     return data, data_t, scale_inv, amax, scale
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from . import backend, ref_nvfp4
+from . import backend, ref_nvfp4, workspace
 from .op_library import define_op, register_fake
 from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_amax_override, _check_options, _check_static_options,
                         _check_x, _check_x_for_options, check_nvfp4_dequantize_args)
@@ -74,23 +74,10 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 _EMPTY_SHAPE = (0,)
 
-# Memset-free amax: one zeroed 16-byte workspace per (device, stream), which every amax launch on that
-# stream uses and leaves zeroed again (the kernel's last block resets it; csrc/nvfp4_amax.cu). Launches
-# on one stream are ordered, so they never share it concurrently.
-_AMAX_WS: dict = {}
-
-
-def _amax_ws(device: torch.device, stream: int) -> int:
-    """Pointer to this stream's amax workspace, or 0 (the launcher then zeroes the outputs with a memset)
-    while the stream is being captured into a CUDA graph (a workspace created inside a capture would be
-    zeroed only when the graph replays)."""
-    key = (device.index, stream)
-    ws = _AMAX_WS.get(key)
-    if ws is None:
-        if torch.cuda.is_current_stream_capturing():
-            return 0
-        ws = _AMAX_WS[key] = torch.zeros((4,), dtype=torch.int32, device=device)
-    return ws.data_ptr()
+# Memset-free amax: the per-(device, stream) workspace every amax launch on a stream uses and leaves zeroed
+# (shared with the FP8 casts: ops/workspace.py)
+_AMAX_WS = workspace.AMAX_WS
+_amax_ws = workspace.amax_ws
 
 
 def _empty_u8(device: torch.device) -> torch.Tensor:
