@@ -1,7 +1,7 @@
 """Driver for compute-sanitizer (memcheck / racecheck / synccheck): runs every FP8-family kernel once on
 small but awkward shapes (tails, misaligned bases, >64 groups with empty members, per-token units of 1)
 and checks the bytes against the reference twins. Not a pytest module: run it directly, e.g.
-``compute-sanitizer --tool memcheck --kernel-name regex:fp_recipes python tests/sanitize_fp8.py``."""
+``compute-sanitizer --tool memcheck --kernel-name kns=fp_recipes python tests/sanitize_fp8.py``."""
 
 from __future__ import annotations
 
