@@ -135,14 +135,13 @@ def _stream(device: torch.device) -> int:
 
 def _amax_ws(device: torch.device, stream: int) -> int:
     """The stream's amax workspace for a memset-free cast (ops/workspace.py), or 0 where the extension
-    predates it or the stream is being captured without one (the launcher then memsets the amax)."""
+    predates it or the stream is being captured into a CUDA graph (the launcher then memsets the amax)."""
     ok = _AMAX_WS_OK
     if not ok:
         ok.append(bool(getattr(backend.extension(), "fp8_amax_workspace", False)))
     if not ok[0]:
         return 0
-    ws = workspace.AMAX_WS.get((device.index, stream))  # (workspace.amax_ws, inline where it exists)
-    return ws.data_ptr() if ws is not None else workspace.amax_ws(device, stream)
+    return workspace.amax_ws(device, stream)
 
 
 _AMAX_WS_OK: list = []  # [whether the loaded extension's FP8 casts take amax_ws], set on first use

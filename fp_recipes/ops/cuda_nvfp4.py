@@ -74,8 +74,8 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 _EMPTY_SHAPE = (0,)
 
-# Memset-free amax: the per-(device, stream) workspace every amax launch on a stream uses and leaves zeroed
-# (shared with the FP8 casts: ops/workspace.py)
+# Memset-free amax: the per-(device, stream) workspace every eager amax launch on a stream uses and leaves
+# zeroed (shared with the FP8 casts; none inside a CUDA-graph capture: ops/workspace.py)
 _AMAX_WS = workspace.AMAX_WS
 _amax_ws = workspace.amax_ws
 
@@ -732,8 +732,7 @@ class _Launch:
         mode = self.mode
         row_am = g_am = t_am = None
         row_amax_out = 0
-        ws = _AMAX_WS.get((dev, stream))  # (_amax_ws, inline where the workspace exists)
-        ws_ptr = ws.data_ptr() if ws is not None else _amax_ws(dev_t, stream)
+        ws_ptr = _amax_ws(dev_t, stream)
         if mode == "both":
             # both amaxes in one 8-byte buffer (x's, then the post-RHT one of the columnwise copy)
             both = torch.empty((2,), dtype=torch.float32, device=dev_t)
