@@ -483,13 +483,13 @@ def _memsets_in(step) -> int:
     return sum(1 for e in prof.events() if "cudaMemsetAsync" in e.name)
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "current"])
-def test_fp8_linear_step_makes_no_amax_memset(cu, recipe):
-    """A Linear forward + backward under FP8 makes no more memset calls than the same step in BF16 (each
-    cast used to zero its amax with one: 3 per step)."""
+def test_fp8_linear_step_makes_no_amax_memset(cu):
+    """A Linear forward + backward under current scaling makes no more memset calls than the same step in
+    BF16 (each cast used to zero its amax with one: 3 per step). (Delayed scaling keeps its memsets: its
+    amax comes from the store-heavy cast kernel, where the workspace handshake cost more than the memset.)"""
     import fp_recipes
 
-    rec = fp_recipes.DelayedScaling() if recipe == "delayed" else fp_recipes.Float8CurrentScaling()
+    rec = fp_recipes.Float8CurrentScaling()
     layer = fp_recipes.Linear(256, 512, params_dtype=torch.bfloat16, device=DEV)
     x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
 

@@ -46,8 +46,9 @@ void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t co
 
 // amax_ws (null: none) in both casts: a zeroed 16-byte per-stream workspace (the one nvfp4::amax uses) in which
 // the blocks reduce the amax, the last block writing amax[0] and zeroing it again: no memset launch. Kernels
-// on one stream run in order, so they never share it concurrently; null (CUDA-graph capture without a
-// workspace) zeroes amax with a memset first, as before.
+// on one stream run in order, so they never share it concurrently; null zeroes amax with a memset first.
+// The Python wrappers pass it to current scaling's amax kernel only: in a cast kernel (delayed scaling) the
+// last-block handshake's __threadfence waits for each block's stores, which cost more than the memset.
 //
 // Current scaling, two launches: amax, then the cast with the scale computed on the device from it
 // (see fp8_current_scale in fp8_cast.cu). Writes amax[0], scale[0], scale_inv[0].
