@@ -8,8 +8,9 @@
 #   DEMO="--steps 300"       python -m fp_recipes demo with these arguments    LIM_DEMO
 #   BENCH="--size small"     python -m fp_recipes bench with these arguments   LIM_BENCH
 #   EXTRA="cmd"              any further command                               LIM_EXTRA
-# The device tool returns at most 8 files from $OUT (two folders down): this script writes at most 7 (log.txt,
-# pytest.txt, linear.json, quantize.json, model.json, demo/, bench/ and extra.txt: keep EXTRA's files few).
+# The device tool returns at most 8 files from $OUT (two folders down; the rest are left out): the stages here
+# write log.txt, pytest.txt, linear.json, quantize.json, model.json and extra.txt; DEMO and BENCH write folders of
+# several files each, so run them in a call of their own (or with few other stages).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
