@@ -298,6 +298,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
     p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
                    help="which BF16 unit GEMM operands the NVFP4 quantize kernels write (NVFP4Quantizer.gemm_units)")
+    p.add_argument("--fp8-compile-visible-amax", action="store_true",
+                   help="compiled current-scaling rows compute the amax in the graph, where Inductor can fuse it "
+                   "into the producing kernel (Float8CurrentScalingQuantizer.compile_visible_amax)")
     p.add_argument("--weights", choices=("changing", "fixed"), default="changing",
                    help="changing (default): every step casts every weight, as with an optimizer step per "
                    "micro-batch; fixed: the modules' weight cache reuses unchanged weights' casts")
@@ -309,6 +312,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     CACHE_WEIGHTS[0] = args.weights == "fixed"
     WEIGHT_COPY[0] = args.weight_copy
+    if args.fp8_compile_visible_amax:
+        from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
+
+        Float8CurrentScalingQuantizer.compile_visible_amax = True
     if args.nvfp4_gemm_units is not None:
         from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
@@ -318,7 +325,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "weights": args.weights, "weight_copy": args.weight_copy}
+                              "weights": args.weights, "weight_copy": args.weight_copy,
+                              "fp8_compile_visible_amax": args.fp8_compile_visible_amax}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
         rows = result["linear"] = linear_profile(compiled=not args.no_compiled)

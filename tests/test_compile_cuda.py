@@ -47,6 +47,21 @@ def _state(model: torch.nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+@pytest.fixture
+def visible_amax(monkeypatch):
+    """Current scaling's traced casts take their amax from the graph (Float8CurrentScalingQuantizer
+    .compile_visible_amax), where Inductor may fuse it into the kernel that produced the tensor."""
+    from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
+
+    monkeypatch.setattr(Float8CurrentScalingQuantizer, "compile_visible_amax", True)
+
+
+@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_current_scaling_with_the_amax_in_the_graph_is_eager_bit_for_bit(visible_amax, backend):
+    test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit("current", backend)
+
+
 @pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -120,4 +135,38 @@ def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, co
     assert names.count("fp_recipes::fp8_quantize") == recasts
     assert names.count("fp_recipes::fp8_mm") == 9  # 3 forward, 3 dgrad, 3 wgrad
     for absent in ("aten::_scaled_mm", "fp_recipes::bias_grad", "aten::maximum"):
+        assert absent not in names, absent
+
+
+@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+@pytest.mark.parametrize("copy", ["save", "recast"])
+def test_compiled_current_scaling_with_the_amax_in_the_graph_calls_the_cast_from_amax(visible_amax, copy):
+    """With compile_visible_amax the graph computes each amax and calls the cast that takes it: no
+    fp8_current_scaling_quantize (its own amax pass) is left."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Stack()
+    for m in model.modules():
+        if hasattr(m, "weight_columnwise_copy"):
+            m.weight_columnwise_copy = copy
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+            y = compiled(x)
+        y.float().square().mean().backward()
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    recasts = 3 if copy == "recast" else 0
+    assert names.count("fp_recipes::fp8_current_cast_from_amax") == 6  # x and W (or W's rowwise copy) of 3 layers
+    assert names.count("fp_recipes::fp8_current_cast_from_amax_dbias") == 3
+    assert names.count("fp_recipes::fp8_quantize") == recasts  # W's columnwise copy from the forward's scale
+    for absent in ("fp_recipes::fp8_current_scaling_quantize", "fp_recipes::fp8_current_cast_dbias"):
         assert absent not in names, absent

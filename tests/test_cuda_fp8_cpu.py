@@ -141,6 +141,9 @@ def test_the_traced_cast_and_gemm_ops_have_the_kernels_shapes_under_fake_cuda_te
             "delayed dbias": ops.fp8_delayed_cast_dbias(x, scale, history, "e5m2", True, True, torch.bfloat16),
             "current dbias": ops.fp8_current_cast_dbias(x, "e5m2", False, 0.0, True, True, torch.float32),
             "delayed rowwise + scale": ops.fp8_delayed_rowwise_cast(x, scale, history, "e4m3"),
+            "current from amax": ops.fp8_current_cast_from_amax(x, scale, "e4m3", False, 0.0, True, False),
+            "current from amax dbias": ops.fp8_current_cast_from_amax_dbias(x, scale, "e4m3", True, 0.0, False, True,
+                                                                            torch.bfloat16),
         }
         a = torch.empty(48, 80, dtype=torch.float8_e4m3fn, device="cuda")
         b = torch.empty(32, 80, dtype=torch.float8_e4m3fn, device="cuda")
@@ -152,6 +155,9 @@ def test_the_traced_cast_and_gemm_ops_have_the_kernels_shapes_under_fake_cuda_te
     assert shapes["delayed dbias"] == [((48, 80), e5), ((80, 48), e5), ((), f32), ((), f32), ((80,), torch.bfloat16)]
     assert shapes["current dbias"] == [((48, 80), e5), ((80, 48), e5), ((), f32), ((), f32), ((80,), f32)]
     assert shapes["delayed rowwise + scale"] == [((48, 80), e4), ((), f32), ((), f32), ((), f32)]
+    assert shapes["current from amax"] == [((48, 80), e4), ((0,), e4), ((), f32), ((), f32)]
+    assert shapes["current from amax dbias"] == [((0,), e4), ((80, 48), e4), ((), f32), ((), f32),
+                                                 ((80,), torch.bfloat16)]
     assert "Tensor(a2!) history" in str(ops.fp8_delayed_rowwise_cast.default._schema)
     assert (tuple(y.shape), y.dtype, y.device.type) == ((48, 32), torch.bfloat16, "cuda")
     schema = str(ops.fp8_delayed_cast.default._schema)
@@ -165,3 +171,44 @@ def test_the_traced_delayed_cast_refuses_a_history_it_cannot_record_into():
     x = torch.zeros(4, 8)
     with pytest.raises(ValueError, match="history must be a non-empty contiguous FP32 tensor"):
         torch.ops.fp_recipes.fp8_delayed_cast(x, torch.ones(()), torch.zeros(4), "e4m3", True, True)
+
+
+def test_the_traced_current_cast_with_the_amax_in_the_graph_is_wired_as_the_eager_cast(monkeypatch):
+    """Float8CurrentScalingQuantizer.compile_visible_amax: the traced cast computes max |x| with graph ops and
+    hands it to the cast op (here a stand-in running the reference with that amax: on CUDA it is the kernel,
+    checked byte for byte in test_cuda_fp8_kernels.py); the tensor it builds must be the eager cast's."""
+    from fp_recipes import Float8CurrentScaling
+    from fp_recipes.ops import ref_fp8
+    from fp_recipes.quantizers import float8 as f8
+    from fp_recipes.quantizers.factory import make_quantizer
+    from fp_recipes.quantizers.roles import ModuleKind, QuantizerRole, TensorKind
+
+    seen = []
+
+    def from_amax(x, amax, fmt, pow2, eps, rowwise, columnwise, bias_dtype=None):
+        seen.append(amax)
+        scale = ref_fp8.current_scale(amax, ref_fp8.formats.FP8_MAX[fmt], use_power_2_scales=pow2, amax_epsilon=eps)
+        r = ref_fp8.fp8_quantize(x, scale, fmt, rowwise=True, columnwise=True)
+        out = (r.data if rowwise else torch.empty(0), r.data_t if columnwise else torch.empty(0), r.scale_inv, scale)
+        return out if bias_dtype is None else (*out, ref_fp8.bias_grad(x, bias_dtype))
+
+    monkeypatch.setattr(f8, "_FROM_AMAX", [from_amax, from_amax])
+    monkeypatch.setattr(f8.Float8CurrentScalingQuantizer, "compile_visible_amax", True)
+    recipe = Float8CurrentScaling()
+    x = torch.randn(32, 48, dtype=torch.bfloat16) * 3
+    x[3, 5] = 200.0
+    for tensor in (TensorKind.ACTIVATION, TensorKind.GRAD_OUTPUT):
+        role = f"linear {tensor.value}"
+        q = make_quantizer(recipe.plan(QuantizerRole(ModuleKind.LINEAR, tensor)))
+        assert isinstance(q, f8.Float8CurrentScalingQuantizer)
+        got, scale = q._cast_visible_amax(x, x, q.spec.rowwise, q.spec.columnwise)
+        want = q.quantize(x)  # eager (the reference on CPU)
+        assert torch.equal(seen[-1], x.abs().amax().float())
+        for field in ("data", "data_t", "scale_inv", "amax"):
+            g, w = getattr(got, field), getattr(want, field)
+            assert (g is None) == (w is None), field
+            if g is not None:
+                assert torch.equal(g.view(torch.uint8) if g.element_size() == 1 else g,
+                                   w.view(torch.uint8) if w.element_size() == 1 else w), f"{role} {field}"
+        got_db = q._cast_visible_amax(x, x, True, True, torch.bfloat16)[2]
+        assert torch.equal(got_db, ref_fp8.bias_grad(x, torch.bfloat16))

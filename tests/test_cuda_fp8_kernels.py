@@ -503,6 +503,38 @@ def test_fp8_linear_step_makes_no_amax_memset(cu):
     assert _memsets_in(step(True)) <= _memsets_in(step(False))
 
 
+# ---- current scaling from a given amax (the traced cast of compile_visible_amax) -------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_cast_from_amax_is_the_current_scaling_cast(cu, dtype):
+    """The cast that takes its amax from the graph gives the bytes of the current-scaling cast (its amax
+    computed by torch ops, as a compiled graph computes it), with and without the bias gradient."""
+    cases = [make_input(s, dtype, k, seed=j) for j, (s, k) in enumerate(
+        [((1, 1), "normal"), ((65, 63), "huge"), ((257, 1000), "nan"), ((128, 4096), "normal"), ((7, 129), "zeros"),
+         ((16500, 24), "normal")])] + [torch.zeros((0, 32), dtype=dtype, device=DEV)]
+    for x in cases:
+        amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=DEV)
+        for fmt in ("e4m3", "e5m2"):
+            for pow2, eps in ((False, 0.0), (True, 1e-12), (False, 3.0)):
+                for rw, cw in ((True, False), (True, True), (False, True)):
+                    tag = f"{tuple(x.shape)} {fmt} pow2={pow2} eps={eps} rw={rw} cw={cw}"
+                    want = cu.fp8_current_scaling_quantize(x, fmt, use_power_2_scales=pow2, amax_epsilon=eps,
+                                                           rowwise=rw, columnwise=cw)
+                    data, data_t, scale_inv, scale = cu.fp8_current_cast_from_amax_op(x, amax, fmt, pow2, eps, rw, cw)
+                    assert_same(amax, want.amax, f"graph amax {tag}")
+                    if rw:
+                        assert_same(data, want.data, f"data {tag}")
+                    if cw:
+                        assert_same(data_t, want.data_t, f"data_t {tag}")
+                    assert_same(scale_inv, want.scale_inv, f"scale_inv {tag}")
+                    assert_same(scale, want.scale, f"scale {tag}")
+            want, want_db = cu.fp8_current_scaling_quantize_dbias(x, fmt, False, 0.0, True, True, dtype)
+            out = cu.fp8_current_cast_from_amax_dbias_op(x, amax, fmt, False, 0.0, True, True, dtype)
+            assert_same(out[0], want.data, f"dbias data {tuple(x.shape)}")
+            assert_same(out[1], want.data_t, f"dbias data_t {tuple(x.shape)}")
+            assert_same(out[4], want_db, f"db {tuple(x.shape)}")
+
+
 # ---- dispatch, compile, errors -------------------------------------------------------------------
 
 def test_dispatch_runs_the_kernel(cu):

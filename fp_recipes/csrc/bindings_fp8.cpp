@@ -145,6 +145,23 @@ void register_fp8(py::module_& m) {
         py::arg("scale_inv"), py::arg("amax"), py::arg("stream"), py::arg("amax_ws") = 0);
   // The casts above take amax_ws (a per-stream zeroed workspace: no amax memset; fp8_kernels.h)
   m.attr("fp8_amax_workspace") = true;
+  // Current scaling's cast from a given amax (fp8_kernels.h, launch_fp8_cast_from_amax); db_dtype < 0: no bias
+  // gradient (else partials/db as in fp8_current_scaling_quantize_dbias; partials may be 0 for an empty x)
+  m.def("fp8_cast_from_amax",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int out_dtype, bool power_2,
+           float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale,
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t stream, std::uintptr_t partials,
+           std::uintptr_t db, int db_dtype) {
+          const bool with_bias = db_dtype >= 0;
+          const BiasGradOut bias{p<float>(partials), p(db), with_bias ? dt(db_dtype) : DType::kFloat32};
+          launch_fp8_cast_from_amax(p(x), dt(in_dtype), rows, cols, dt(out_dtype), power_2, amax_epsilon, p(out),
+                                    p(out_t), p<float>(scale), p<float>(scale_inv), p<const float>(amax),
+                                    as_stream(stream), with_bias ? &bias : nullptr);
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("out_dtype"),
+        py::arg("power_2"), py::arg("amax_epsilon"), py::arg("out"), py::arg("out_t"), py::arg("scale"),
+        py::arg("scale_inv"), py::arg("amax"), py::arg("stream"), py::arg("partials") = 0, py::arg("db") = 0,
+        py::arg("db_dtype") = -1);
   m.def("fp8_dequantize",
         [](std::uintptr_t data, int fp8_dtype, int64_t n, std::uintptr_t scale_inv, std::uintptr_t out,
            int out_dtype, std::uintptr_t stream) {

@@ -675,6 +675,28 @@ void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t 
   run_cast(x, in_dtype, rows, cols, spec, fmt, false, out, out_t, amax, stream);
 }
 
+void launch_fp8_cast_from_amax(const void* x, DType in_dtype, int64_t rows, int64_t cols, DType out_dtype,
+                               bool power_2_scale, float amax_epsilon, void* out, void* out_t, float* scale,
+                               float* scale_inv, const float* amax_in, cudaStream_t stream, const BiasGradOut* bias) {
+  require_input_dtype(in_dtype, "fp8_cast_from_amax input");
+  check_shape(rows, cols);
+  const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_cast_from_amax output dtype");
+  require(scale != nullptr && scale_inv != nullptr && amax_in != nullptr,
+          "fp8_cast_from_amax: null scale/scale_inv/amax");
+  check_bias_grad(bias, rows, cols);
+  const float fmt_max = fmt == Fp8Fmt::kE4M3 ? kE4M3Max : kE5M2Max;
+  ScaleSpec spec{nullptr, amax_in, fmt_max, amax_epsilon, power_2_scale ? 1 : 0, scale, scale_inv};
+  const bool copies = rows * cols > 0 && (out != nullptr || out_t != nullptr || bias != nullptr);
+  if (!copies) {
+    // nothing to cast: one block still writes scale and scale_inv
+    run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, nullptr, stream);
+  } else {
+    run_cast(x, in_dtype, rows, cols, spec, fmt, false, out, out_t, nullptr, stream, false, 0, nullptr,
+             bias != nullptr ? bias->partials : nullptr);
+  }
+  if (bias != nullptr) run_bias_reduce(*bias, rows, cols, stream);
+}
+
 void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv, void* out,
                            DType out_dtype, cudaStream_t stream) {
   const Fp8Fmt fmt = fp8_fmt_of(fp8_dtype, "fp8_dequantize data dtype");

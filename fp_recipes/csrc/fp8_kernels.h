@@ -60,6 +60,15 @@ void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t 
                                          float* amax, cudaStream_t stream, const BiasGradOut* bias = nullptr,
                                          uint32_t* amax_ws = nullptr);
 
+// Current scaling's second launch alone: the cast with the scale computed on the device from a given amax
+// (amax_in[0], an FP32 device value: max |x| computed elsewhere, e.g. fused by torch.compile into the kernel
+// that produced x). The same scale rule and bytes as launch_fp8_current_scaling_quantize for that amax;
+// writes scale[0], scale_inv[0] (and bias, as there), never amax_in.
+void launch_fp8_cast_from_amax(const void* x, DType in_dtype, int64_t rows, int64_t cols, DType out_dtype,
+                               bool power_2_scale, float amax_epsilon, void* out, void* out_t, float* scale,
+                               float* scale_inv, const float* amax_in, cudaStream_t stream,
+                               const BiasGradOut* bias = nullptr);
+
 // out = cast(RN(fp32(data) * scale_inv[0])) to out_dtype (fp32/fp16/bf16) over n elements.
 void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv,
                            void* out, DType out_dtype, cudaStream_t stream);

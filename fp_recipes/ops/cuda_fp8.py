@@ -429,6 +429,70 @@ def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, bias_dtype)
     return (*_cast_fakes(x, fmt, rowwise, columnwise), x.new_empty((x.shape[1],), dtype=bias_dtype))
 
 
+def can_cast_from_amax() -> bool:
+    """Whether the loaded extension has current scaling's cast from a given amax (``fp8_cast_from_amax``)."""
+    ext = backend.extension()
+    return ext is not None and hasattr(ext, "fp8_cast_from_amax")
+
+
+def _cast_from_amax(x: torch.Tensor, amax: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float,
+                    rowwise: bool, columnwise: bool, bias_dtype: Optional[torch.dtype]) -> tuple:
+    """(data, data_t, scale_inv, scale[, db]) of current scaling with ``amax`` given (the scale rule and bytes of
+    :func:`fp8_current_scaling_quantize` for that amax), unwanted copies as empty placeholders."""
+    if not x.is_contiguous():
+        x = _contiguous(x, "fp8_cast_from_amax", "x")
+    device = _require_cuda("fp8_cast_from_amax", x=x, amax=amax)
+    if amax.dtype != torch.float32 or amax.numel() != 1:
+        raise ValueError(f"fp_recipes::fp8_cast_from_amax: amax must be one FP32 value, got {amax.dtype} of "
+                         f"shape {tuple(amax.shape)}")
+    m, n = x.shape
+    data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
+    scale_inv, scale = _scalar(device), _scalar(device)
+    x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
+    partials = db = None
+    if bias_dtype is not None:
+        check_bias_grad_args(x, bias_dtype)
+        partials, db = _bias_outputs(x, bias_dtype)
+    _launch(device, _ext().fp8_cast_from_amax, x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]],
+            bool(use_power_2_scales), float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(),
+            scale_inv.data_ptr(), amax.data_ptr(), _stream(device), _ptr(partials), _ptr(db),
+            -1 if db is None else DTYPE_CODE[db.dtype])
+    out = (*_with_placeholders(x, fmt, (data, data_t)), scale_inv, scale)
+    return out if db is None else (*out, db)
+
+
+def _fp8_current_cast_from_amax_impl(x: torch.Tensor, amax: torch.Tensor, fmt: str, use_power_2_scales: bool,
+                                     amax_epsilon: float, rowwise: bool, columnwise: bool
+                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A current-scaling quantizer's traced cast whose amax the graph computed (``x.abs().amax()``, which
+    torch.compile can fuse into the kernel that produced x): (data, data_t, scale_inv, scale)."""
+    return _cast_from_amax(x, amax, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, None)
+
+
+def _fp8_current_cast_from_amax_dbias_impl(x: torch.Tensor, amax: torch.Tensor, fmt: str, use_power_2_scales: bool,
+                                           amax_epsilon: float, rowwise: bool, columnwise: bool,
+                                           bias_dtype: torch.dtype
+                                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                      torch.Tensor]:
+    """:func:`_fp8_current_cast_from_amax_impl` and the bias gradient of the same pass: (..., db)."""
+    return _cast_from_amax(x, amax, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, bias_dtype)
+
+
+fp8_current_cast_from_amax_op = define_op("fp8_current_cast_from_amax", _fp8_current_cast_from_amax_impl)
+fp8_current_cast_from_amax_dbias_op = define_op("fp8_current_cast_from_amax_dbias",
+                                                _fp8_current_cast_from_amax_dbias_impl)
+
+
+@register_fake(fp8_current_cast_from_amax_op)
+def _(x, amax, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise):
+    return _cast_fakes(x, fmt, rowwise, columnwise)
+
+
+@register_fake(fp8_current_cast_from_amax_dbias_op)
+def _(x, amax, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, bias_dtype):
+    return (*_cast_fakes(x, fmt, rowwise, columnwise), x.new_empty((x.shape[1],), dtype=bias_dtype))
+
+
 def _fp8_dequantize_impl(data: torch.Tensor, scale_inv: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     device = _require_cuda("fp8_dequantize", data=data, scale_inv=scale_inv)
     out = torch.empty(data.shape, dtype=out_dtype, device=device)

@@ -221,6 +221,9 @@ _CUDA_QUANTIZE: List[Any] = []
 # the delayed-scaling rowwise cast that also returns the scale it read] traced code calls on CUDA
 # (ops/cuda_fp8.py: one op per cast; None with an extension built before them): set by _cuda_quantize
 _TRACED_CASTS: List[Any] = [None, None, None, None]
+# [current scaling's traced cast from a graph-computed amax, the same with the bias gradient] (ops/cuda_fp8.py;
+# None with an extension built before it): set by _cuda_quantize
+_FROM_AMAX: List[Any] = [None, None]
 
 
 def _cuda_quantize() -> Any:
@@ -240,6 +243,8 @@ def _cuda_quantize() -> Any:
             if cuda_fp8.can_record_amax() and cuda_fp8.can_fuse_bias_grad():
                 _TRACED_CASTS[:] = [cuda_fp8.fp8_delayed_cast_op, cuda_fp8.fp8_delayed_cast_dbias_op,
                                     cuda_fp8.fp8_current_cast_dbias_op, cuda_fp8.fp8_delayed_rowwise_cast_op]
+            if cuda_fp8.can_cast_from_amax():
+                _FROM_AMAX[:] = [cuda_fp8.fp8_current_cast_from_amax_op, cuda_fp8.fp8_current_cast_from_amax_dbias_op]
         _CUDA_QUANTIZE.append(impl)
     return _CUDA_QUANTIZE[0]
 
@@ -478,6 +483,12 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
     scale is then derived from it with the same rule and the tensor records that amax.
     """
 
+    #: Under torch.compile on CUDA, compute the amax as ``x.abs().amax()`` in the graph and cast with the op
+    #: that takes it (the kernel derives the scale from it: the same bytes as eager), so that Inductor can fuse
+    #: the amax into the kernel that produced ``x`` instead of an amax pass of its own. Off until measured on a
+    #: GPU (``benchmarks/bench_model.py --fp8-compile-visible-amax`` runs the compiled rows with it).
+    compile_visible_amax: bool = False
+
     def __init__(self, spec: QuantizerSpec) -> None:
         super().__init__(spec)
         if spec.scaling is not ScalingKind.CURRENT:
@@ -494,6 +505,8 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
         s = self.spec
         if amax is None:
             if torch.compiler.is_compiling():
+                if self._visible_amax(x2):
+                    return self._cast_visible_amax(x, x2, s.rowwise, s.columnwise)[0]
                 res = ops.fp8_current_scaling_quantize(x2, self.fmt, use_power_2_scales=s.use_power_2_scales,
                                                        amax_epsilon=s.amax_epsilon, rowwise=s.rowwise,
                                                        columnwise=s.columnwise)
@@ -512,12 +525,32 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
     def __call__(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
         return self.quantize(x, amax=amax)
 
+    def _visible_amax(self, x2: torch.Tensor) -> bool:
+        """(traced) Whether this cast takes its amax from the graph (see :attr:`compile_visible_amax`)."""
+        return self.compile_visible_amax and x2.is_cuda and _FROM_AMAX[0] is not None  # (set by load_cuda_casts)
+
+    def _cast_visible_amax(self, x: torch.Tensor, x2: torch.Tensor, rowwise: bool, columnwise: bool,
+                           bias_dtype: Optional[torch.dtype] = None) -> tuple:
+        """(traced) (Float8Tensor, scale[, db]): the amax as graph ops (max |x| is exact in any order, so the
+        fused reduction gives eager's value), the cast by the op that derives the scale from it."""
+        s = self.spec
+        amax = x2.abs().amax().to(torch.float32)
+        if bias_dtype is None:
+            data, data_t, scale_inv, scale = _FROM_AMAX[0](x2, amax, self.fmt, s.use_power_2_scales, s.amax_epsilon,
+                                                           rowwise, columnwise)
+            return _wrap_traced((data, data_t, scale_inv, amax), x, self.fmt, s, rowwise, columnwise), scale
+        data, data_t, scale_inv, scale, db = _FROM_AMAX[1](x2, amax, self.fmt, s.use_power_2_scales, s.amax_epsilon,
+                                                           rowwise, columnwise, bias_dtype)
+        return _wrap_traced((data, data_t, scale_inv, amax), x, self.fmt, s, rowwise, columnwise), scale, db
+
     def quantize_rowwise(self, x: torch.Tensor) -> Tuple[Float8Tensor, torch.Tensor]:
         """(eager) :meth:`quantize` making the rowwise copy alone, and the scale it computed:
         :meth:`quantize_columnwise` makes the columnwise copy from the same ``x`` later, with the same bytes."""
         x2 = checked_2d(x, "Float8CurrentScalingQuantizer.quantize")
         s = self.spec
         if torch.compiler.is_compiling():
+            if self._visible_amax(x2):
+                return self._cast_visible_amax(x, x2, True, False)
             res = ops.fp8_current_scaling_quantize(x2, self.fmt, use_power_2_scales=s.use_power_2_scales,
                                                    amax_epsilon=s.amax_epsilon, rowwise=True, columnwise=False)
             return _wrap_traced(res, x, self.fmt, s, True, False), res.scale
@@ -530,6 +563,9 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
         """:meth:`quantize` and the bias gradient of the 2-D ``x``; on CUDA the cast pass (the second of
         current scaling's two) makes the column sums (the same bits as the two apart)."""
         if torch.compiler.is_compiling():
+            if x.ndim == 2 and self._visible_amax(x):
+                q, _, db = self._cast_visible_amax(x, x, self.spec.rowwise, self.spec.columnwise, bias_dtype)
+                return q, db
             op = _TRACED_CASTS[2]
             if op is not None and x.ndim == 2 and x.is_cuda:
                 s = self.spec
