@@ -212,3 +212,34 @@ def test_the_traced_current_cast_with_the_amax_in_the_graph_is_wired_as_the_eage
                                    w.view(torch.uint8) if w.element_size() == 1 else w), f"{role} {field}"
         got_db = q._cast_visible_amax(x, x, True, True, torch.bfloat16)[2]
         assert torch.equal(got_db, ref_fp8.bias_grad(x, torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_graph_amax_is_the_amax_kernels_value(dtype):
+    """graph_amax (the traced amax of compile_visible_amax) is max |x| exactly, specials included, and stays so
+    when torch.compile fuses it into the kernel that produced x: a GELU computed in FP32 and stored as ``dtype``
+    must be reduced as stored (a float abs().amax() fused there may see the unrounded FP32 values)."""
+    from fp_recipes.ops import ref_fp8
+    from fp_recipes.quantizers.float8 import graph_amax
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(96, 40, generator=g) * 37).to(dtype)
+    assert torch.equal(graph_amax(x), ref_fp8.fp8_amax(x))
+    y = x.clone()
+    y[1, 2] = float("inf")
+    assert torch.isinf(graph_amax(y))
+    y[4, 5] = float("nan")
+    assert torch.isnan(graph_amax(y))
+    assert graph_amax(-torch.zeros(3, 8, dtype=dtype)).item() == 0.0
+    assert graph_amax(torch.empty(0, 8, dtype=dtype)).item() == 0.0
+
+    def produce_and_reduce(h):
+        a = torch.nn.functional.gelu(h, approximate="tanh")
+        return a, graph_amax(a)
+
+    torch._dynamo.reset()
+    fused = torch.compile(produce_and_reduce, fullgraph=True, backend="inductor")
+    for seed in range(3):
+        h = (torch.randn(64, 48, generator=torch.Generator().manual_seed(seed)) * 5).to(dtype)
+        a, amax = fused(h)
+        assert torch.equal(amax, ref_fp8.fp8_amax(a)), f"seed {seed}: the fused amax is not that of the stored values"

@@ -476,6 +476,21 @@ class Float8Quantizer(_ColumnwiseRecast, Quantizer):
         watch.report([self])
 
 
+_BITS_OF = {torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.int16, 0x7FFF),
+            torch.float32: (torch.int32, 0x7FFFFFFF)}
+
+
+def graph_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as FP32, in graph ops that torch.compile can fuse into the kernel that produced ``x``. Taken over
+    the bits of the stored values (|x| orders as the integer x & 0x7F..F, NaN above Inf): a fused producer must
+    round to x's dtype to bitcast, so the reduction sees the values the cast will read (a float ``abs().amax()``
+    fused into e.g. a GELU kernel may see its FP32 intermediates instead). Exact, as the eager amax kernel."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    bits, mask = _BITS_OF[x.dtype]
+    return (x.view(bits) & mask).amax().view(x.dtype).to(torch.float32)
+
+
 class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
     """FP8 current scaling: the scale comes from this tensor's own amax (``ops.fp8_current_scaling_quantize``).
 
@@ -531,10 +546,10 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
 
     def _cast_visible_amax(self, x: torch.Tensor, x2: torch.Tensor, rowwise: bool, columnwise: bool,
                            bias_dtype: Optional[torch.dtype] = None) -> tuple:
-        """(traced) (Float8Tensor, scale[, db]): the amax as graph ops (max |x| is exact in any order, so the
-        fused reduction gives eager's value), the cast by the op that derives the scale from it."""
+        """(traced) (Float8Tensor, scale[, db]): the amax as graph ops (:func:`graph_amax`: eager's value), the
+        cast by the op that derives the scale from it."""
         s = self.spec
-        amax = x2.abs().amax().to(torch.float32)
+        amax = graph_amax(x2)
         if bias_dtype is None:
             data, data_t, scale_inv, scale = _FROM_AMAX[0](x2, amax, self.fmt, s.use_power_2_scales, s.amax_epsilon,
                                                            rowwise, columnwise)
