@@ -119,6 +119,8 @@ def test_custom_op_refuses_cpu_tensors_with_a_clear_message():
         torch.ops.fp_recipes.fp8_quantize(x, torch.ones(()), "e4m3", True, False)
     with pytest.raises(ValueError, match="CUDA kernel"):
         torch.ops.fp_recipes.per_token_cast(x, "e4m3", False, "fp32", 8)
+    with pytest.raises(ValueError, match="fp8_cast_from_amax is the CUDA kernel"):
+        torch.ops.fp_recipes.fp8_current_cast_from_amax(x, torch.ones(()), "e4m3", False, 0.0, True, False)
 
 
 @needs_ext
