@@ -416,8 +416,9 @@ def test_fp8_casts_memset_free_back_to_back(cu):
 
 @pytest.mark.parametrize("use_ws", [True, False], ids=["workspace", "memset"])
 def test_fp8_cast_writes_amax_over_garbage(cu, use_ws):
-    """With the workspace nothing zeroes the amax output before the kernel: its last block must write the
-    value, whatever the buffer held; without it (ws 0, as under a CUDA-graph capture) the memset does."""
+    """With the workspace nothing zeroes current scaling's amax output before the kernel: its last block must
+    write the value, whatever the buffer held; without it (ws 0, as under a CUDA-graph capture) the memset
+    does. The delayed cast (no workspace) always memsets."""
     ext = cu._ext()
     stream = torch.cuda.current_stream().cuda_stream
     ws = cu._amax_ws(torch.device("cuda"), stream) if use_ws else 0
@@ -439,7 +440,7 @@ def test_fp8_cast_writes_amax_over_garbage(cu, use_ws):
             one = torch.ones((), device=DEV)
             ext.fp8_quantize(x.data_ptr(), cu.DTYPE_CODE[x.dtype], m, n, one.data_ptr(),
                              cu.DTYPE_CODE[torch.float8_e4m3fn], out.data_ptr(), out_t.data_ptr() if cw else 0,
-                             scale_inv.data_ptr(), amax.data_ptr(), stream, ws)
+                             scale_inv.data_ptr(), amax.data_ptr(), stream)
             assert_same(amax, want, f"delayed amax {shape} {kind} cw={cw}")
     torch.cuda.synchronize()
     if use_ws:

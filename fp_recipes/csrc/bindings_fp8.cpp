@@ -72,44 +72,40 @@ void register_fp8(py::module_& m) {
   m.def("fp8_quantize",
         [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t scale, int out_dtype,
            std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_inv, std::uintptr_t amax,
-           std::uintptr_t stream, std::uintptr_t amax_ws) {
+           std::uintptr_t stream) {
           launch_fp8_quantize(p(x), dt(in_dtype), rows, cols, p<const float>(scale), dt(out_dtype), p(out), p(out_t),
-                              p<float>(scale_inv), p<float>(amax), as_stream(stream), nullptr, nullptr,
-                              p<uint32_t>(amax_ws));
+                              p<float>(scale_inv), p<float>(amax), as_stream(stream));
         },
         py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
         py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
-        py::arg("stream"), py::arg("amax_ws") = 0);
+        py::arg("stream"));
   // fp8_quantize that also max-merges the amax into amax_record (a delayed-scaling amax_history[0]) in
   // the kernel: one launch instead of the cast plus a torch.maximum (fp8_kernels.h).
   m.def("fp8_quantize_record",
         [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t scale, int out_dtype,
            std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_inv, std::uintptr_t amax,
-           std::uintptr_t amax_record, std::uintptr_t stream, std::uintptr_t amax_ws) {
+           std::uintptr_t amax_record, std::uintptr_t stream) {
           require(amax_record != 0, "fp8_quantize_record: null amax_record");
           launch_fp8_quantize(p(x), dt(in_dtype), rows, cols, p<const float>(scale), dt(out_dtype), p(out), p(out_t),
-                              p<float>(scale_inv), p<float>(amax), as_stream(stream), p<float>(amax_record), nullptr,
-                              p<uint32_t>(amax_ws));
+                              p<float>(scale_inv), p<float>(amax), as_stream(stream), p<float>(amax_record));
         },
         py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
         py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
-        py::arg("amax_record"), py::arg("stream"), py::arg("amax_ws") = 0);
+        py::arg("amax_record"), py::arg("stream"));
   // The casts with a fused bias gradient of the input (the grad_output of a Linear with a bias): the tile
   // sums in the cast's pass, then one reduction into db (fp8_kernels.h, BiasGradOut). amax_record may be 0.
   m.def("fp8_quantize_dbias",
         [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, std::uintptr_t scale, int out_dtype,
            std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_inv, std::uintptr_t amax,
            std::uintptr_t amax_record, std::uintptr_t partials, std::uintptr_t db, int db_dtype,
-           std::uintptr_t stream, std::uintptr_t amax_ws) {
+           std::uintptr_t stream) {
           const BiasGradOut bias{p<float>(partials), p(db), dt(db_dtype)};
           launch_fp8_quantize(p(x), dt(in_dtype), rows, cols, p<const float>(scale), dt(out_dtype), p(out), p(out_t),
-                              p<float>(scale_inv), p<float>(amax), as_stream(stream), p<float>(amax_record), &bias,
-                              p<uint32_t>(amax_ws));
+                              p<float>(scale_inv), p<float>(amax), as_stream(stream), p<float>(amax_record), &bias);
         },
         py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("scale"),
         py::arg("out_dtype"), py::arg("out"), py::arg("out_t"), py::arg("scale_inv"), py::arg("amax"),
-        py::arg("amax_record"), py::arg("partials"), py::arg("db"), py::arg("db_dtype"), py::arg("stream"),
-        py::arg("amax_ws") = 0);
+        py::arg("amax_record"), py::arg("partials"), py::arg("db"), py::arg("db_dtype"), py::arg("stream"));
   m.def("fp8_current_scaling_quantize_dbias",
         [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int out_dtype, bool power_2,
            float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale,
@@ -143,7 +139,7 @@ void register_fp8(py::module_& m) {
         py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("out_dtype"),
         py::arg("power_2"), py::arg("amax_epsilon"), py::arg("out"), py::arg("out_t"), py::arg("scale"),
         py::arg("scale_inv"), py::arg("amax"), py::arg("stream"), py::arg("amax_ws") = 0);
-  // The casts above take amax_ws (a per-stream zeroed workspace: no amax memset; fp8_kernels.h)
+  // The current-scaling casts take amax_ws (a per-stream zeroed workspace: no amax memset; fp8_kernels.h)
   m.attr("fp8_amax_workspace") = true;
   // Current scaling's cast from a given amax (fp8_kernels.h, launch_fp8_cast_from_amax); db_dtype < 0: no bias
   // gradient (else partials/db as in fp8_current_scaling_quantize_dbias; partials may be 0 for an empty x)

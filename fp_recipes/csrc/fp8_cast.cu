@@ -68,8 +68,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x,
 template <typename T, Fp8Fmt F, bool kAmax, bool kVec>
 __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x, int64_t n, ScaleSpec spec,
                                                         bool reverse, uint8_t* __restrict__ out,
-                                                        uint32_t* __restrict__ amax_bits, float* record,
-                                                        uint32_t* ws) {
+                                                        uint32_t* __restrict__ amax_bits, float* record) {
   constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
   const float s = resolve_scale(spec);
   int64_t t0, t1;
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x,
     const int64_t t = reverse ? t1 - 1 - i : t0 + i;
     cast_tile<T, F, kAmax, kVec>(x, out, t * kTile, min(n, (t + 1) * kTile), s, key);
   }
-  if (kAmax) flush_amax_record(key, amax_bits, record, ws);
+  if (kAmax) flush_amax_record(key, amax_bits, record);
 }
 
 // Rowwise and/or transposed copies in one pass: one 64x64 tile (cast_transpose_tile) per block.
@@ -90,14 +89,13 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __res
                                                                   uint8_t* __restrict__ out,
                                                                   uint8_t* __restrict__ out_t,
                                                                   uint32_t* __restrict__ amax_bits,
-                                                                  float* record, float* __restrict__ partials,
-                                                                  uint32_t* ws) {
+                                                                  float* record, float* __restrict__ partials) {
   const float s = resolve_scale(spec);
   uint32_t key = 0;
   cast_transpose_tile<T, F, kAmax, kBias>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s,
                                           vec_ok, M % 16 == 0, out, out_t, key,
                                           kBias ? partials + int64_t(blockIdx.y) * N : nullptr);
-  if (kAmax) flush_amax_record(key, amax_bits, record, ws);
+  if (kAmax) flush_amax_record(key, amax_bits, record);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,7 +489,7 @@ int64_t rowwise_cast_grid(DType in_dtype, int64_t n, Fp8Fmt fmt, const void* x, 
 
 void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const ScaleSpec& spec, Fp8Fmt fmt,
               bool with_amax, void* out, void* out_t, float* amax, cudaStream_t stream, bool reverse = false,
-              int64_t grid_blocks = 0, float* record = nullptr, float* partials = nullptr, uint32_t* ws = nullptr) {
+              int64_t grid_blocks = 0, float* record = nullptr, float* partials = nullptr) {
   const int64_t n = rows * cols;
   dispatch_input(in_dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -507,7 +505,7 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
             const int64_t grid = grid_blocks > 0 ? grid_blocks : persistent_grid(kernel, (n + kTile - 1) / kTile);
             kernel<<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), n, spec, reverse,
                                                   static_cast<uint8_t*>(out), reinterpret_cast<uint32_t*>(amax),
-                                                  record, ws);
+                                                  record);
             check_launch("fp8 cast_kernel");
           });
         } else {
@@ -521,7 +519,7 @@ void run_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const S
             cast_transpose_kernel<T, F, kAmax, decltype(bias_tag)::value>
                 <<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream>>>(
                     static_cast<const T*>(x), rows, cols, spec, vec_ok, static_cast<uint8_t*>(out),
-                    static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax), record, partials, ws);
+                    static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax), record, partials);
             check_launch("fp8 cast_transpose_kernel");
           });
         }
@@ -600,20 +598,19 @@ void launch_bias_grad(const void* x, DType in_dtype, int64_t rows, int64_t cols,
 
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream, float* amax_record, const BiasGradOut* bias, uint32_t* amax_ws) {
+                         cudaStream_t stream, float* amax_record, const BiasGradOut* bias) {
   require_input_dtype(in_dtype, "fp8_quantize input");
   check_shape(rows, cols);
   const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_quantize output dtype");
   require(scale != nullptr && scale_inv != nullptr && amax != nullptr, "fp8_quantize: null scale/scale_inv/amax");
   check_bias_grad(bias, rows, cols);
-  if (rows * cols == 0) amax_ws = nullptr;  // no kernel reduces an amax: the memset writes the zero
-  if (amax_ws == nullptr) zero_amax(amax, 1, stream);
+  zero_amax(amax, 1, stream);
   ScaleSpec spec{scale, nullptr, 0.0f, 0.0f, 0, nullptr, scale_inv};
   if (bias != nullptr) {
     // One pass: the copies (either may be null), the amax and the bias gradient's tile sums.
     if (rows * cols > 0) {
       run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream, false, 0, amax_record,
-               bias->partials, amax_ws);
+               bias->partials);
     } else {
       if (amax_record != nullptr) run_amax(x, in_dtype, 0, amax, stream, 0, amax_record);
       run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
@@ -623,13 +620,11 @@ void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t co
   }
   if (out == nullptr && out_t == nullptr) {
     // Neither copy wanted: still report amax and scale_inv (and merge the amax into amax_record).
-    if (rows * cols > 0 || amax_record != nullptr)
-      run_amax(x, in_dtype, rows * cols, amax, stream, 0, amax_record, amax_ws);
+    if (rows * cols > 0 || amax_record != nullptr) run_amax(x, in_dtype, rows * cols, amax, stream, 0, amax_record);
     run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
     return;
   }
-  run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream, false, 0, amax_record, nullptr,
-           amax_ws);
+  run_cast(x, in_dtype, rows, cols, spec, fmt, true, out, out_t, amax, stream, false, 0, amax_record);
 }
 
 void launch_fp8_current_scaling_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols,

@@ -126,11 +126,12 @@ __device__ __forceinline__ void flush_amax_record(uint32_t key, uint32_t* amax_b
                                                   uint32_t* ws = nullptr) {
   key = block_max_key(canonical_key(key));
   if (threadIdx.x == 0) {
-    if (record != nullptr) record_max(record, key);
     if (ws == nullptr) {
       if (key != 0u) atomicMax(amax_bits, key);
+      if (record != nullptr) record_max(record, key);
       return;
     }
+    if (record != nullptr) record_max(record, key);
     if (key != 0u) atomicMax(ws, key);
     __threadfence();
     const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;

@@ -41,14 +41,13 @@ void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, 
 // quantizer needs no launch of its own to record the amax.
 void launch_fp8_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, const float* scale,
                          DType out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
-                         cudaStream_t stream, float* amax_record = nullptr, const BiasGradOut* bias = nullptr,
-                         uint32_t* amax_ws = nullptr);
+                         cudaStream_t stream, float* amax_record = nullptr, const BiasGradOut* bias = nullptr);
 
-// amax_ws (null: none) in both casts: a zeroed 16-byte per-stream workspace (the one nvfp4::amax uses) in which
-// the blocks reduce the amax, the last block writing amax[0] and zeroing it again: no memset launch. Kernels
-// on one stream run in order, so they never share it concurrently; null zeroes amax with a memset first.
-// The Python wrappers pass it to current scaling's amax kernel only: in a cast kernel (delayed scaling) the
-// last-block handshake's __threadfence waits for each block's stores, which cost more than the memset.
+// amax_ws (null: none): a zeroed 16-byte per-stream workspace (the one nvfp4::amax uses) in which the amax
+// kernel's blocks reduce the amax, the last block writing amax[0] and zeroing it again: no memset launch.
+// Kernels on one stream run in order, so they never share it concurrently; null zeroes amax with a memset
+// first. (Delayed scaling's casts above compute the amax in the cast kernel, where the last-block handshake's
+// __threadfence waits for each block's stores: measured slower than the memset, so they keep it.)
 //
 // Current scaling, two launches: amax, then the cast with the scale computed on the device from it
 // (see fp8_current_scale in fp8_cast.cu). Writes amax[0], scale[0], scale_inv[0].

@@ -241,26 +241,22 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
+    # (No amax workspace: these casts compute the amax in the kernel that writes the copies, where the
+    # workspace's last-block handshake cost more than the memset it saves; csrc/fp8_kernels.h.)
     stream = _stream(device)
-    # No amax workspace here (ws 0: the launcher memsets the amax): these casts compute the amax in the
-    # kernel that writes the copies, where the workspace's last-block handshake costs each block a
-    # __threadfence that waits for its tile's stores. With it, the delayed Linear 4096^3 step's GPU time
-    # was 0.397 ms on an H100 (RESULTS.md, session 26, run 3) against 0.381-0.388 in five earlier runs:
-    # more than the memset it saves. The current-scaling amax kernel (no stores) keeps it.
-    ws = 0
     if bias is not None:
         partials, db = bias
         _launch(device, _ext().fp8_quantize_dbias, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                _ptr(record), _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype], stream, ws)
+                _ptr(record), _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype], stream)
     elif record is None:
         _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                stream, ws)
+                stream)
     else:
         _launch(device, _ext().fp8_quantize_record, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
                 DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                record.data_ptr(), stream, ws)
+                record.data_ptr(), stream)
     return data, data_t, scale_inv, amax
 
 
