@@ -260,6 +260,109 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
     return data, data_t, scale_inv, amax
 
 
+# ---- a quantizer's eager casts, planned once per input shape -------------------------------------------
+# A cast on the step's host path: what the general wrappers work out per call (argument checks, dtype codes,
+# output shapes) is done once per quantizer and input shape; the FP32 outputs (scale_inv, amax and current
+# scaling's scale) are views of one allocation (an allocation costs several views' host time on a GPU host).
+
+_MAX_LAUNCHES = 32  # input shapes kept per plan (a model has a handful; more: the general path)
+
+
+class CastPlan:
+    """One FP8 quantizer's cast options (its format, which copies, its scaling rule), checked once, and
+    per (input shape, dtype, device) the resolved launch. :func:`fp8_cast_planned` makes the launches,
+    arguments and bytes of :func:`fp8_current_scaling_quantize` (``current``) or
+    :func:`fp8_quantize_recording` (delayed)."""
+
+    __slots__ = ("fmt", "rowwise", "columnwise", "current", "pow2", "eps", "launches")
+
+    def __init__(self, fmt: str, rowwise: bool, columnwise: bool, current: bool, use_power_2_scales: bool = False,
+                 amax_epsilon: float = 0.0) -> None:
+        if fmt not in FP8_DTYPE or not (rowwise or columnwise):
+            raise ValueError(f"CastPlan: fmt must be one of {sorted(FP8_DTYPE)} with at least one copy, got "
+                             f"fmt={fmt!r} rowwise={rowwise} columnwise={columnwise}")
+        if current and not (float(amax_epsilon) >= 0.0):
+            raise ValueError(f"CastPlan: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+        self.fmt, self.rowwise, self.columnwise, self.current = fmt, bool(rowwise), bool(columnwise), bool(current)
+        self.pow2, self.eps = bool(use_power_2_scales), float(amax_epsilon)
+        self.launches: dict = {}
+
+
+class _CastLaunch:
+    """A plan's cast of one input shape, dtype and device: output shapes and codes, resolved once."""
+
+    __slots__ = ("m", "n", "in_code", "out_code", "fp8", "data_shape", "data_t_shape", "index")
+
+    def __init__(self, plan: CastPlan, x: torch.Tensor) -> None:
+        m, n = x.shape
+        self.m, self.n = m, n
+        self.in_code = DTYPE_CODE[x.dtype]
+        self.fp8 = FP8_DTYPE[plan.fmt]
+        self.out_code = DTYPE_CODE[self.fp8]
+        self.data_shape, self.data_t_shape = (m, n), (n, m)
+        self.index = x.device.index
+
+
+def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tensor] = None,
+                     record: Optional[torch.Tensor] = None, bias_dtype: Optional[torch.dtype] = None) -> Optional[tuple]:
+    """An eager quantizer's cast of the 2-D float tensor ``x`` (the quantizer checked it and found the CUDA casts
+    for it): ``(data, data_t,
+    scale_inv, amax, scale)`` with unwanted copies None; delayed scaling (``plan.current`` False) takes the FP32
+    ``scale`` and the history slot ``record`` the kernel max-merges the amax into, both on x's device (the
+    quantizer's own state). ``bias_dtype``: also x's bias gradient from the same pass (the bytes of
+    ``ops.bias_grad``), appended to the tuple. None where the general path must run (a non-contiguous or empty
+    ``x``, another device current, an extension without the recording cast or the amax workspace)."""
+    key = (x.shape, x.dtype, x.device)
+    launch = plan.launches.get(key)
+    if launch is None:
+        if not (x.dtype in _FLOAT_INPUTS and x.ndim == 2 and x.numel()) or \
+                len(plan.launches) >= _MAX_LAUNCHES or not _planned_casts_available():
+            return None
+        launch = plan.launches[key] = _CastLaunch(plan, x)
+    if not x.is_contiguous() or (launch.index is not None and launch.index != torch._C._cuda_getDevice()):
+        return None
+    dev = x.device
+    data = torch.empty(launch.data_shape, dtype=launch.fp8, device=dev) if plan.rowwise else None
+    data_t = torch.empty(launch.data_t_shape, dtype=launch.fp8, device=dev) if plan.columnwise else None
+    stream = _stream(dev)
+    ext = backend.extension()
+    data_ptr = 0 if data is None else data.data_ptr()
+    data_t_ptr = 0 if data_t is None else data_t.data_ptr()
+    db = None
+    if bias_dtype is not None:
+        if bias_dtype not in _FLOAT_INPUTS:
+            return None
+        partials = torch.empty((-(-launch.m // _BIAS_TILE_ROWS), launch.n), dtype=torch.float32, device=dev)
+        db = torch.empty((launch.n,), dtype=bias_dtype, device=dev)
+        bias = (partials.data_ptr(), db.data_ptr(), DTYPE_CODE[bias_dtype])
+    if plan.current:
+        buf = torch.empty((3,), dtype=torch.float32, device=dev)
+        scale_inv, amax, scale = buf.unbind()
+        base = buf.data_ptr()
+        args = (x.data_ptr(), launch.in_code, launch.m, launch.n, launch.out_code, plan.pow2, plan.eps, data_ptr,
+                data_t_ptr, base + 8, base, base + 4)
+        if db is None:
+            ext.fp8_current_scaling_quantize(*args, stream, _amax_ws(dev, stream))
+        else:
+            ext.fp8_current_scaling_quantize_dbias(*args, *bias, stream, _amax_ws(dev, stream))
+    else:
+        buf = torch.empty((2,), dtype=torch.float32, device=dev)
+        scale_inv, amax = buf.unbind()
+        base = buf.data_ptr()
+        args = (x.data_ptr(), launch.in_code, launch.m, launch.n, scale.data_ptr(), launch.out_code, data_ptr,
+                data_t_ptr, base, base + 4, record.data_ptr())
+        if db is None:
+            ext.fp8_quantize_record(*args, stream)
+        else:
+            ext.fp8_quantize_dbias(*args, *bias, stream)
+    return (data, data_t, scale_inv, amax, scale) if db is None else (data, data_t, scale_inv, amax, scale, db)
+
+
+def _planned_casts_available() -> bool:
+    """The extension has what the planned casts call (the recording cast, the amax workspace)."""
+    return can_record_amax() and bool(getattr(backend.extension(), "fp8_amax_workspace", False))
+
+
 def can_record_amax() -> bool:
     """Whether the loaded extension has the casts that record into a history slot (one built before them
     has not: the quantizer then records with a torch.maximum)."""

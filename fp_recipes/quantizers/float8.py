@@ -196,6 +196,34 @@ def load_cuda_casts() -> None:
     _cuda_quantize()
 
 
+def _wrap_planned(out: tuple, x: torch.Tensor, fmt: str) -> Float8Tensor:
+    """:func:`_wrap` of a planned cast's ``(data, data_t, scale_inv, amax, scale)``."""
+    t = object.__new__(Float8Tensor)
+    t.data, t.data_t, t.scale_inv, t.amax = out[0], out[1], out[2], out[3]
+    t.fmt = fmt
+    t.orig_dtype = x.dtype
+    t._shape = x.shape
+    return t
+
+
+def _cast_plan(q: Any, rowwise: bool, columnwise: bool, current: bool) -> Optional[Any]:
+    """The quantizer's plan of its eager CUDA casts with these copies (``cuda_fp8.CastPlan``, made once per
+    spec and copies), or None where the CUDA casts are not loaded."""
+    if not _PLANNED:
+        return None
+    plans = q.__dict__.get("_cast_plans")
+    if plans is None or plans[0] is not q.spec:
+        plans = q._cast_plans = (q.spec, {})
+    key = (rowwise, columnwise)
+    plan = plans[1].get(key)
+    if plan is None:
+        s = q.spec
+        plan = plans[1][key] = _PLANNED[1](q.fmt, rowwise, columnwise, current,
+                                           s.use_power_2_scales if current else False,
+                                           s.amax_epsilon if current else 0.0)
+    return plan
+
+
 def _wrap(res, x: torch.Tensor, fmt: str) -> Float8Tensor:
     """A quantizer's own eager op result as a Float8Tensor, without the constructor's checks: the op
     made the copies in ``fmt`` from ``x`` flattened to 2-D, and FP32 0-dim scale_inv/amax (the checks
@@ -217,6 +245,9 @@ _RECORDING: List[Any] = [lambda: False, None]
 # scaling cast]: set by _cuda_quantize too
 _FUSED_DBIAS: List[Any] = [lambda: False, None, None, None]
 _CUDA_QUANTIZE: List[Any] = []
+# [cuda_fp8.fp8_cast_planned, cuda_fp8.CastPlan]: the planned eager casts (one plan per quantizer and copies);
+# set by _cuda_quantize
+_PLANNED: List[Any] = []
 # [the delayed-scaling cast op, the same with the bias gradient, the current-scaling cast + bias gradient op,
 # the delayed-scaling rowwise cast that also returns the scale it read] traced code calls on CUDA
 # (ops/cuda_fp8.py: one op per cast; None with an extension built before them): set by _cuda_quantize
@@ -243,10 +274,23 @@ def _cuda_quantize() -> Any:
             if cuda_fp8.can_record_amax() and cuda_fp8.can_fuse_bias_grad():
                 _TRACED_CASTS[:] = [cuda_fp8.fp8_delayed_cast_op, cuda_fp8.fp8_delayed_cast_dbias_op,
                                     cuda_fp8.fp8_current_cast_dbias_op, cuda_fp8.fp8_delayed_rowwise_cast_op]
+            _PLANNED[:] = [cuda_fp8.fp8_cast_planned, cuda_fp8.CastPlan]
             if cuda_fp8.can_cast_from_amax():
                 _FROM_AMAX[:] = [cuda_fp8.fp8_current_cast_from_amax_op, cuda_fp8.fp8_current_cast_from_amax_dbias_op]
         _CUDA_QUANTIZE.append(impl)
     return _CUDA_QUANTIZE[0]
+
+
+_CURRENT_CUDA: List[Any] = []  # [the CUDA fp8_current_scaling_quantize], once _current_cuda looked it up
+
+
+def _current_cuda() -> Any:
+    """The CUDA implementation of ``fp8_current_scaling_quantize`` where the planned casts can run, else None
+    (looked up once)."""
+    if not _CURRENT_CUDA:
+        _cuda_quantize()
+        _CURRENT_CUDA.append(_FUSED_DBIAS[3] if _PLANNED else None)
+    return _CURRENT_CUDA[0]
 
 
 def _state_snapshot_impl(t: torch.Tensor) -> torch.Tensor:
@@ -424,6 +468,11 @@ class Float8Quantizer(_ColumnwiseRecast, Quantizer):
         slot = self._slot0()
         if fn is _cuda_quantize() and slot.dtype == torch.float32 and _RECORDING[0]():
             # the CUDA cast records the amax into amax_history[0] itself (one launch, not two)
+            scale = self.scale
+            if scale.dtype == torch.float32 and scale.ndim == 0:
+                out = _PLANNED[0](x2, _cast_plan(self, rowwise, columnwise, False), scale, slot)
+                if out is not None:
+                    return _wrap_planned(out, x, self.fmt)
             return _wrap(_RECORDING[1](x2, self.scale, self.fmt, rowwise, columnwise, slot), x, self.fmt)
         res = fn(x2, self.scale, self.fmt, rowwise=rowwise, columnwise=columnwise)
         torch.maximum(slot, res.amax, out=slot)  # record_amax: the amax is on the history's device
@@ -445,6 +494,12 @@ class Float8Quantizer(_ColumnwiseRecast, Quantizer):
                 if x.device != self.scale.device:
                     self._check_device(x)
                 spec = self.spec
+                scale = self.scale
+                if scale.dtype == torch.float32 and scale.ndim == 0:
+                    out = _PLANNED[0](x, _cast_plan(self, spec.rowwise, spec.columnwise, False), scale, slot,
+                                      bias_dtype)
+                    if out is not None:
+                        return _wrap_planned(out, x, self.fmt), out[5]
                 res, db = _FUSED_DBIAS[1](x, self.scale, self.fmt, spec.rowwise, spec.columnwise, slot, bias_dtype)
                 return _wrap(res, x, self.fmt), db
         return super().quantize_with_bias_grad(x, bias_dtype)
@@ -526,9 +581,14 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
                                                        amax_epsilon=s.amax_epsilon, rowwise=s.rowwise,
                                                        columnwise=s.columnwise)
                 return _wrap_traced(res, x, self.fmt, s)
-            res = resolved("fp8_current_scaling_quantize", x2)(
-                x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
-                rowwise=s.rowwise, columnwise=s.columnwise)
+            fn = resolved("fp8_current_scaling_quantize", x2)
+            cuda = _CURRENT_CUDA[0] if _CURRENT_CUDA else _current_cuda()
+            if cuda is not None and fn is cuda:
+                out = _PLANNED[0](x2, _cast_plan(self, s.rowwise, s.columnwise, True))
+                if out is not None:
+                    return _wrap_planned(out, x, self.fmt)
+            res = fn(x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
+                     rowwise=s.rowwise, columnwise=s.columnwise)
             return _wrap(res, x, self.fmt)
         if not isinstance(amax, torch.Tensor) or amax.dtype != torch.float32 or amax.numel() != 1:
             raise TypeError("Float8CurrentScalingQuantizer.quantize: amax must be an FP32 tensor with one element")
@@ -569,9 +629,14 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
             res = ops.fp8_current_scaling_quantize(x2, self.fmt, use_power_2_scales=s.use_power_2_scales,
                                                    amax_epsilon=s.amax_epsilon, rowwise=True, columnwise=False)
             return _wrap_traced(res, x, self.fmt, s, True, False), res.scale
-        res = resolved("fp8_current_scaling_quantize", x2)(
-            x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
-            rowwise=True, columnwise=False)
+        fn = resolved("fp8_current_scaling_quantize", x2)
+        cuda = _CURRENT_CUDA[0] if _CURRENT_CUDA else _current_cuda()
+        if cuda is not None and fn is cuda:
+            out = _PLANNED[0](x2, _cast_plan(self, True, False, True))
+            if out is not None:
+                return _wrap_planned(out, x, self.fmt), out[4]
+        res = fn(x2, self.fmt, use_power_2_scales=s.use_power_2_scales, amax_epsilon=s.amax_epsilon,
+                 rowwise=True, columnwise=False)
         return _wrap(res, x, self.fmt), res.scale
 
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[Float8Tensor, torch.Tensor]:
@@ -589,6 +654,10 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
         elif x.ndim == 2 and _cuda_quantize() is not None \
                 and resolved("fp8_current_scaling_quantize", x) is _FUSED_DBIAS[3] and _FUSED_DBIAS[0]():
             s = self.spec
+            if _PLANNED:
+                out = _PLANNED[0](x, _cast_plan(self, s.rowwise, s.columnwise, True), bias_dtype=bias_dtype)
+                if out is not None:
+                    return _wrap_planned(out, x, self.fmt), out[5]
             res, db = _FUSED_DBIAS[2](x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise, s.columnwise,
                                       bias_dtype)
             return _wrap(res, x, self.fmt), db
