@@ -3,7 +3,8 @@
 # changed after its last GPU run, then the opt-in compiled amax measured against the default in one call.
 #   source .device/setup.sh > $OUT/setup.log 2>&1 && bash scripts/gpu_session27.sh
 # 1. pytest -m cuda tests (the full suite, ~290 s on an H100): 7981e0d (delayed casts keep their memset), db4f377
-#    (no amax workspace inside graph captures), a575baf/8492c10 (compile_visible_amax: bytes, bit-for-bit, op counts);
+#    (no amax workspace inside graph captures), a575baf/8492c10 (compile_visible_amax: bytes, bit-for-bit, op counts),
+#    7c76cb2 (the planned FP8 casts: every eager FP8 cast on CUDA takes them);
 # 2. bench_model.py --linear;
 # 3. the compiled model rows at h2048 with and without --fp8-compile-visible-amax (the A/B of the opt-in).
 # Writes log.txt, pytest.txt, linear.json, model_default.json, model_visible.json under $OUT (the device tool
