@@ -553,10 +553,10 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
     scale is then derived from it with the same rule and the tensor records that amax.
     """
 
-    #: Under torch.compile on CUDA, compute the amax as ``x.abs().amax()`` in the graph and cast with the op
-    #: that takes it (the kernel derives the scale from it: the same bytes as eager), so that Inductor can fuse
-    #: the amax into the kernel that produced ``x`` instead of an amax pass of its own. Off until measured on a
-    #: GPU (``benchmarks/bench_model.py --fp8-compile-visible-amax`` runs the compiled rows with it).
+    #: Under torch.compile on CUDA, compute the amax in the graph (:func:`graph_amax`) and cast with the op that
+    #: takes it (the kernel derives the scale from it: the same bytes as eager), so that Inductor can fuse the
+    #: amax into the kernel that produced ``x`` instead of an amax pass of its own. Off until measured on a GPU
+    #: (``benchmarks/bench_model.py --fp8-compile-visible-amax`` runs the compiled rows with it).
     compile_visible_amax: bool = False
 
     def __init__(self, spec: QuantizerSpec) -> None:
