@@ -504,6 +504,44 @@ def test_fp8_linear_step_makes_no_amax_memset(cu):
     assert _memsets_in(step(True)) <= _memsets_in(step(False))
 
 
+# ---- the quantizers' planned eager casts (CastPlan) ---------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_planned_casts_are_the_general_casts(cu, dtype):
+    """fp8_cast_planned (the quantizers' eager path: outputs' FP32 values as views of one allocation) gives
+    the general wrappers' bytes: current and delayed scaling, each copy choice, with the bias gradient, the
+    history record, repeated calls on a cached launch, and the decline of a non-contiguous input."""
+    for shape, kind in (((1, 16), "normal"), ((65, 64), "huge"), ((257, 1008), "nan"), ((128, 4096), "normal")):
+        x = make_input(shape, dtype, kind, seed=3)
+        for rw, cw in ((True, False), (True, True), (False, True)):
+            tag = f"{shape} {kind} rw={rw} cw={cw}"
+            plan = cu.CastPlan("e4m3", rw, cw, True, use_power_2_scales=True, amax_epsilon=1e-12)
+            want = cu.fp8_current_scaling_quantize(x, "e4m3", use_power_2_scales=True, amax_epsilon=1e-12,
+                                                   rowwise=rw, columnwise=cw)
+            for rep in range(2):
+                got = cu.fp8_cast_planned(x, plan)
+                assert got is not None, tag
+                for i, f in enumerate(("data", "data_t", "scale_inv", "amax", "scale")):
+                    assert_same(got[i], getattr(want, f), f"current {f} {tag} rep {rep}")
+            want_q, want_db = cu.fp8_current_scaling_quantize_dbias(x, "e4m3", True, 1e-12, rw, cw, dtype)
+            got = cu.fp8_cast_planned(x, plan, bias_dtype=dtype)
+            assert_same(got[5], want_db, f"current db {tag}")
+            scale = torch.tensor(0.8125, device=DEV)
+            plan = cu.CastPlan("e5m2", rw, cw, False)
+            h_want, h_got = torch.full((), 0.25, device=DEV), torch.full((), 0.25, device=DEV)
+            want = cu.fp8_quantize_recording(x, scale, "e5m2", rw, cw, h_want)
+            got = cu.fp8_cast_planned(x, plan, scale, h_got)
+            for i, f in enumerate(("data", "data_t", "scale_inv", "amax")):
+                assert_same(got[i], getattr(want, f), f"delayed {f} {tag}")
+            assert_same(h_got, h_want, f"delayed history {tag}")
+            want_q, want_db = cu.fp8_quantize_dbias(x, scale, "e5m2", rw, cw, h_want, dtype)
+            got = cu.fp8_cast_planned(x, plan, scale, h_got, dtype)
+            assert_same(got[5], want_db, f"delayed db {tag}")
+            assert_same(h_got, h_want, f"delayed history after dbias {tag}")
+    xt = make_input((64, 96), dtype, "normal", seed=4).t()
+    assert cu.fp8_cast_planned(xt, cu.CastPlan("e4m3", True, True, True)) is None  # the general path copies it
+
+
 # ---- current scaling from a given amax (the traced cast of compile_visible_amax) -------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
