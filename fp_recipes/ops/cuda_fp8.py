@@ -231,6 +231,43 @@ def _fp8_copies_or_none(x: torch.Tensor, fmt: str, rowwise: bool,
             x.new_empty((n, m), dtype=dt) if columnwise else None)
 
 
+def _enqueue_delayed(x_ptr: int, in_code: int, m: int, n: int, scale_ptr: int, out_code: int, data_ptr: int,
+                     data_t_ptr: int, scale_inv_ptr: int, amax_ptr: int, record_ptr: int, stream: int,
+                     bias: Optional[tuple] = None) -> None:
+    """The one kernel call of a given-scale (delayed) cast: plain, recording into ``record_ptr`` (0: none), or
+    with the bias gradient (``bias`` = (partials, db, db dtype code) addresses and code). No amax workspace:
+    the amax comes from the kernel that writes the copies, where the workspace's last-block handshake cost
+    more than the memset it saves (csrc/fp8_kernels.h)."""
+    args = (x_ptr, in_code, m, n, scale_ptr, out_code, data_ptr, data_t_ptr, scale_inv_ptr, amax_ptr)
+    ext = _ext()
+    if bias is not None:
+        ext.fp8_quantize_dbias(*args, record_ptr, *bias, stream)
+    elif record_ptr:
+        ext.fp8_quantize_record(*args, record_ptr, stream)
+    else:
+        ext.fp8_quantize(*args, stream)
+
+
+def _enqueue_current(x_ptr: int, in_code: int, m: int, n: int, out_code: int, pow2: bool, eps: float, data_ptr: int,
+                     data_t_ptr: int, scale_ptr: int, scale_inv_ptr: int, amax_ptr: int, stream: int, ws: int,
+                     bias: Optional[tuple] = None) -> None:
+    """The kernel calls of a current-scaling cast (amax, then the cast; ``bias`` as in
+    :func:`_enqueue_delayed`); ``ws``: the stream's amax workspace (:func:`_amax_ws`)."""
+    args = (x_ptr, in_code, m, n, out_code, pow2, eps, data_ptr, data_t_ptr, scale_ptr, scale_inv_ptr, amax_ptr)
+    if bias is None:
+        _ext().fp8_current_scaling_quantize(*args, stream, ws)
+    else:
+        _ext().fp8_current_scaling_quantize_dbias(*args, *bias, stream, ws)
+
+
+def _bias_ptrs(bias: Optional[tuple]) -> Optional[tuple]:
+    """(partials, db, db dtype code) of the (partials, db) tensors of :func:`_bias_outputs`, or None."""
+    if bias is None:
+        return None
+    partials, db = bias
+    return _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype]
+
+
 def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool,
                          record: Optional[torch.Tensor] = None, bias: Optional[tuple] = None):
     """The eager cast: (data or None, data_t or None, scale_inv, amax). ``record``: see
@@ -241,22 +278,9 @@ def _fp8_quantize_launch(x: torch.Tensor, scale: torch.Tensor, fmt: str, rowwise
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax = _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    # (No amax workspace: these casts compute the amax in the kernel that writes the copies, where the
-    # workspace's last-block handshake cost more than the memset it saves; csrc/fp8_kernels.h.)
-    stream = _stream(device)
-    if bias is not None:
-        partials, db = bias
-        _launch(device, _ext().fp8_quantize_dbias, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-                DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                _ptr(record), _ptr(partials), _ptr(db), DTYPE_CODE[db.dtype], stream)
-    elif record is None:
-        _launch(device, _ext().fp8_quantize, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-                DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                stream)
-    else:
-        _launch(device, _ext().fp8_quantize_record, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(),
-                DTYPE_CODE[FP8_DTYPE[fmt]], data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(),
-                record.data_ptr(), stream)
+    _launch(device, _enqueue_delayed, x_ptr, DTYPE_CODE[x.dtype], m, n, scale.data_ptr(), DTYPE_CODE[FP8_DTYPE[fmt]],
+            data_ptr, data_t_ptr, scale_inv.data_ptr(), amax.data_ptr(), _ptr(record), _stream(device),
+            _bias_ptrs(bias))
     return data, data_t, scale_inv, amax
 
 
@@ -325,36 +349,27 @@ def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tens
     data = torch.empty(launch.data_shape, dtype=launch.fp8, device=dev) if plan.rowwise else None
     data_t = torch.empty(launch.data_t_shape, dtype=launch.fp8, device=dev) if plan.columnwise else None
     stream = _stream(dev)
-    ext = backend.extension()
     data_ptr = 0 if data is None else data.data_ptr()
     data_t_ptr = 0 if data_t is None else data_t.data_ptr()
-    db = None
+    db = bias = None
     if bias_dtype is not None:
         if bias_dtype not in _FLOAT_INPUTS:
             return None
         partials = torch.empty((-(-launch.m // _BIAS_TILE_ROWS), launch.n), dtype=torch.float32, device=dev)
         db = torch.empty((launch.n,), dtype=bias_dtype, device=dev)
         bias = (partials.data_ptr(), db.data_ptr(), DTYPE_CODE[bias_dtype])
-    if plan.current:
+    if plan.current:  # [scale_inv, amax, scale]
         buf = torch.empty((3,), dtype=torch.float32, device=dev)
         scale_inv, amax, scale = buf.unbind()
         base = buf.data_ptr()
-        args = (x.data_ptr(), launch.in_code, launch.m, launch.n, launch.out_code, plan.pow2, plan.eps, data_ptr,
-                data_t_ptr, base + 8, base, base + 4)
-        if db is None:
-            ext.fp8_current_scaling_quantize(*args, stream, _amax_ws(dev, stream))
-        else:
-            ext.fp8_current_scaling_quantize_dbias(*args, *bias, stream, _amax_ws(dev, stream))
-    else:
+        _enqueue_current(x.data_ptr(), launch.in_code, launch.m, launch.n, launch.out_code, plan.pow2, plan.eps,
+                         data_ptr, data_t_ptr, base + 8, base, base + 4, stream, _amax_ws(dev, stream), bias)
+    else:  # [scale_inv, amax]
         buf = torch.empty((2,), dtype=torch.float32, device=dev)
         scale_inv, amax = buf.unbind()
         base = buf.data_ptr()
-        args = (x.data_ptr(), launch.in_code, launch.m, launch.n, scale.data_ptr(), launch.out_code, data_ptr,
-                data_t_ptr, base, base + 4, record.data_ptr())
-        if db is None:
-            ext.fp8_quantize_record(*args, stream)
-        else:
-            ext.fp8_quantize_dbias(*args, *bias, stream)
+        _enqueue_delayed(x.data_ptr(), launch.in_code, launch.m, launch.n, scale.data_ptr(), launch.out_code, data_ptr,
+                         data_t_ptr, base, base + 4, record.data_ptr(), stream, bias)
     return (data, data_t, scale_inv, amax, scale) if db is None else (data, data_t, scale_inv, amax, scale, db)
 
 
@@ -411,15 +426,10 @@ def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, ama
     data, data_t = _fp8_copies_or_none(x, fmt, rowwise, columnwise)
     scale_inv, amax, scale = _scalar(device), _scalar(device), _scalar(device)
     x_ptr, data_ptr, data_t_ptr = _cast_ptrs(x, data, data_t)
-    args = (x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]], bool(use_power_2_scales),
-            float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(), amax.data_ptr())
     stream = _stream(device)
-    if bias is None:
-        _launch(device, _ext().fp8_current_scaling_quantize, *args, stream, _amax_ws(device, stream))
-    else:
-        partials, db = bias
-        _launch(device, _ext().fp8_current_scaling_quantize_dbias, *args, _ptr(partials), _ptr(db),
-                DTYPE_CODE[db.dtype], stream, _amax_ws(device, stream))
+    _launch(device, _enqueue_current, x_ptr, DTYPE_CODE[x.dtype], m, n, DTYPE_CODE[FP8_DTYPE[fmt]],
+            bool(use_power_2_scales), float(amax_epsilon), data_ptr, data_t_ptr, scale.data_ptr(), scale_inv.data_ptr(),
+            amax.data_ptr(), stream, _amax_ws(device, stream), _bias_ptrs(bias))
     return data, data_t, scale_inv, amax, scale
 
 

@@ -281,18 +281,6 @@ def _cuda_quantize() -> Any:
     return _CUDA_QUANTIZE[0]
 
 
-_CURRENT_CUDA: List[Any] = []  # [the CUDA fp8_current_scaling_quantize], once _current_cuda looked it up
-
-
-def _current_cuda() -> Any:
-    """The CUDA implementation of ``fp8_current_scaling_quantize`` where the planned casts can run, else None
-    (looked up once)."""
-    if not _CURRENT_CUDA:
-        _cuda_quantize()
-        _CURRENT_CUDA.append(_FUSED_DBIAS[3] if _PLANNED else None)
-    return _CURRENT_CUDA[0]
-
-
 def _state_snapshot_impl(t: torch.Tensor) -> torch.Tensor:
     return t.clone()
 
@@ -582,8 +570,7 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
                                                        columnwise=s.columnwise)
                 return _wrap_traced(res, x, self.fmt, s)
             fn = resolved("fp8_current_scaling_quantize", x2)
-            cuda = _CURRENT_CUDA[0] if _CURRENT_CUDA else _current_cuda()
-            if cuda is not None and fn is cuda:
+            if _cuda_quantize() is not None and fn is _FUSED_DBIAS[3] and _PLANNED:
                 out = _PLANNED[0](x2, _cast_plan(self, s.rowwise, s.columnwise, True))
                 if out is not None:
                     return _wrap_planned(out, x, self.fmt)
@@ -630,8 +617,7 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
                                                    amax_epsilon=s.amax_epsilon, rowwise=True, columnwise=False)
             return _wrap_traced(res, x, self.fmt, s, True, False), res.scale
         fn = resolved("fp8_current_scaling_quantize", x2)
-        cuda = _CURRENT_CUDA[0] if _CURRENT_CUDA else _current_cuda()
-        if cuda is not None and fn is cuda:
+        if _cuda_quantize() is not None and fn is _FUSED_DBIAS[3] and _PLANNED:
             out = _PLANNED[0](x2, _cast_plan(self, True, False, True))
             if out is not None:
                 return _wrap_planned(out, x, self.fmt), out[4]
