@@ -92,14 +92,9 @@ def test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backe
             assert torch.equal(s0[k], s1[k]), f"step {step}: {k} differs"
 
 
-@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
-@pytest.mark.parametrize("copy", ["save", "recast"])
-@pytest.mark.parametrize("name", list(RECIPES))
-def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, copy):
-    """What a compiled step calls: the traced cast ops (no scale snapshot, no separate bias reduction,
-    no torch.maximum record), and fp8_mm, not torch._scaled_mm (a heuristic query per call). With the
-    weights' columnwise copies made in the backward (weight_columnwise_copy="recast"), one given-scale
-    cast per layer more (and for delayed scaling the copy of the scale it needs)."""
+def _compiled_step_ops(recipe, copy: str) -> list:
+    """The names of the ops one compiled step of the Stack (weights' columnwise copies ``copy``) calls, after
+    two warm-up steps."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Stack()
@@ -107,7 +102,6 @@ def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, co
         if hasattr(m, "weight_columnwise_copy"):
             m.weight_columnwise_copy = copy
     compiled = torch.compile(model, fullgraph=True)
-    recipe = RECIPES[name]()
     x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def step():
@@ -121,7 +115,18 @@ def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, co
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+    return [e.name for e in prof.events()]
+
+
+@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+@pytest.mark.parametrize("copy", ["save", "recast"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, copy):
+    """What a compiled step calls: the traced cast ops (no scale snapshot, no separate bias reduction,
+    no torch.maximum record), and fp8_mm, not torch._scaled_mm (a heuristic query per call). With the
+    weights' columnwise copies made in the backward (weight_columnwise_copy="recast"), one given-scale
+    cast per layer more (and for delayed scaling the copy of the scale it needs)."""
+    names = _compiled_step_ops(RECIPES[name](), copy)
     recasts = 3 if copy == "recast" else 0
     if name == "delayed":  # x and W of 3 layers forward; dy of 3 layers with its bias gradient
         assert names.count("fp_recipes::fp8_delayed_cast") == 6 - recasts
@@ -143,27 +148,7 @@ def test_a_compiled_step_makes_one_op_per_cast_and_uses_the_cached_gemm(name, co
 def test_compiled_current_scaling_with_the_amax_in_the_graph_calls_the_cast_from_amax(visible_amax, copy):
     """With compile_visible_amax the graph computes each amax and calls the cast that takes it: no
     fp8_current_scaling_quantize (its own amax pass) is left."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = Stack()
-    for m in model.modules():
-        if hasattr(m, "weight_columnwise_copy"):
-            m.weight_columnwise_copy = copy
-    compiled = torch.compile(model, fullgraph=True)
-    x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-
-    def step():
-        with fp_recipes.autocast(recipe=Float8CurrentScaling()):
-            y = compiled(x)
-        y.float().square().mean().backward()
-
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+    names = _compiled_step_ops(Float8CurrentScaling(), copy)
     recasts = 3 if copy == "recast" else 0
     assert names.count("fp_recipes::fp8_current_cast_from_amax") == 6  # x and W (or W's rowwise copy) of 3 layers
     assert names.count("fp_recipes::fp8_current_cast_from_amax_dbias") == 3
