@@ -10,6 +10,7 @@ builds must be where the kernel wrote. (tests/test_cuda_fp8_kernels.py checks th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import pytest
@@ -104,7 +105,7 @@ def twin(monkeypatch):
     monkeypatch.setitem(workspace.AMAX_WS, (None, 0), torch.zeros(4, dtype=torch.int32))
     for name in ("fp8_quantize", "fp8_current_scaling_quantize"):  # CPU tensors take the CUDA wrappers
         monkeypatch.setattr(ops, name, getattr(cuda_fp8, name))
-    for name, value in (("_CUDA_QUANTIZE", []), ("_PLANNED", []), ("_CURRENT_CUDA", []),
+    for name, value in (("_CUDA_QUANTIZE", []), ("_PLANNED", []),
                         ("_RECORDING", [lambda: False, None]), ("_FUSED_DBIAS", [lambda: False, None, None, None]),
                         ("_TRACED_CASTS", [None] * 4), ("_FROM_AMAX", [None, None])):
         monkeypatch.setattr(f8, name, value)
@@ -179,6 +180,69 @@ def test_planned_delayed_casts_are_the_reference_and_record(twin):
     assert [c[0] for c in twin.calls] == ["delayed"] * 4
 
 
+@contextlib.contextmanager
+def _reference_path():
+    """A context in which the casts take the dispatcher's CPU twins (no stand-in, nothing planned)."""
+    import fp_recipes.ops as ops_pkg
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops_pkg, "fp8_quantize", ref_fp8.fp8_quantize)
+        mp.setattr(ops_pkg, "fp8_current_scaling_quantize", ref_fp8.fp8_current_scaling_quantize)
+        mp.setattr(_extension, "_ext", None)
+        mp.setattr(f8, "_CUDA_QUANTIZE", [None])
+        yield
+
+
+def _checkpointed_autocast_step(layer, x, recipe):
+    """A step as a fine-tuning job runs it: torch.autocast(bf16) around fp_recipes.autocast, the layer under
+    activation checkpointing (its forward runs twice: the recompute must quantize as the first pass did)."""
+    import torch.utils.checkpoint as cp
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe):
+        y = cp.checkpoint(layer, x, use_reentrant=False)
+    y.float().square().sum().backward()
+    return y.detach(), x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()
+
+
+@pytest.mark.parametrize("recipe_cls", [fp_recipes.Float8CurrentScaling, fp_recipes.DelayedScaling])
+def test_planned_casts_under_checkpoint_and_torch_autocast_and_from_two_threads(twin, recipe_cls):
+    """The planned casts in a checkpointed step under torch.autocast(bf16), run from two threads at once (two
+    layers of different shapes, each with its own plans), give the reference path's outputs and gradients."""
+    import threading
+
+    def make(k, n, m, seed):
+        torch.manual_seed(seed)
+        layer = fp_recipes.Linear(k, n)
+        ref = fp_recipes.Linear(k, n)
+        ref.load_state_dict(layer.state_dict())
+        x = torch.randn(m, k)
+        return layer, ref, x
+
+    jobs = [make(64, 48, 32, 0), make(96, 32, 16, 1)]
+    got = [None, None]
+    errors = []
+
+    def run(i):
+        try:
+            layer, _, x = jobs[i]
+            got[i] = _checkpointed_autocast_step(layer, x.clone().requires_grad_(True), recipe_cls())
+        except Exception as exc:  # reported below: an assertion in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len([c for c in twin.calls]) >= 6  # x, W, dy of both layers went through the planned casts
+    with _reference_path():
+        for i, (_, ref, x) in enumerate(jobs):
+            want = _checkpointed_autocast_step(ref, x.clone().requires_grad_(True), recipe_cls())
+            for g, w, what in zip(got[i], want, ("output", "input grad", "weight grad", "bias grad")):
+                assert g.dtype == w.dtype and torch.equal(g, w), f"layer {i}: {what}"
+
+
 def test_a_linear_step_through_planned_casts_is_the_reference_step(twin):
     """A Linear forward + backward under current scaling with every cast planned equals the same step with
     the pure-torch twins (the CPU reference path: no stand-in)."""
@@ -189,22 +253,13 @@ def test_a_linear_step_through_planned_casts_is_the_reference_step(twin):
     x = torch.randn(16, 64, requires_grad=True)
     xr = x.detach().clone().requires_grad_(True)
     recipe = fp_recipes.Float8CurrentScaling()
-    planned_q = []
     with fp_recipes.autocast(recipe=recipe):
         y = layer(x)
     y.float().square().sum().backward()
     planned_q = list(twin.calls)
     assert len([c for c in planned_q if c[0] == "current"]) == 3  # x, W, dy (the last with the bias gradient)
     # the reference step: the dispatcher's CPU twins
-    import fp_recipes.ops as ops_pkg
-    from fp_recipes.ops import ref_fp8 as R
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ops_pkg, "fp8_quantize", R.fp8_quantize)
-        mp.setattr(ops_pkg, "fp8_current_scaling_quantize", R.fp8_current_scaling_quantize)
-        mp.setattr(_extension, "_ext", None)
-        mp.setattr(f8, "_CUDA_QUANTIZE", [None])
-        mp.setattr(f8, "_CURRENT_CUDA", [None])
+    with _reference_path():
         with fp_recipes.autocast(recipe=recipe):
             yr = ref_layer(xr)
         yr.float().square().sum().backward()
