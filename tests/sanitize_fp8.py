@@ -94,8 +94,42 @@ def main():
     count += multi(dev)
     count += delayed_update(dev)
     count += bias_grads(dev)
+    count += planned_and_from_amax(dev)
     torch.cuda.synchronize()
     print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
+
+
+def planned_and_from_amax(dev):
+    """The quantizers' planned casts (FP32 outputs as views of one allocation, the amax in the per-stream
+    workspace) and the cast that takes its amax from the graph, against the general wrappers' bytes."""
+    count = 0
+    for shape in ((1, 16), (65, 64), (257, 1008)):
+        x = (torch.randn(shape, device=dev) * 300).to(torch.bfloat16)
+        x.view(-1)[x.numel() // 3] = float("nan") if shape[0] == 65 else 0.0
+        for rw, cw in ((True, False), (True, True), (False, True)):
+            plan = cu.CastPlan("e4m3", rw, cw, True, use_power_2_scales=True, amax_epsilon=1e-12)
+            want = cu.fp8_current_scaling_quantize(x, "e4m3", use_power_2_scales=True, amax_epsilon=1e-12,
+                                                   rowwise=rw, columnwise=cw)
+            got = cu.fp8_cast_planned(x, plan, bias_dtype=torch.bfloat16)
+            for i, f in enumerate(("data", "data_t", "scale_inv", "amax", "scale")):
+                same(got[i], getattr(want, f), f"planned current {shape} {rw} {cw} {f}")
+            scale = torch.tensor(0.8125, device=dev)
+            h_want, h_got = torch.full((), 0.25, device=dev), torch.full((), 0.25, device=dev)
+            want = cu.fp8_quantize_recording(x, scale, "e5m2", rw, cw, h_want)
+            got = cu.fp8_cast_planned(x, cu.CastPlan("e5m2", rw, cw, False), scale, h_got, torch.bfloat16)
+            for i, f in enumerate(("data", "data_t", "scale_inv", "amax")):
+                same(got[i], getattr(want, f), f"planned delayed {shape} {rw} {cw} {f}")
+            same(h_got, h_want, f"planned delayed history {shape}")
+            amax = x.abs().amax().float()
+            want = cu.fp8_current_scaling_quantize(x, "e5m2", rowwise=rw, columnwise=cw)
+            data, data_t, scale_inv, _ = cu.fp8_current_cast_from_amax_op(x, amax, "e5m2", False, 0.0, rw, cw)
+            if rw:
+                same(data, want.data, f"from_amax {shape} data")
+            if cw:
+                same(data_t, want.data_t, f"from_amax {shape} data_t")
+            same(scale_inv, want.scale_inv, f"from_amax {shape} scale_inv")
+            count += 4
+    return count
 
 
 def bias_grads(dev):
