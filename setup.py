@@ -7,6 +7,11 @@ links it on every run. Knobs:
 * ``FP_RECIPES_NO_CUDA=1``: skip the extension on purpose.
 * ``FP_RECIPES_CUDA_ARCHS``: ``;``-separated archs, default ``90a;100a``.
 * ``FP_RECIPES_NVCC_THREADS``: parallel nvcc jobs (default: number of CPUs).
+
+Beside it, where torch is importable at build time (``pip install --no-build-isolation``), the optional
+``fp_recipes._torch_ops`` (csrc/torch_ops): the eager FP8 casts and GEMMs as one torch-linked C++ call each, on
+top of ``_C``'s kernels (csrc/kernel_table.h). Its build may fail without failing the install: the Python
+host path then runs (``python -m fp_recipes doctor`` says which).
 """
 
 from __future__ import annotations
@@ -66,9 +71,17 @@ def _gencode_flags(archs: str) -> list[str]:
 
 
 class NvccBuildExt(build_ext):
-    """Compile ``csrc/*.cu`` with nvcc, then link them with the pybind11 ``.cpp`` bindings."""
+    """Compile ``csrc/*.cu`` with nvcc, then link them with the pybind11 ``.cpp`` bindings; build the optional
+    torch-linked module, warning instead of failing when it does not build."""
 
     def build_extension(self, ext: Extension) -> None:
+        if getattr(ext, "_optional", False):
+            try:
+                super().build_extension(ext)
+            except Exception as exc:  # noqa: BLE001 - any compiler or linker failure
+                _log(f"WARNING: the optional {ext.name} did not build ({type(exc).__name__}: {exc}); "
+                     "the Python host path runs instead")
+            return
         nvcc = ext._nvcc  # type: ignore[attr-defined]
         archs = os.environ.get("FP_RECIPES_CUDA_ARCHS", DEFAULT_ARCHS)
         cuda_home = _cuda_home(nvcc)
@@ -128,7 +141,34 @@ def _extensions() -> tuple[list[Extension], dict]:
     )
     ext._nvcc = nvcc  # type: ignore[attr-defined]
     _log(f"building the CUDA extension fp_recipes._C with {nvcc}")
-    return [ext], {"build_ext": NvccBuildExt}
+    return [ext] + _torch_ops_extension(), {"build_ext": NvccBuildExt}
+
+
+def _torch_ops_extension() -> list[Extension]:
+    """``fp_recipes._torch_ops`` against the torch importable here (none under pip's build isolation)."""
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        _log("torch is not importable at build time: skipping fp_recipes._torch_ops (the host fast path; "
+             "pip install --no-build-isolation builds it)")
+        return []
+    lib = str(Path(torch.__file__).parent / "lib")
+    ext = Extension(
+        "fp_recipes._torch_ops",
+        sources=[str((CSRC / "torch_ops" / "fast_ops.cpp").relative_to(ROOT))],
+        include_dirs=[*cpp_extension.include_paths(), str(CSRC)],
+        library_dirs=[lib],
+        runtime_library_dirs=[lib],
+        libraries=["c10", "torch", "torch_cpu", "torch_python"],
+        define_macros=[("TORCH_EXTENSION_NAME", "_torch_ops"), ("TORCH_API_INCLUDE_EXTENSION_H", None),
+                       ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
+        extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden"],
+        language="c++",
+    )
+    ext._optional = True  # type: ignore[attr-defined]
+    _log(f"building fp_recipes._torch_ops against torch {torch.__version__}")
+    return [ext]
 
 
 ext_modules, cmdclass = _extensions()

@@ -79,6 +79,9 @@ def install_stub_kernels() -> None:
     from fp_recipes.ops import cuda_fp8
 
     _extension._ext, _extension._ext_loaded = _StubExtension(), True
+    # the Python host path (the torch-linked one declines CPU tensors; it is measured on a GPU)
+    _extension._fast, _extension._fast_loaded = None, True
+    cuda_fp8._FAST[:] = [None]
 
     def require(op, **tensors):  # the wrapper's checks, less "is it on a CUDA device"
         device = None

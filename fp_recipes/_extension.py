@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-__all__ = ["extension", "extension_error", "current_stream"]
+__all__ = ["extension", "extension_error", "current_stream", "fast_ops", "fast_ops_status"]
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # fast_ops() loads _C while holding it
 _ext: Any = None
 _ext_error: Optional[str] = None
 _ext_loaded = False
@@ -32,6 +32,54 @@ def extension() -> Any:
                     _ext_error = f"{type(exc).__name__}: {exc}"
                 _ext_loaded = True
     return _ext
+
+
+_fast: Any = None
+_fast_status = ""
+_fast_loaded = False
+FAST_OPS_VAR = "FP_RECIPES_TORCH_OPS"
+
+
+def fast_ops() -> Any:
+    """The torch-linked host fast path ``fp_recipes._torch_ops`` initialised with ``_C``'s kernel table, or None
+    (not built, FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says
+    which). Read once: the choice holds for the process."""
+    global _fast, _fast_status, _fast_loaded
+    if not _fast_loaded:
+        with _lock:
+            if not _fast_loaded:
+                _fast, _fast_status = _load_fast_ops()
+                _fast_loaded = True
+    return _fast
+
+
+def _load_fast_ops() -> tuple:
+    import os
+
+    raw = os.environ.get(FAST_OPS_VAR, "")
+    if raw.strip():
+        from .recipes.env import BY_NAME  # a bad value raises the table's error (name, value, allowed)
+
+        if BY_NAME[FAST_OPS_VAR].parse(raw) == "off":
+            return None, f"off ({FAST_OPS_VAR}=off)"
+    ext = extension()
+    if ext is None or not hasattr(ext, "kernel_table"):
+        return None, "unavailable: fp_recipes._C " + ("is not loaded" if ext is None else "has no kernel table")
+    try:
+        from fp_recipes import _torch_ops  # type: ignore[attr-defined]
+
+        _torch_ops.init(ext.kernel_table())
+    except ImportError as exc:
+        return None, f"not built ({type(exc).__name__}: {exc}; pip install --no-build-isolation builds it)"
+    except (RuntimeError, TypeError, ValueError) as exc:  # an older _C, a stand-in without a real table
+        return None, f"unavailable: {exc}"
+    return _torch_ops, "on: one C++ call per eager FP8 cast and GEMM (fp_recipes._torch_ops)"
+
+
+def fast_ops_status() -> str:
+    """What :func:`fast_ops` found, in words (doctor, the demo's table)."""
+    fast_ops()
+    return _fast_status
 
 
 def extension_error() -> Optional[str]:

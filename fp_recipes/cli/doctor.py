@@ -82,7 +82,7 @@ def collect() -> Dict[str, Any]:
                      "tqdm": _version("tqdm"), "matplotlib": _version("matplotlib")},
         "backend": info["backend"], "backend_why": info["summary"], "summary": info["summary"],
         "extension": info["extension"], "extension_error": info["extension_error"],
-        "built_archs": info["built_archs"],
+        "built_archs": info["built_archs"], "host_path": info["host_path"],
         "gpu": info.get("device_name"), "gpu_arch": info.get("device_arch"),
         "nvfp4": _nvfp4_paths(device, kernels),
         "recipes": {},
@@ -194,6 +194,7 @@ def _lines(rep: Dict[str, Any]) -> List[str]:
     out.append(f"backend: {rep['backend_why']}")
     if rep["extension_error"]:
         out.append(f"  extension: {rep['extension_error']}")
+    out.append(f"FP8 host path (FP_RECIPES_TORCH_OPS): {rep['host_path']}")
     out.append(f"GPU: {rep['gpu']} ({rep['gpu_arch']})" if rep["gpu"] else "GPU: none (every op runs its "
                "pure-torch reference, every quantized GEMM is emulated exactly)")
     nv = rep["nvfp4"]

@@ -12,6 +12,7 @@ namespace fp_recipes {
 void register_fp8(py::module_& m);
 void register_nvfp4(py::module_& m);
 void register_gemm_lt(py::module_& m);
+void register_kernel_table(py::module_& m);
 }  // namespace fp_recipes
 
 #ifndef FP_RECIPES_ARCHS
@@ -34,4 +35,5 @@ PYBIND11_MODULE(_C, m) {
   fp_recipes::register_fp8(m);
   fp_recipes::register_nvfp4(m);
   fp_recipes::register_gemm_lt(m);
+  fp_recipes::register_kernel_table(m);
 }

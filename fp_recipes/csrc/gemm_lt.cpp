@@ -242,6 +242,28 @@ bool run_fp8_gemm(std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, 
 }  // namespace
 #endif  // FPR_HAVE_CUBLASLT
 
+bool lt_fp8_gemm(std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t scale_a,
+                 std::uintptr_t scale_b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,
+                 int a_dtype, int b_dtype, int d_dtype, int bias_dtype, bool fast_accum, std::uintptr_t workspace,
+                 int64_t workspace_size, int device, std::uintptr_t stream) {
+#if FPR_HAVE_CUBLASLT
+  require(m >= 0 && n >= 0 && k >= 0, "lt_fp8_gemm: negative GEMM size");
+  require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
+          "lt_fp8_gemm: workspace must be a device buffer of workspace_size bytes");
+  if (m == 0 || n == 0) return false;  // the caller makes the empty / bias-only output
+  std::lock_guard<std::mutex> lock(g_mutex);
+  require(g_api.lib != nullptr, "lt_fp8_gemm: cuBLASLt is not loaded (call lt_load first)");
+  return run_fp8_gemm(a, lda, b, ldb, scale_a, scale_b, d, bias, m, n, k, static_cast<DType>(a_dtype),
+                      static_cast<DType>(b_dtype), static_cast<DType>(d_dtype), bias_dtype, fast_accum, workspace,
+                      workspace_size, device, stream);
+#else
+  (void)a; (void)lda; (void)b; (void)ldb; (void)scale_a; (void)scale_b; (void)d; (void)bias; (void)m; (void)n;
+  (void)k; (void)a_dtype; (void)b_dtype; (void)d_dtype; (void)bias_dtype; (void)fast_accum; (void)workspace;
+  (void)workspace_size; (void)device; (void)stream;
+  throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
+#endif
+}
+
 void register_gemm_lt(py::module_& m) {
   m.def("lt_compiled", []() { return FPR_HAVE_CUBLASLT == 1; },
         "Whether this build has the cuBLASLt grouped-GEMM path (needs <cublasLt.h> at build time).");
@@ -343,22 +365,8 @@ void register_gemm_lt(py::module_& m) {
          std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k, int a_dtype, int b_dtype, int d_dtype,
          int bias_dtype, bool fast_accum, std::uintptr_t workspace, int64_t workspace_size, int device,
          std::uintptr_t stream) -> bool {
-#if FPR_HAVE_CUBLASLT
-        require(m >= 0 && n >= 0 && k >= 0, "lt_fp8_gemm: negative GEMM size");
-        require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
-                "lt_fp8_gemm: workspace must be a device buffer of workspace_size bytes");
-        if (m == 0 || n == 0) return false;  // the caller makes the empty / bias-only output
-        std::lock_guard<std::mutex> lock(g_mutex);
-        require(g_api.lib != nullptr, "lt_fp8_gemm: cuBLASLt is not loaded (call lt_load first)");
-        return run_fp8_gemm(a, lda, b, ldb, scale_a, scale_b, d, bias, m, n, k, static_cast<DType>(a_dtype),
-                            static_cast<DType>(b_dtype), static_cast<DType>(d_dtype), bias_dtype, fast_accum,
-                            workspace, workspace_size, device, stream);
-#else
-        (void)a; (void)lda; (void)b; (void)ldb; (void)scale_a; (void)scale_b; (void)d; (void)bias; (void)m; (void)n;
-        (void)k; (void)a_dtype; (void)b_dtype; (void)d_dtype; (void)bias_dtype; (void)fast_accum; (void)workspace;
-        (void)workspace_size; (void)device; (void)stream;
-        throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
-#endif
+        return lt_fp8_gemm(a, lda, b, ldb, scale_a, scale_b, d, bias, m, n, k, a_dtype, b_dtype, d_dtype, bias_dtype,
+                           fast_accum, workspace, workspace_size, device, stream);
       },
       py::arg("a"), py::arg("lda"), py::arg("b"), py::arg("ldb"), py::arg("scale_a"), py::arg("scale_b"), py::arg("d"),
       py::arg("bias"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a_dtype"), py::arg("b_dtype"),

@@ -298,7 +298,7 @@ class CastPlan:
     arguments and bytes of :func:`fp8_current_scaling_quantize` (``current``) or
     :func:`fp8_quantize_recording` (delayed)."""
 
-    __slots__ = ("fmt", "rowwise", "columnwise", "current", "pow2", "eps", "launches")
+    __slots__ = ("fmt", "rowwise", "columnwise", "current", "pow2", "eps", "launches", "out_code")
 
     def __init__(self, fmt: str, rowwise: bool, columnwise: bool, current: bool, use_power_2_scales: bool = False,
                  amax_epsilon: float = 0.0) -> None:
@@ -310,6 +310,7 @@ class CastPlan:
         self.fmt, self.rowwise, self.columnwise, self.current = fmt, bool(rowwise), bool(columnwise), bool(current)
         self.pow2, self.eps = bool(use_power_2_scales), float(amax_epsilon)
         self.launches: dict = {}
+        self.out_code = DTYPE_CODE[FP8_DTYPE[fmt]]
 
 
 class _CastLaunch:
@@ -335,7 +336,14 @@ def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tens
     ``scale`` and the history slot ``record`` the kernel max-merges the amax into, both on x's device (the
     quantizer's own state). ``bias_dtype``: also x's bias gradient from the same pass (the bytes of
     ``ops.bias_grad``), appended to the tuple. None where the general path must run (a non-contiguous or empty
-    ``x``, another device current, an extension without the recording cast or the amax workspace)."""
+    ``x``, another device current, an extension without the recording cast or the amax workspace).
+
+    With the torch-linked host path (``_extension.fast_ops``: FP_RECIPES_TORCH_OPS) the whole call is one C++
+    call making the same launches with the same arguments."""
+    fast = _FAST[0] if _FAST else _fast_ops()
+    if fast is not None and x.is_cuda:
+        return fast.fp8_cast(x, plan.out_code, plan.rowwise, plan.columnwise, plan.current, plan.pow2, plan.eps,
+                             scale, record, bias_dtype)
     key = (x.shape, x.dtype, x.device)
     launch = plan.launches.get(key)
     if launch is None:
@@ -371,6 +379,16 @@ def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tens
         _enqueue_delayed(x.data_ptr(), launch.in_code, launch.m, launch.n, scale.data_ptr(), launch.out_code, data_ptr,
                          data_t_ptr, base, base + 4, record.data_ptr(), stream, bias)
     return (data, data_t, scale_inv, amax, scale) if db is None else (data, data_t, scale_inv, amax, scale, db)
+
+
+_FAST: list = []  # [the torch-linked host path or None], looked up on the first planned cast
+
+
+def _fast_ops():
+    from .._extension import fast_ops
+
+    _FAST.append(fast_ops() if _planned_casts_available() else None)
+    return _FAST[0]
 
 
 def _planned_casts_available() -> bool:

@@ -90,8 +90,9 @@ class EnvVar:
         if self.use == "select":
             return "autocast() default recipe"
         if self.use == "backend":
-            return {"FP_RECIPES_NVFP4_GEMM": "NVFP4 GEMM implementation (read at each NVFP4 GEMM)"}.get(
-                self.name, "implementation (read at run time)")
+            return {"FP_RECIPES_NVFP4_GEMM": "NVFP4 GEMM implementation (read at each NVFP4 GEMM)",
+                    "FP_RECIPES_TORCH_OPS": "host path of the eager FP8 casts and GEMMs (read once, at the "
+                                            "first one)"}.get(self.name, "implementation (read at run time)")
         if self.alias_of:
             return f"deprecated alias of {self.alias_of}"
         if self.recipes == ALL_RECIPES:
@@ -211,6 +212,10 @@ TABLE: Tuple[EnvVar, ...] = (
            "self-check, errors raise; emulated: the exact emulation everywhere. The native path has not "
            "run on Blackwell hardware in this project.", use="backend",
            choices=("auto", "native", "emulated")),
+    EnvVar("FP_RECIPES_TORCH_OPS", "choice", "The host path of the eager FP8 casts and GEMMs on CUDA. auto: "
+           "one torch-linked C++ call per cast and per GEMM (fp_recipes._torch_ops) where it was built "
+           "(pip install --no-build-isolation), else the Python path; off: the Python path. Both make the "
+           "same launches with the same arguments.", use="backend", choices=("auto", "off")),
     EnvVar("FP_RECIPES_CUDA_ARCHS", "archs", "Build: ';'-separated CUDA archs for fp_recipes._C "
            "(default 90a;100a).", use="build", hint="';'-separated archs, e.g. 90a;100a"),
     EnvVar("FP_RECIPES_NO_CUDA", "bool", "Build: skip the CUDA extension on purpose.", use="build"),
@@ -412,7 +417,7 @@ def default_of(var: EnvVar) -> str:
     if var.use == "select":
         return "delayed"
     if var.use == "backend":
-        return {"FP_RECIPES_NVFP4_GEMM": "auto"}.get(var.name, "")
+        return {"FP_RECIPES_NVFP4_GEMM": "auto", "FP_RECIPES_TORCH_OPS": "auto"}.get(var.name, "")
     if var.use == "build":
         return {"FP_RECIPES_CUDA_ARCHS": "90a;100a", "FP_RECIPES_NO_CUDA": "0",
                 "FP_RECIPES_NVCC_THREADS": "CPU count"}.get(var.name, "")

@@ -1,0 +1,39 @@
+// The table of host launchers that fp_recipes._C hands to fp_recipes._torch_ops (a PyCapsule named
+// "fp_recipes.kernel_table"): the torch-linked module allocates outputs and reads the current stream in C++,
+// then calls these. _C keeps every kernel and the cuBLASLt plan cache, so there is one copy of each in the
+// process, and _C itself stays framework-agnostic.
+//
+// Plain function pointers with C types only; an entry returns nullptr on success, else the error message (valid
+// until the calling thread's next call): exceptions do not cross the module boundary. A new entry goes at the end
+// with kKernelTableVersion raised; the reader checks `version` and `size`.
+#pragma once
+
+#include <cstdint>
+
+namespace fp_recipes {
+
+constexpr int kKernelTableVersion = 1;
+
+struct KernelTable {
+  int version;
+  int size;  // sizeof(KernelTable) of the writer
+
+  // Delayed scaling (launch_fp8_quantize): a given scale; amax_record, partials/db may be null (db_dtype -1: none).
+  const char* (*fp8_cast_delayed)(const void* x, int in_dtype, int64_t rows, int64_t cols, const float* scale,
+                                  int out_dtype, void* out, void* out_t, float* scale_inv, float* amax,
+                                  float* amax_record, float* partials, void* db, int db_dtype, void* stream);
+  // Current scaling (launch_fp8_current_scaling_quantize); amax_ws: the stream's zeroed workspace or null (memset).
+  const char* (*fp8_cast_current)(const void* x, int in_dtype, int64_t rows, int64_t cols, int out_dtype,
+                                  bool power_2, float amax_epsilon, void* out, void* out_t, float* scale,
+                                  float* scale_inv, float* amax, float* partials, void* db, int db_dtype,
+                                  uint32_t* amax_ws, void* stream);
+  // One dense FP8 GEMM through the cached cuBLASLt plan (the binding lt_fp8_gemm); *ran false: not launched.
+  const char* (*lt_fp8_gemm)(const void* a, int64_t lda, const void* b, int64_t ldb, const float* scale_a,
+                             const float* scale_b, void* d, const void* bias, int64_t m, int64_t n, int64_t k,
+                             int a_dtype, int b_dtype, int d_dtype, int bias_dtype, bool fast_accum, void* workspace,
+                             int64_t workspace_size, int device, void* stream, bool* ran);
+  // Whether `stream` is being captured into a CUDA graph (casts then take no amax workspace: ops/workspace.py).
+  const char* (*stream_capturing)(void* stream, bool* capturing);
+};
+
+}  // namespace fp_recipes

@@ -1,0 +1,204 @@
+// fp_recipes._torch_ops: the eager FP8 cast and GEMM calls of a training step as one C++ call each (issue 14).
+//
+// Why: through Python, one cast costs ~5 us of host time around its launch on a GPU host (three torch.empty at
+// 4-6 us each there, pointer and stream look-ups) and one GEMM ~4 us more; a Linear step makes three of each.
+// Here the outputs come from at::empty (the same caching allocator, no Python frames), the current stream from
+// c10's device-guard interface, and the launch from fp_recipes._C's KernelTable (csrc/kernel_table.h): the kernels
+// and the cuBLASLt plan cache stay in _C, one copy per process. Linked against libtorch (libc10, libtorch_cpu,
+// libtorch_python) only: built where torch is importable at build time (pip's --no-build-isolation), loaded by
+// fp_recipes/_extension.py (fast_ops), FP_RECIPES_TORCH_OPS=off turns it off. Every function returns None where
+// the Python path must run instead (it then makes the same launches with the same arguments: the bytes are
+// equal, tests/test_cuda_fast_ops.py).
+#include <torch/extension.h>
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "../kernel_table.h"
+
+namespace {
+
+using fp_recipes::KernelTable;
+
+const KernelTable* g_table = nullptr;
+
+constexpr int64_t kBiasTileRows = 64;  // ops/ref_fp8.py BIAS_GRAD_TILE_ROWS: one row of partial sums per 64 rows
+
+void check(const char* err) {
+  if (err != nullptr) throw std::runtime_error(err);
+}
+
+const KernelTable& table() {
+  if (g_table == nullptr) throw std::runtime_error("fp_recipes._torch_ops: init() was not called");
+  return *g_table;
+}
+
+// dtype codes of csrc/common.h (DType); -1: not a code
+int code_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 0;
+    case at::kHalf: return 1;
+    case at::kBFloat16: return 2;
+    case at::kFloat8_e4m3fn: return 3;
+    case at::kFloat8_e5m2: return 4;
+    case at::kByte: return 5;
+    default: return -1;
+  }
+}
+
+bool is_float_input(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+// The current CUDA device and the handle of a device's current stream, through the device-guard interface that
+// c10's CUDA library registers when torch loads (no link against libc10_cuda).
+const c10::impl::DeviceGuardImplInterface& cuda_impl() {
+  static const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return *impl;
+}
+
+// x on the current CUDA device (the Python path declines another device: rare, left to it)
+bool on_current_device(const at::Tensor& x) {
+  return x.is_cuda() && x.device().index() == cuda_impl().getDevice().index();
+}
+
+void* current_stream(const at::Device& device) { return cuda_impl().getStream(device).native_handle(); }
+
+// Per (device, stream) buffers, never freed (as the Python dicts keep theirs; no destructor runs at exit, when
+// CUDA may already be gone). Launches on one stream run in order, so they can share one.
+struct StreamBuffers {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, at::Tensor*> amax_ws;  // the zeroed int32 (4,) amax workspace (ops/workspace.py)
+  std::unordered_map<uint64_t, at::Tensor*> gemm_ws;  // cuBLASLt's workspace (gemm/cublaslt.py)
+};
+StreamBuffers g_buffers;
+
+uint64_t key_of(const at::Device& device, void* stream) {
+  return (reinterpret_cast<uint64_t>(stream) << 8) ^ static_cast<uint64_t>(device.index());
+}
+
+uint32_t* amax_workspace(const at::Device& device, void* stream) {
+  bool capturing = false;
+  check(table().stream_capturing(stream, &capturing));
+  if (capturing) return nullptr;  // a replay would share the capture stream's buffer: the launcher memsets
+  std::lock_guard<std::mutex> lock(g_buffers.mutex);
+  at::Tensor*& ws = g_buffers.amax_ws[key_of(device, stream)];
+  if (ws == nullptr) ws = new at::Tensor(at::zeros({4}, at::TensorOptions().dtype(at::kInt).device(device)));
+  return reinterpret_cast<uint32_t*>(ws->data_ptr<int32_t>());
+}
+
+void* gemm_workspace(const at::Device& device, void* stream, int64_t nbytes) {
+  if (nbytes == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(g_buffers.mutex);
+  at::Tensor*& ws = g_buffers.gemm_ws[key_of(device, stream)];
+  if (ws == nullptr || ws->numel() < nbytes)  // an older, smaller one stays alive: launches may still read it
+    ws = new at::Tensor(at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device)));
+  return ws->data_ptr();
+}
+
+void init(py::capsule table_capsule) {
+  if (std::string(table_capsule.name()) != "fp_recipes.kernel_table")
+    throw std::invalid_argument("fp_recipes._torch_ops.init: expected fp_recipes._C.kernel_table()");
+  auto* t = static_cast<const KernelTable*>(table_capsule.get_pointer());
+  if (t->version < fp_recipes::kKernelTableVersion || t->size < static_cast<int>(sizeof(KernelTable)))
+    throw std::runtime_error("fp_recipes._torch_ops: fp_recipes._C is older than this module (kernel table version " +
+                             std::to_string(t->version) + ", need " +
+                             std::to_string(fp_recipes::kKernelTableVersion) + "): rebuild the package");
+  g_table = t;
+}
+
+// An FP8 quantizer's planned eager cast (ops/cuda_fp8.py fp8_cast_planned): the same outputs, the FP32 values as
+// views of one allocation ([scale_inv, amax, scale] for current scaling, [scale_inv, amax] for delayed).
+py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
+                    double eps, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& record,
+                    c10::optional<at::ScalarType> bias_dtype) {
+  if (x.dim() != 2 || !is_float_input(x.scalar_type()) || x.numel() == 0 || !x.is_contiguous() ||
+      !on_current_device(x) || (bias_dtype.has_value() && !is_float_input(*bias_dtype)) ||
+      (!current && (!scale.has_value() || !record.has_value())))
+    return py::none();
+  const KernelTable& t = table();
+  const int64_t m = x.size(0), n = x.size(1);
+  const at::ScalarType fp8 = out_code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+  const auto opts = x.options();
+  at::Tensor data = rowwise ? at::empty({m, n}, opts.dtype(fp8)) : at::Tensor();
+  at::Tensor data_t = columnwise ? at::empty({n, m}, opts.dtype(fp8)) : at::Tensor();
+  void* stream = current_stream(x.device());
+  at::Tensor partials, db;
+  int db_code = -1;
+  if (bias_dtype.has_value()) {
+    partials = at::empty({(m + kBiasTileRows - 1) / kBiasTileRows, n}, opts.dtype(at::kFloat));
+    db = at::empty({n}, opts.dtype(*bias_dtype));
+    db_code = code_of(*bias_dtype);
+  }
+  float* partials_ptr = partials.defined() ? partials.data_ptr<float>() : nullptr;
+  void* db_ptr = db.defined() ? db.data_ptr() : nullptr;
+  void* data_ptr = data.defined() ? data.data_ptr() : nullptr;
+  void* data_t_ptr = data_t.defined() ? data_t.data_ptr() : nullptr;
+  const int in_code = code_of(x.scalar_type());
+  at::Tensor buf = at::empty({current ? 3 : 2}, opts.dtype(at::kFloat));
+  float* base = buf.data_ptr<float>();
+  if (current) {
+    check(t.fp8_cast_current(x.data_ptr(), in_code, m, n, out_code, pow2, static_cast<float>(eps), data_ptr,
+                             data_t_ptr, base + 2, base, base + 1, partials_ptr, db_ptr, db_code,
+                             amax_workspace(x.device(), stream), stream));
+  } else {
+    check(t.fp8_cast_delayed(x.data_ptr(), in_code, m, n, scale->data_ptr<float>(), out_code, data_ptr, data_t_ptr,
+                             base, base + 1, record->data_ptr<float>(), partials_ptr, db_ptr, db_code, stream));
+  }
+  py::object none = py::none();
+  auto opt = [&](const at::Tensor& v) -> py::object { return v.defined() ? py::cast(v) : none; };
+  py::object scale_out = current ? py::cast(buf.select(0, 2)) : py::cast(*scale);
+  if (db.defined())
+    return py::make_tuple(opt(data), opt(data_t), buf.select(0, 0), buf.select(0, 1), scale_out, db);
+  return py::make_tuple(opt(data), opt(data_t), buf.select(0, 0), buf.select(0, 1), scale_out);
+}
+
+// A dense FP8 GEMM through the cached cuBLASLt plan (gemm/cublaslt.py fp8_gemm): a new (m, n) out_dtype tensor
+// a @ b.T * scale_a * scale_b (+ bias), or None having launched nothing (another device current, a column
+// stride that is not 1, a shape or alignment the plan refuses): the caller then runs torch._scaled_mm.
+py::object fp8_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                    at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias, bool fast_accum,
+                    int64_t workspace_bytes) {
+  if (a.dim() != 2 || b.dim() != 2 || a.stride(1) != 1 || b.stride(1) != 1 || !on_current_device(a) ||
+      code_of(a.scalar_type()) < 3 || code_of(b.scalar_type()) < 3 || code_of(out_dtype) < 0 ||
+      code_of(out_dtype) > 2)
+    return py::none();
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  // cuBLASLt refuses a scale that is not 16-byte aligned (e.g. one element of a packed vector): a copy is
+  at::Tensor sa = reinterpret_cast<uintptr_t>(scale_a.data_ptr()) % 16 ? scale_a.clone() : scale_a;
+  at::Tensor sb = reinterpret_cast<uintptr_t>(scale_b.data_ptr()) % 16 ? scale_b.clone() : scale_b;
+  void* stream = current_stream(a.device());
+  void* ws = gemm_workspace(a.device(), stream, workspace_bytes);
+  at::Tensor out = at::empty({m, n}, a.options().dtype(out_dtype));
+  bool ran = false;
+  const bool with_bias = bias.has_value() && bias->defined();
+  check(table().lt_fp8_gemm(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), sa.data_ptr<float>(),
+                            sb.data_ptr<float>(), out.data_ptr(), with_bias ? bias->data_ptr() : nullptr, m, n, k,
+                            code_of(a.scalar_type()), code_of(b.scalar_type()), code_of(out_dtype),
+                            with_bias ? code_of(bias->scalar_type()) : -1, fast_accum, ws, workspace_bytes,
+                            static_cast<int>(a.device().index()), stream, &ran));
+  if (!ran) return py::none();
+  return py::cast(out);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fp_recipes' torch-linked host fast path of the eager FP8 casts and GEMMs (use fp_recipes.ops)";
+  m.def("init", &init, py::arg("table"), "Take fp_recipes._C.kernel_table(); call once before the others.");
+  m.def("fp8_cast", &fp8_cast, py::arg("x"), py::arg("out_code"), py::arg("rowwise"), py::arg("columnwise"),
+        py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
+        py::arg("bias_dtype"),
+        "(data, data_t, scale_inv, amax, scale[, db]) of an FP8 quantizer's cast of a contiguous 2-D CUDA x, or None.");
+  m.def("fp8_gemm", &fp8_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
+        py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
+        "a @ b.T * scale_a * scale_b (+ bias) through the cached cuBLASLt plan, or None.");
+  m.def("buffers", []() {
+    std::lock_guard<std::mutex> lock(g_buffers.mutex);
+    return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size());
+  }, "(amax workspaces, GEMM workspaces) held: one per device and stream used.");
+}

@@ -1,0 +1,198 @@
+"""The torch-linked host path (``fp_recipes._torch_ops``, FP_RECIPES_TORCH_OPS) against the Python path it
+replaces, byte for byte: the same launches with the same arguments must give the same bytes. Covers the planned
+casts (current and delayed scaling, each copy choice, the fused bias gradient, the history record), the cuBLASLt
+GEMM (row strides, unaligned scales, bias, every output dtype, declines), a side stream (its own workspaces), a
+Linear step of both recipes, and the CUDA-graph rule (no amax workspace while capturing). Needs a GPU and the
+module built (``pip install --no-build-isolation``, as ``../shared/device/setup.sh`` does)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fp_recipes
+from fp_recipes import _extension
+from fp_recipes.gemm import cublaslt
+from fp_recipes.ops import cuda_fp8
+
+pytestmark = pytest.mark.cuda
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module")
+def fast():
+    mod = _extension.fast_ops()
+    if mod is None and "not built" in _extension.fast_ops_status():
+        pytest.skip(f"fp_recipes._torch_ops: {_extension.fast_ops_status()}")
+    assert mod is not None, _extension.fast_ops_status()
+    return mod
+
+
+@pytest.fixture
+def python_path(monkeypatch):
+    """Run the block with the Python host path (what FP_RECIPES_TORCH_OPS=off selects at start-up)."""
+    def use_python():
+        monkeypatch.setattr(cuda_fp8, "_FAST", [None])
+        monkeypatch.setattr(_extension, "_fast", None)
+    return use_python
+
+
+def same(got, want, what):
+    if want is None:
+        assert got is None, what
+        return
+    assert got is not None, what
+    assert got.dtype == want.dtype and tuple(got.shape) == tuple(want.shape), what
+    if got.dtype.is_floating_point and got.element_size() > 1:
+        nan = torch.isnan(got) & torch.isnan(want)
+        got, want = torch.where(nan, 0, got), torch.where(nan, 0, want)
+    gb = got.contiguous().reshape(-1).view(torch.uint8)
+    wb = want.contiguous().reshape(-1).view(torch.uint8)
+    assert torch.equal(gb, wb), f"{what}: {int((gb != wb).sum())} bytes differ"
+
+
+def make(shape, dtype, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(shape, generator=g, device=DEV) * torch.exp2(
+        torch.randint(-20, 20, shape, generator=g, device=DEV).float())
+    x = x.to(dtype)
+    if x.numel() > 7:
+        x.view(-1)[3] = float("nan")
+        x.view(-1)[5] = float("inf") if dtype != torch.float16 else 60000.0
+    return x
+
+
+def planned(x, plan, scale=None, record=None, bias_dtype=None):
+    out = cuda_fp8.fp8_cast_planned(x, plan, scale, record, bias_dtype)
+    assert out is not None
+    return out
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_casts_equal_the_python_path(fast, python_path, dtype):
+    shapes = ((1, 16), (65, 64), (257, 1008), (128, 4096), (3, 7))
+    got, hist_got = [], []
+    for fast_on in (True, False):
+        if not fast_on:
+            python_path()
+        outs, hists = [], []
+        for j, shape in enumerate(shapes):
+            x = make(shape, dtype, j)
+            for rw, cw in ((True, False), (True, True), (False, True)):
+                cur = cuda_fp8.CastPlan("e4m3", rw, cw, True, use_power_2_scales=j % 2 == 0, amax_epsilon=1e-12)
+                outs.append(planned(x, cur))
+                outs.append(planned(x, cur, bias_dtype=dtype))
+                scale = torch.tensor(0.8125, device=DEV)
+                hist = torch.full((), 0.25, device=DEV)
+                dl = cuda_fp8.CastPlan("e5m2", rw, cw, False)
+                outs.append(planned(x, dl, scale, hist))
+                outs.append(planned(x, dl, scale, hist, torch.bfloat16))
+                hists.append(hist)
+        got.append(outs)
+        hist_got.append(hists)
+    assert len(got[0]) == len(got[1])
+    for i, (a, b) in enumerate(zip(*got)):
+        assert len(a) == len(b), i
+        for f, (ta, tb) in enumerate(zip(a, b)):
+            same(ta, tb, f"cast {i} output {f}")
+    for i, (a, b) in enumerate(zip(*hist_got)):
+        same(a, b, f"history {i}")
+
+
+def test_cast_declines_what_python_declines(fast):
+    plan = cuda_fp8.CastPlan("e4m3", True, True, True)
+    x = make((64, 96), torch.bfloat16, 1)
+    assert fast.fp8_cast(x.t(), 3, True, True, True, False, 0.0, None, None, None) is None  # not contiguous
+    assert fast.fp8_cast(x[:0], 3, True, True, True, False, 0.0, None, None, None) is None  # empty
+    assert fast.fp8_cast(x.to(torch.int32), 3, True, True, True, False, 0.0, None, None, None) is None
+    assert fast.fp8_cast(x.cpu(), 3, True, True, True, False, 0.0, None, None, None) is None
+    assert fast.fp8_cast(x, 3, True, True, True, False, 0.0, None, None, torch.int32) is None  # bias dtype
+    assert fast.fp8_cast(x, 4, True, True, False, False, 0.0, None, None, None) is None  # delayed, no scale
+    assert cuda_fp8.fp8_cast_planned(x.t(), plan) is None
+
+
+def _gemm_cases():
+    g = torch.Generator(device=DEV).manual_seed(5)
+    for m, n, k, lda_pad in ((1, 16, 16, 0), (67, 48, 80, 16), (256, 512, 1024, 0), (129, 4096, 256, 32)):
+        a = (torch.randn(m, k + lda_pad, generator=g, device=DEV) * 4).to(torch.float8_e4m3fn)[:, :k]
+        b = (torch.randn(n, k, generator=g, device=DEV) * 4).to(torch.float8_e4m3fn)
+        for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
+            sv = torch.tensor([0.5, 0.375, 1.25, 2.0], device=DEV)
+            scale_a = sv[1]  # 4 bytes into a vector: not 16-byte aligned (both paths copy it)
+            scale_b = torch.tensor(0.75, device=DEV)
+            bias = torch.randn(n, generator=g, device=DEV).to(out_dtype) if out_dtype != torch.float32 else None
+            yield a, b, scale_a, scale_b, out_dtype, bias
+        yield a, b.to(torch.float8_e5m2), scale_a, scale_b, torch.bfloat16, None
+
+
+def test_gemm_equals_the_python_path(fast, python_path):
+    if not cublaslt.available():
+        pytest.skip(f"cuBLASLt: {cublaslt.status()}")
+    cases = list(_gemm_cases())
+    got = [cublaslt.fp8_gemm(a, b, sa, sb, dt, bias) for a, b, sa, sb, dt, bias in cases]
+    python_path()
+    want = [cublaslt.fp8_gemm(a, b, sa, sb, dt, bias) for a, b, sa, sb, dt, bias in cases]
+    for i, (g_, w_) in enumerate(zip(got, want)):
+        assert w_ is not None, f"case {i}: the Python path declined"
+        same(g_, w_, f"gemm case {i}")
+    a, b, sa, sb, _, _ = cases[0]
+    assert fast.fp8_gemm(a, b.t(), sa, sb, torch.bfloat16, None, False, 1 << 20) is None  # column stride != 1
+    assert fast.fp8_gemm(a, b, sa, sb, torch.int32, None, False, 1 << 20) is None  # output dtype
+
+
+def test_side_stream_has_its_own_workspaces(fast):
+    x = make((96, 256), torch.bfloat16, 2)
+    plan = cuda_fp8.CastPlan("e4m3", True, True, True)
+    want = planned(x, plan)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = planned(x, plan)
+    torch.cuda.current_stream().wait_stream(side)
+    assert fast.buffers()[0] >= 2  # the current stream's and the side stream's
+    for f, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"side stream output {f}")
+
+
+@pytest.mark.parametrize("recipe", ("delayed", "current"))
+def test_linear_steps_equal_the_python_path(fast, python_path, recipe):
+    def run():
+        torch.manual_seed(0)
+        layer = fp_recipes.Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device=DEV)
+        rec = fp_recipes.DelayedScaling() if recipe == "delayed" else fp_recipes.Float8CurrentScaling()
+        outs = []
+        for step in range(3):
+            x = torch.randn(200, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            with fp_recipes.autocast(recipe=rec):
+                y = layer(x)
+            y.backward(torch.randn_like(y))
+            outs += [y.detach(), x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+            with torch.no_grad():
+                layer.weight.add_(layer.weight.grad, alpha=-1e-2)
+            layer.weight.grad = layer.bias.grad = None
+        return outs
+    got = run()
+    python_path()
+    want = run()
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"{recipe} step output {i}")
+
+
+def test_captured_casts_take_no_workspace(fast):
+    """A capture stream never seen before: taking a workspace inside the capture would add one."""
+    x = make((128, 512), torch.bfloat16, 3)
+    plan = cuda_fp8.CastPlan("e4m3", True, True, True)
+    want = planned(x, plan)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    seen = fast.buffers()[0]
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph, stream=side):
+            out = planned(x, plan)
+    torch.cuda.current_stream().wait_stream(side)
+    assert fast.buffers()[0] == seen
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        for f, (a, b) in enumerate(zip(out, want)):
+            same(a, b, f"replayed output {f}")
