@@ -5,6 +5,11 @@ wall clock around each phase (no profiler, whose per-call hooks distort Python-h
 over many steps. The weight changes after every step (an optimizer step: the weight cast is redone).
 
     python benchmarks/host_phases.py [--recipes off,delayed,current,nvfp4] [--size 256] [--steps 400] [--json F]
+                                     [--host-paths both --rounds 3]
+
+``--host-paths both`` measures every recipe with the torch-linked host path (``fp_recipes._torch_ops``) and with
+the Python one (what FP_RECIPES_TORCH_OPS=off selects), alternating in one process for ``--rounds`` rounds: a
+host's speed drifts between processes and machine instances by more than the difference measured.
 """
 
 from __future__ import annotations
@@ -63,18 +68,65 @@ def phases(recipe, size: int, steps: int) -> dict:
     return out
 
 
+class _HostPath:
+    """Select the host path of the FP8 casts and GEMMs for a block (as the tests do; the env var is read once)."""
+
+    def __init__(self, python: bool) -> None:
+        self.python = python
+
+    def __enter__(self):
+        from fp_recipes import _extension
+        from fp_recipes.ops import cuda_fp8
+
+        self.saved = (list(cuda_fp8._FAST), _extension.fast_ops())
+        if self.python:
+            cuda_fp8._FAST[:] = [None]
+            _extension._fast = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from fp_recipes import _extension
+        from fp_recipes.ops import cuda_fp8
+
+        cuda_fp8._FAST[:], _extension._fast = self.saved
+
+
+def compare_host_paths(names, size: int, steps: int, rounds: int) -> dict:
+    """Median over ``rounds`` of each (recipe, host path)'s phases, the paths alternating within each round."""
+    from fp_recipes import _extension
+
+    if _extension.fast_ops() is None:
+        raise SystemExit(f"--host-paths both: fp_recipes._torch_ops is {_extension.fast_ops_status()}")
+    runs: dict = {}
+    for _ in range(rounds):
+        for name in names:
+            for path in ("torch_ops", "python"):
+                recipe = RECIPES[name]() if RECIPES[name] is not None else None
+                with _HostPath(path == "python"):
+                    runs.setdefault((name, path), []).append(phases(recipe, size, steps))
+    return {f"{name} {path}": {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            for (name, path), rs in runs.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipes", default="off,delayed,current,nvfp4")
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--json", default=None)
+    p.add_argument("--host-paths", choices=("current", "both"), default="current",
+                   help="both: each recipe with the torch-linked and the Python host path, alternating")
+    p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; Linear {args.size}^3 + bias, "
           "host us per phase (median)")
     print(f"{'recipe':10s}" + "".join(f"{ph:>14s}" for ph in PHASES) + f"{'total':>10s}")
     results = {}
-    for name in args.recipes.split(","):
+    if args.host_paths == "both":
+        results = compare_host_paths(args.recipes.split(","), args.size, args.steps, args.rounds)
+        for name, r in results.items():
+            print(f"{name:18s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
+    for name in args.recipes.split(",") if args.host_paths == "current" else ():
         recipe = RECIPES[name]() if RECIPES[name] is not None else None
         r = results[name] = phases(recipe, args.size, args.steps)
         print(f"{name:10s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)

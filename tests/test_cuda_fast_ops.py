@@ -117,9 +117,7 @@ def _gemm_cases():
         a = (torch.randn(m, k + lda_pad, generator=g, device=DEV) * 4).to(torch.float8_e4m3fn)[:, :k]
         b = (torch.randn(n, k, generator=g, device=DEV) * 4).to(torch.float8_e4m3fn)
         for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
-            sv = torch.tensor([0.5, 0.375, 1.25, 2.0], device=DEV)
-            scale_a = sv[1]  # 4 bytes into a vector: not 16-byte aligned (both paths copy it)
-            scale_b = torch.tensor(0.75, device=DEV)
+            scale_a, scale_b = torch.tensor(0.375, device=DEV), torch.tensor(0.75, device=DEV)
             bias = torch.randn(n, generator=g, device=DEV).to(out_dtype) if out_dtype != torch.float32 else None
             yield a, b, scale_a, scale_b, out_dtype, bias
         yield a, b.to(torch.float8_e5m2), scale_a, scale_b, torch.bfloat16, None
@@ -138,6 +136,9 @@ def test_gemm_equals_the_python_path(fast, python_path):
     a, b, sa, sb, _, _ = cases[0]
     assert fast.fp8_gemm(a, b.t(), sa, sb, torch.bfloat16, None, False, 1 << 20) is None  # column stride != 1
     assert fast.fp8_gemm(a, b, sa, sb, torch.int32, None, False, 1 << 20) is None  # output dtype
+    odd = torch.tensor([0.5, 0.375, 1.25, 2.0], device=DEV)[1]  # 4 bytes into a vector: not 16-byte aligned
+    assert fast.fp8_gemm(a, b, odd, sb, torch.bfloat16, None, False, 1 << 20) is None  # as cublaslt.fp8_gemm
+    assert fast.fp8_gemm(a, b, sa, odd, torch.bfloat16, None, False, 1 << 20) is None
 
 
 def test_side_stream_has_its_own_workspaces(fast):

@@ -159,7 +159,8 @@ py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool column
 
 // A dense FP8 GEMM through the cached cuBLASLt plan (gemm/cublaslt.py fp8_gemm): a new (m, n) out_dtype tensor
 // a @ b.T * scale_a * scale_b (+ bias), or None having launched nothing (another device current, a column
-// stride that is not 1, a shape or alignment the plan refuses): the caller then runs torch._scaled_mm.
+// stride that is not 1, a scale that is not 16-byte aligned, a shape or alignment the plan refuses): the caller
+// then runs torch._scaled_mm.
 py::object fp8_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
                     at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias, bool fast_accum,
                     int64_t workspace_bytes) {
@@ -168,9 +169,12 @@ py::object fp8_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& 
       code_of(out_dtype) > 2)
     return py::none();
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
-  // cuBLASLt refuses a scale that is not 16-byte aligned (e.g. one element of a packed vector): a copy is
-  at::Tensor sa = reinterpret_cast<uintptr_t>(scale_a.data_ptr()) % 16 ? scale_a.clone() : scale_a;
-  at::Tensor sb = reinterpret_cast<uintptr_t>(scale_b.data_ptr()) % 16 ? scale_b.clone() : scale_b;
+  // cuBLASLt refuses a scale that is not 16-byte aligned (e.g. one element of a packed vector): the caller
+  // (gemm/fp8.py _fp8_mm) passes an aligned copy, as for the Python path
+  if (reinterpret_cast<uintptr_t>(scale_a.data_ptr()) % 16 || reinterpret_cast<uintptr_t>(scale_b.data_ptr()) % 16)
+    return py::none();
+  const at::Tensor& sa = scale_a;
+  const at::Tensor& sb = scale_b;
   void* stream = current_stream(a.device());
   void* ws = gemm_workspace(a.device(), stream, workspace_bytes);
   at::Tensor out = at::empty({m, n}, a.options().dtype(out_dtype));

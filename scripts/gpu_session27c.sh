@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 27, run 4: the torch-linked host path after run 3's fix (a misaligned scale declines, as the Python
+# cuBLASLt call does): its tests and the FP8 host/GEMM/graph files, then the host time of both paths measured in
+# one process, alternating (host_phases.py --host-paths both), and bench_model.py --linear.
+#   source .device/setup.sh > $OUT/setup.log 2>&1 && bash scripts/gpu_session27c.sh
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_session27c_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+{
+  nvidia-smi -L
+  python3 -m fp_recipes doctor 2>&1 | grep -E "FP8 host path|backend:"
+  echo "== pytest -m cuda $(date +%T)"
+  timeout "${LIM_TEST:-200}" python3 -m pytest -q -m cuda -p no:cacheprovider -rfE --tb=short \
+    tests/test_cuda_fast_ops.py tests/test_host_fp8_path.py tests/test_gemm_lt.py tests/test_cuda_graphs.py \
+    tests/test_host_sync.py ${EXTRA_TESTS:-} > "$OUT/pytest.txt" 2>&1
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -n 30; tail -n 2 "$OUT/pytest.txt"
+  for size in 256 4096; do
+    echo "== host_phases --host-paths both --size $size $(date +%T)"
+    timeout 150 python3 benchmarks/host_phases.py --recipes off,delayed,current --host-paths both --rounds 3 \
+      --steps 200 --size $size --json "$OUT/phases_both_$size.json" 2>&1 | grep -v -E "Warning|run_backward"
+  done
+  echo "== bench_model --linear --no-compiled $(date +%T)"
+  timeout 75 python3 benchmarks/bench_model.py --linear --no-compiled --json "$OUT/linear.json" 2>&1 \
+    | grep -v Warning | tail -n 7
+} 2>&1 | tee "$OUT/log.txt"
