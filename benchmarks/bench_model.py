@@ -19,6 +19,7 @@ memsets (as issue 13's BF16 figure of 8 does); the FP8 rows run under torch.comp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -175,15 +176,16 @@ def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor,
 
 
 def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
-               graphed: bool = False) -> List[Dict[str, Any]]:
+               graphed: bool = False, python_host: bool = False) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
     rows = []
 
-    def add(label: str, make: Callable[[], Callable[[], None]]) -> None:
+    def add(label: str, make: Callable[[], Callable[[], None]], host_path: Any = None) -> None:
         try:
-            r = measure(make(), warmup, iters)
+            with host_path() if host_path is not None else contextlib.nullcontext():
+                r = measure(make(), warmup, iters)
         except Exception as exc:  # report, do not hide
             print(f"  {label}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             r = {"error": f"{type(exc).__name__}: {exc}"}
@@ -201,6 +203,11 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             build(hidden, ffn, layers, False)))
     for name, recipe in recipes().items():
         add(name, lambda recipe=recipe: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
+        if python_host and name in ("FP8 delayed", "FP8 current"):
+            from _host_path import python_host_path
+
+            add(f"{name} (Python host path)", lambda recipe=recipe: make_step(
+                build(hidden, ffn, layers, True), x, dy, recipe), host_path=python_host_path)
     from fp_recipes.modules.base import compile_supported
     if compiled and not compile_supported():
         print(f"  fp_recipes torch.compile rows skipped: they need torch >= 2.13 (this is {torch.__version__})")
@@ -306,6 +313,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "micro-batch; fixed: the modules' weight cache reuses unchanged weights' casts")
     p.add_argument("--weight-copy", choices=("auto", "save", "recast"), default="auto",
                    help="every module's weight_columnwise_copy (docs/modules.md; default auto)")
+    p.add_argument("--python-host-rows", action="store_true",
+                   help="add the eager FP8 rows with the Python host path (FP_RECIPES_TORCH_OPS=off), measured "
+                   "in the same process as the default rows")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
@@ -342,7 +352,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             hidden, ffn, tokens, layers = SIZES[size]
             print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
             rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled,
-                               graphed=args.graphed)
+                               graphed=args.graphed, python_host=args.python_host_rows)
         result["model"] = rows
         print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
         for r in rows:

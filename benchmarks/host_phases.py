@@ -15,6 +15,7 @@ host's speed drifts between processes and machine instances by more than the dif
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -23,6 +24,8 @@ import torch
 
 import fp_recipes
 from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockScaling
+
+from _host_path import python_host_path
 
 RECIPES = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling, "nvfp4": NVFP4BlockScaling}
 PHASES = ("enter", "forward", "exit", "backward", "weight update")
@@ -68,29 +71,6 @@ def phases(recipe, size: int, steps: int) -> dict:
     return out
 
 
-class _HostPath:
-    """Select the host path of the FP8 casts and GEMMs for a block (as the tests do; the env var is read once)."""
-
-    def __init__(self, python: bool) -> None:
-        self.python = python
-
-    def __enter__(self):
-        from fp_recipes import _extension
-        from fp_recipes.ops import cuda_fp8
-
-        self.saved = (list(cuda_fp8._FAST), _extension.fast_ops())
-        if self.python:
-            cuda_fp8._FAST[:] = [None]
-            _extension._fast = None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        from fp_recipes import _extension
-        from fp_recipes.ops import cuda_fp8
-
-        cuda_fp8._FAST[:], _extension._fast = self.saved
-
-
 def compare_host_paths(names, size: int, steps: int, rounds: int) -> dict:
     """Median over ``rounds`` of each (recipe, host path)'s phases, the paths alternating within each round."""
     from fp_recipes import _extension
@@ -102,7 +82,7 @@ def compare_host_paths(names, size: int, steps: int, rounds: int) -> dict:
         for name in names:
             for path in ("torch_ops", "python"):
                 recipe = RECIPES[name]() if RECIPES[name] is not None else None
-                with _HostPath(path == "python"):
+                with python_host_path() if path == "python" else contextlib.nullcontext():
                     runs.setdefault((name, path), []).append(phases(recipe, size, steps))
     return {f"{name} {path}": {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             for (name, path), rs in runs.items()}

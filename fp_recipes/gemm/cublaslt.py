@@ -85,6 +85,11 @@ def _load() -> bool:
     return bool(_state["loaded"])
 
 
+def single_gemm() -> bool:
+    """Whether the loaded extension has the one-GEMM entry point :func:`fp8_gemm` uses."""
+    return _load() and bool(_state.get("single", False))
+
+
 def available() -> bool:
     """Whether :func:`fp8_gemms` can run here (extension built with cuBLASLt headers, library loaded)."""
     return _load()

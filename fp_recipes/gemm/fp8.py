@@ -47,6 +47,13 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
                  bias: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> torch.Tensor:
     """FP8 x FP8 with per-tensor scales: ``(a.data @ b.data^T) * (a.scale_inv * b.scale_inv) + bias``."""
     a_data, b_data = a.data, b.data
+    fast = _FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()
+    if fast is not None and a_data.is_cuda and not torch.compiler.is_compiling():
+        # this function's cuBLASLt branch as one C++ call (fp_recipes._torch_ops); None: the branch below
+        out = fast.fp8_linear_gemm(a_data, b_data, a.scale_inv, b.scale_inv, out_dtype, bias, use_fast_accum,
+                                   cublaslt.WORKSPACE_BYTES)
+        if out is not None:
+            return out
     (m, k), n = a_data.shape, b_data.shape[0]
     if k != b_data.shape[1]:
         raise ValueError(f"gemm: contraction dims differ: {tuple(a_data.shape)} x {tuple(b_data.shape)}^T")
@@ -73,6 +80,18 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
         return out
     acc = mm_fp32(a.data.float(), b.data.float())
     return finish(acc * (a.scale_inv * b.scale_inv), bias, out_dtype)
+
+
+_FAST_GEMM: list = []  # [the torch-linked host path, or None], looked up on the first FP8 GEMM
+
+
+def _fast_gemm():
+    """The torch-linked host path when it and the cuBLASLt launcher it calls are both available."""
+    from .. import _extension
+
+    fast = _extension.fast_ops()
+    _FAST_GEMM.append(fast if fast is not None and cublaslt.available() and cublaslt.single_gemm() else None)
+    return _FAST_GEMM[0]
 
 
 def _fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,

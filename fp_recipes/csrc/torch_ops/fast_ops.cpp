@@ -13,6 +13,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
@@ -189,6 +190,47 @@ py::object fp8_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& 
   return py::cast(out);
 }
 
+// An operand cuBLASLt reads in place (gemm/_common.py gemm_ready): row-major, rows and start 16-byte aligned.
+bool gemm_ready(const at::Tensor& t) {
+  const int64_t s0 = t.stride(0), s1 = t.stride(1);
+  return s1 == 1 && s0 >= std::max<int64_t>(1, t.size(1)) && (s0 * t.element_size()) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// The CUDA branch of gemm/fp8.py gemm_fp8_fp8 in one call: the operands' readiness (a contiguous copy where
+// cuBLASLt cannot read one in place), a scale that is not 16-byte aligned copied (as _fp8_mm does), the bias
+// fused into the epilogue, the cached plan. None, having launched nothing, wherever the Python branch does
+// something else: an empty product, K or N to pad to 16, a bias it adds in FP32 (another dtype than the output),
+// E5M2 x E5M2, contraction dims that differ (it raises), or a problem the plan refuses.
+py::object fp8_linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                           const at::Tensor& scale_b, at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias,
+                           bool fast_accum, int64_t workspace_bytes) {
+  if (a.dim() != 2 || b.dim() != 2 || !on_current_device(a) || b.device() != a.device()) return py::none();
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  const int ac = code_of(a.scalar_type()), bc = code_of(b.scalar_type()), oc = code_of(out_dtype);
+  if (k != b.size(1) || m == 0 || n == 0 || k == 0 || k % 16 || n % 16 || ac < 3 || ac > 4 || bc < 3 || bc > 4 ||
+      (ac == 4 && bc == 4) || oc < 0 || oc > 2)
+    return py::none();
+  const bool with_bias = bias.has_value() && bias->defined();
+  if (with_bias && (bias->scalar_type() != out_dtype || oc == 0 || !bias->is_contiguous() || bias->dim() != 1 ||
+                    bias->size(0) != n))
+    return py::none();
+  const at::Tensor aa = gemm_ready(a) ? a : a.contiguous();
+  const at::Tensor bb = gemm_ready(b) ? b : b.contiguous();
+  const at::Tensor sa = reinterpret_cast<uintptr_t>(scale_a.data_ptr()) % 16 ? scale_a.clone() : scale_a;
+  const at::Tensor sb = reinterpret_cast<uintptr_t>(scale_b.data_ptr()) % 16 ? scale_b.clone() : scale_b;
+  void* stream = current_stream(a.device());
+  void* ws = gemm_workspace(a.device(), stream, workspace_bytes);
+  at::Tensor out = at::empty({m, n}, a.options().dtype(out_dtype));
+  bool ran = false;
+  check(table().lt_fp8_gemm(aa.data_ptr(), aa.stride(0), bb.data_ptr(), bb.stride(0), sa.data_ptr<float>(),
+                            sb.data_ptr<float>(), out.data_ptr(), with_bias ? bias->data_ptr() : nullptr, m, n, k, ac,
+                            bc, oc, with_bias ? oc : -1, fast_accum, ws, workspace_bytes,
+                            static_cast<int>(a.device().index()), stream, &ran));
+  if (!ran) return py::none();
+  return py::cast(out);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -201,6 +243,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_gemm", &fp8_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
         py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
         "a @ b.T * scale_a * scale_b (+ bias) through the cached cuBLASLt plan, or None.");
+  m.def("fp8_linear_gemm", &fp8_linear_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
+        py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
+        "gemm/fp8.py gemm_fp8_fp8's CUDA branch (operand readiness, fused bias, the cached plan), or None.");
   m.def("buffers", []() {
     std::lock_guard<std::mutex> lock(g_buffers.mutex);
     return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size());
