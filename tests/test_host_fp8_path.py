@@ -28,7 +28,8 @@ def _scale(v, device="cuda"):
 
 
 def _scaled_mm_path(monkeypatch):
-    """gemm_fp8_fp8 with the cached-plan path turned off (what ran before)."""
+    """gemm_fp8_fp8 with the cached-plan path turned off (what ran before), in C++ and in Python."""
+    monkeypatch.setattr(gemm_fp8, "_FAST_GEMM", [None])
     monkeypatch.setattr(cublaslt, "fp8_gemm", lambda *a, **k: None)
 
 
@@ -59,14 +60,18 @@ def test_dense_gemm_through_plan_equals_scaled_mm(out_dtype, bias_kind, shape, b
 
     monkeypatch.setattr(cublaslt, "fp8_gemm", counting)
     for fast in (False, True):
-        got = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=out_dtype, bias=bias, use_fast_accum=fast)
+        got = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=out_dtype, bias=bias, use_fast_accum=fast)  # default host path
+        with monkeypatch.context() as mp:
+            mp.setattr(gemm_fp8, "_FAST_GEMM", [None])  # the Python host path (FP_RECIPES_TORCH_OPS=off)
+            got_python = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=out_dtype, bias=bias, use_fast_accum=fast)
         with monkeypatch.context() as mp:
             _scaled_mm_path(mp)
             want = gemm_fp8.gemm_fp8_fp8(a, b, out_dtype=out_dtype, bias=bias, use_fast_accum=fast)
         assert got.shape == want.shape == (m, n) and got.dtype == want.dtype == out_dtype
         # the same library and problem: the same algorithm, the same bits (as tests/test_gemm_lt.py)
         assert torch.equal(got, want), (shape, out_dtype, bias_kind, fast)
-    assert calls and all(calls)  # the cached-plan path ran every time
+        assert torch.equal(got_python, want), (shape, out_dtype, bias_kind, fast, "python host path")
+    assert calls and all(calls)  # the Python host path's cached plan ran every time
 
 
 @cuda
