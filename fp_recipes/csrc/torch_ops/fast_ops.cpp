@@ -121,6 +121,9 @@ py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool column
       !on_current_device(x) || (bias_dtype.has_value() && !is_float_input(*bias_dtype)) ||
       (!current && (!scale.has_value() || !record.has_value())))
     return py::none();
+  if (out_code != 3 && out_code != 4)
+    throw std::invalid_argument("fp_recipes._torch_ops.fp8_cast: out_code must be 3 (e4m3) or 4 (e5m2), got " +
+                                std::to_string(out_code));
   const KernelTable& t = table();
   const int64_t m = x.size(0), n = x.size(1);
   const at::ScalarType fp8 = out_code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
