@@ -125,6 +125,7 @@ def _install_stub_nvfp4() -> None:
     from fp_recipes.gemm import nvfp4 as gemm_nvfp4, nvfp4_emulated
     from fp_recipes.ops import cuda_nvfp4
 
+    cuda_nvfp4._FAST[:] = [None]  # the Python host path (see install_stub_kernels)
     cuda_nvfp4._require_cuda = lambda x, what: None  # the checks, less "is it on a CUDA device"
     cuda_nvfp4._stream_of = lambda device: 0
     cuda_nvfp4._AMAX_WS[(None, 0)] = torch.zeros((4,), dtype=torch.int32)  # a stream's amax workspace

@@ -98,6 +98,31 @@ def main() -> int:
         runs += 1
         bad += fused is None or not torch.equal(fused[1].view(torch.int16),
                                                 ref_fp8.bias_grad(x, torch.bfloat16).view(torch.int16))
+    # the quantizers' resolved launches (with the torch-linked host path: one C++ call each), every amax mode
+    names = ("data", "scale", "amax", "data_t", "scale_t", "amax_t")
+    for (m, n), kw in (((32, 48), dict(columnwise=True)), ((48, 80), dict(columnwise=True, block_2d=True)),
+                       ((32, 48), dict(columnwise=True, rht=True, stochastic_rounding=True, seed=5, offset=2)),
+                       ((16, 160), dict(rowwise=False, columnwise=True, rht=True)),
+                       ((272, 1040), dict(row_scaled=True, four_over_six=True, err_fast_math=True)),
+                       ((48, 64), dict(columnwise=True, row_scaled=True))):
+        opts = dict(rowwise=True, columnwise=False, block_2d=False, row_scaled=False, four_over_six=False,
+                    e4m3_max=448, err_mode="MAE", err_fast_math=False, rht=False, stochastic_rounding=False)
+        seed, offset = kw.pop("seed", 0), kw.pop("offset", 0)
+        opts.update(kw)
+        x = (torch.randn(m, n, device="cuda") * 3).bfloat16()
+        plan = C.QuantizePlan(**opts)
+        want = R.nvfp4_quantize(x, seed=seed, offset=offset, **opts)
+        for _ in range(2):  # the second call takes the resolved launch
+            got = C.nvfp4_quantize_planned(x, plan, None, seed, offset)
+            runs += 1
+            for f, a in zip(names, got[:6]):
+                b = getattr(want, f)
+                if f == "amax" and a is not None and b is not None and a.numel() != b.numel():
+                    bad += 1
+                    continue
+                bad += (a is None) != (b is None) or (a is not None and not torch.equal(
+                    a.view(torch.uint8) if a.element_size() == 1 else a.nan_to_num(-1.0),
+                    b.view(torch.uint8) if b.element_size() == 1 else b.nan_to_num(-1.0)))
     torch.cuda.synchronize()
     print(f"sanitize_nvfp4_fast: {runs} kernel runs, {bad} mismatches")
     return 1 if bad else 0

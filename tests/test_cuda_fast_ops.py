@@ -2,7 +2,8 @@
 replaces, byte for byte: the same launches with the same arguments must give the same bytes. Covers the planned
 casts (current and delayed scaling, each copy choice, the fused bias gradient, the history record), the cuBLASLt
 GEMM (row strides, unaligned scales, bias, every output dtype, declines), a side stream (its own workspaces), a
-Linear step of both recipes, and the CUDA-graph rule (no amax workspace while capturing). Needs a GPU and the
+Linear step of both recipes, the NVFP4 quantize launches (every amax mode: plain, with the RHT amax, per row, per
+row fused; 2-D blocks, stochastic rounding, 4over6, the fused bias gradient), and the CUDA-graph rule (no amax workspace while capturing). Needs a GPU and the
 module built (``pip install --no-build-isolation``, as ``../shared/device/setup.sh`` does)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fp_recipes import _extension
 from fp_recipes.gemm import cublaslt
 from fp_recipes.gemm import fp8 as gemm_fp8
 from fp_recipes.gemm.operands import Fp8Operand
-from fp_recipes.ops import cuda_fp8
+from fp_recipes.ops import cuda_fp8, cuda_nvfp4
 
 pytestmark = pytest.mark.cuda
 DEV = "cuda"
@@ -36,6 +37,7 @@ def python_path(monkeypatch):
     def use_python():
         monkeypatch.setattr(cuda_fp8, "_FAST", [None])
         monkeypatch.setattr(gemm_fp8, "_FAST_GEMM", [None])
+        monkeypatch.setattr(cuda_nvfp4, "_FAST", [None])  # launches resolved from here on
         monkeypatch.setattr(_extension, "_fast", None)
     return use_python
 
@@ -248,3 +250,93 @@ def test_captured_casts_take_no_workspace(fast):
         torch.cuda.synchronize()
         for f, (a, b) in enumerate(zip(out, want)):
             same(a, b, f"replayed output {f}")
+
+
+# ---- NVFP4: ops/cuda_nvfp4.py _Launch.run as one C++ call -----------------------------------------------------
+
+NVFP4_PLANS = {  # name: QuantizePlan options (the amax mode _Launch picks in the comment)
+    "1d row+col": dict(rowwise=True, columnwise=True, block_2d=False, row_scaled=False, four_over_six=False,
+                       err_mode="MAE", err_fast_math=False, rht=False, stochastic_rounding=False),  # plain
+    "2d weight": dict(rowwise=True, columnwise=True, block_2d=True, row_scaled=False, four_over_six=False,
+                      err_mode="MAE", err_fast_math=False, rht=False, stochastic_rounding=False),  # plain
+    "grad SR + RHT col": dict(rowwise=True, columnwise=True, block_2d=False, row_scaled=False, four_over_six=False,
+                              err_mode="MAE", err_fast_math=False, rht=True, stochastic_rounding=True),  # both
+    "RHT col only": dict(rowwise=False, columnwise=True, block_2d=False, row_scaled=False, four_over_six=False,
+                         err_mode="MAE", err_fast_math=False, rht=True, stochastic_rounding=False),  # plain, RHT amax
+    "row-scaled 4over6 fast": dict(rowwise=True, columnwise=False, block_2d=False, row_scaled=True,
+                                   four_over_six=True, err_mode="MAE", err_fast_math=True, rht=False,
+                                   stochastic_rounding=False),  # fused_row
+    "row-scaled + col, 4over6 MSE": dict(rowwise=True, columnwise=True, block_2d=False, row_scaled=True,
+                                         four_over_six=True, err_mode="MSE", err_fast_math=False, rht=False,
+                                         stochastic_rounding=False),  # row
+}
+
+
+def _nvfp4_outputs(shapes, dtype, plans):
+    outs = []
+    for name, opts in plans.items():
+        plan = cuda_nvfp4.QuantizePlan(e4m3_max=448, **opts)
+        for j, shape in enumerate(shapes):
+            x = make(shape, dtype, 40 + j)
+            for rep in range(2):  # the second call takes the resolved launch
+                outs.append((f"{name} {shape} rep {rep}",
+                             cuda_nvfp4.nvfp4_quantize_planned(x, plan, None, seed=1234 + j, offset=rep * 7)))
+            if opts["columnwise"] and not opts["block_2d"]:
+                got = cuda_nvfp4.nvfp4_quantize_planned_dbias(x, plan, 99, 3, torch.bfloat16)
+                assert got is not None, name
+                outs.append((f"{name} {shape} dbias", got[0] + (got[1],)))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_nvfp4_quantize_equals_the_python_path(fast, python_path, dtype):
+    shapes = ((32, 64), (128, 256), (96, 2048))
+    plans = {k: v for k, v in NVFP4_PLANS.items() if dtype == torch.bfloat16 or not v["rht"]}  # RHT: BF16 only
+    got_all = _nvfp4_outputs(shapes, dtype, plans)
+    python_path()
+    want_all = _nvfp4_outputs(shapes, dtype, plans)
+    assert [n for n, _ in got_all] == [n for n, _ in want_all]
+    for (name, got), (_, want) in zip(got_all, want_all):
+        assert len(got) == len(want), name
+        for f, (a, b) in enumerate(zip(got, want)):
+            same(a, b, f"nvfp4 {name} output {f}")
+
+
+def test_nvfp4_launch_declines_what_python_declines(fast):
+    plan = cuda_nvfp4.QuantizePlan(e4m3_max=448, **NVFP4_PLANS["1d row+col"])
+    x = make((64, 128), torch.bfloat16, 7)
+    cuda_nvfp4.nvfp4_quantize_planned(x, plan, None, seed=1, offset=0)
+    launch = plan.launches[(x.shape, x.dtype)]
+    assert launch.cpp is not None
+    assert launch.cpp.run(x, 1, 0, None, None) is not None
+    assert launch.cpp.run(x.view(-1)[8:].view(127, 64)[:64], 1, 0, None, None) is None  # not 16-byte aligned
+    assert launch.cpp.run(x.float(), 1, 0, None, None) is None  # another dtype than the launch's
+    assert launch.cpp.run(x.cpu(), 1, 0, None, None) is None
+    with pytest.raises(ValueError, match="mode must be 0..3"):
+        fast.Nvfp4Launch(64, 128, 2, 7, True, True, False, False, False, True, 0, False, 448.0, False)
+
+
+def test_nvfp4_linear_steps_equal_the_python_path(fast, python_path):
+    def run():
+        torch.manual_seed(0)
+        layer = fp_recipes.Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device=DEV)
+        outs = []
+        for recipe in (fp_recipes.NVFP4BlockScaling(),
+                       fp_recipes.NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True,
+                                                    disable_2d_quantization=True, disable_stochastic_rounding=True,
+                                                    nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)):
+            for step in range(2):
+                x = torch.randn(192, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+                with fp_recipes.autocast(recipe=recipe):
+                    y = layer(x)
+                y.backward(torch.randn_like(y))
+                outs += [y.detach(), x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+                with torch.no_grad():
+                    layer.weight.add_(layer.weight.grad, alpha=-1e-2)
+                layer.weight.grad = layer.bias.grad = None
+        return outs
+    got = run()
+    python_path()
+    want = run()
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"nvfp4 step output {i}")

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "fp8_kernels.h"
 #include "kernel_table.h"
+#include "nvfp4_kernels.h"
 
 namespace py = pybind11;
 
@@ -82,8 +83,59 @@ const char* capturing(void* stream, bool* out) {
   });
 }
 
+// _C's own CUDA runtime keeps its own current device: select it before an NVFP4 launch, as bindings_nvfp4.cpp does
+void use_device(int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); }
+
+const char* nv_amax(const void* x, int in_dtype, int64_t rows, int64_t cols, float* amax_out, float* rht_amax_out,
+                    void* stream, int device, uint32_t* ws) {
+  return guarded([&] {
+    use_device(device);
+    nvfp4::amax(x, code(in_dtype), rows, cols, amax_out, rht_amax_out, static_cast<cudaStream_t>(stream), ws);
+  });
+}
+
+const char* nv_row_amax(const void* x, int in_dtype, int64_t rows, int64_t cols, float* row_out, float* amax_out,
+                        void* stream, int device, uint32_t* ws) {
+  return guarded([&] {
+    use_device(device);
+    nvfp4::row_amax(x, code(in_dtype), rows, cols, row_out, amax_out, static_cast<cudaStream_t>(stream), ws);
+  });
+}
+
+const char* nv_quantize(const Nvfp4QuantizeCall* c) {
+  return guarded([&] {
+    require(c->four_over_six >= 0 && c->four_over_six <= 2, "nvfp4_quantize: four_over_six must be 0, 1 or 2");
+    use_device(c->device);
+    nvfp4::QuantizeArgs a;
+    a.x = c->x;
+    a.in_dtype = code(c->in_dtype);
+    a.M = c->rows;
+    a.N = c->cols;
+    a.data = static_cast<uint8_t*>(c->data);
+    a.scale = static_cast<uint8_t*>(c->scale);
+    a.amax = c->amax;
+    a.row_scaled = c->row_scaled;
+    a.data_t = static_cast<uint8_t*>(c->data_t);
+    a.scale_t = static_cast<uint8_t*>(c->scale_t);
+    a.amax_t = c->amax_t;
+    a.rht = c->rht;
+    a.block_2d = c->block_2d;
+    a.four_over_six = static_cast<nvfp4::FourOverSix>(c->four_over_six);
+    a.mse = c->mse;
+    a.e4m3_max = c->e4m3_max;
+    a.stochastic_rounding = c->stochastic_rounding;
+    a.seed = c->seed;
+    a.offset = c->offset;
+    a.row_amax_out = c->row_amax_out;
+    a.bias_partials = c->bias_partials;
+    a.bias_out = c->bias_out;
+    if (c->bias_out != nullptr) a.bias_dtype = code(c->bias_dtype);
+    nvfp4::quantize(a, static_cast<cudaStream_t>(c->stream));
+  });
+}
+
 const KernelTable g_table{kKernelTableVersion, static_cast<int>(sizeof(KernelTable)), cast_delayed, cast_current,
-                          gemm, capturing};
+                          gemm, capturing, nv_amax, nv_row_amax, nv_quantize};
 
 }  // namespace
 

@@ -14,6 +14,32 @@ namespace fp_recipes {
 
 constexpr int kKernelTableVersion = 1;
 
+// One NVFP4 quantize launch (nvfp4_kernels.h QuantizeArgs, C types; null pointers: absent).
+struct Nvfp4QuantizeCall {
+  const void* x;
+  int in_dtype;
+  int64_t rows, cols;
+  void* data;
+  void* scale;
+  const float* amax;
+  bool row_scaled;
+  void* data_t;
+  void* scale_t;
+  const float* amax_t;
+  bool rht, block_2d;
+  int four_over_six;  // 0 off, 1 strict, 2 fast
+  bool mse;
+  float e4m3_max;
+  bool stochastic_rounding;
+  uint64_t seed, offset;
+  float* row_amax_out;
+  float* bias_partials;
+  void* bias_out;
+  int bias_dtype;  // -1: none
+  void* stream;
+  int device;
+};
+
 struct KernelTable {
   int version;
   int size;  // sizeof(KernelTable) of the writer
@@ -34,6 +60,12 @@ struct KernelTable {
                              int64_t workspace_size, int device, void* stream, bool* ran);
   // Whether `stream` is being captured into a CUDA graph (casts then take no amax workspace: ops/workspace.py).
   const char* (*stream_capturing)(void* stream, bool* capturing);
+  // NVFP4 (nvfp4_kernels.h): the amax of x and/or of RHT(x), the per-row amax, one quantize launch.
+  const char* (*nvfp4_amax)(const void* x, int in_dtype, int64_t rows, int64_t cols, float* amax_out,
+                            float* rht_amax_out, void* stream, int device, uint32_t* amax_ws);
+  const char* (*nvfp4_row_amax)(const void* x, int in_dtype, int64_t rows, int64_t cols, float* row_out,
+                                float* amax_out, void* stream, int device, uint32_t* amax_ws);
+  const char* (*nvfp4_quantize)(const Nvfp4QuantizeCall* call);
 };
 
 }  // namespace fp_recipes

@@ -340,8 +340,8 @@ def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tens
 
     With the torch-linked host path (``_extension.fast_ops``: FP_RECIPES_TORCH_OPS) the whole call is one C++
     call making the same launches with the same arguments."""
-    fast = _FAST[0] if _FAST else _fast_ops()
-    if fast is not None and x.is_cuda:
+    fast = (_FAST[0] if _FAST else _fast_ops()) if x.is_cuda else None
+    if fast is not None:
         return fast.fp8_cast(x, plan.out_code, plan.rowwise, plan.columnwise, plan.current, plan.pow2, plan.eps,
                              scale, record, bias_dtype)
     key = (x.shape, x.dtype, x.device)

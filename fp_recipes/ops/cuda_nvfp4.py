@@ -678,6 +678,18 @@ def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int,
 _MAX_LAUNCHES = 64
 
 
+_MODE_CODES = {"plain": 0, "both": 1, "row": 2, "fused_row": 3}  # _Launch.mode -> fast_ops.cpp AmaxMode
+_FAST: list = []  # [the torch-linked host path or None], looked up on the first resolved launch
+
+
+def _fast_ops():
+    from .._extension import fast_ops
+
+    ext = backend.extension()
+    _FAST.append(fast_ops() if ext is not None and getattr(ext, "nvfp4_fused_row_amax", False) else None)
+    return _FAST[0]
+
+
 def _new_launch(x: torch.Tensor, plan: QuantizePlan) -> Optional["_Launch"]:
     """The resolved launch of ``x``'s shape and dtype, kept in ``plan`` once ``x`` passed every check of
     the plan's options; None for an empty ``x`` or past the cap (the general path takes those)."""
@@ -696,7 +708,7 @@ class _Launch:
     where that path is needed (unaligned x, a device whose E2M1 check chose the reference twin)."""
 
     __slots__ = ("m", "n", "code", "rowwise", "columnwise", "row_scaled", "block_2d", "rht", "mode", "need_g",
-                 "data_shape", "scale_shape", "data_t_shape", "scale_t_shape", "row_shape", "tail")
+                 "data_shape", "scale_shape", "data_t_shape", "scale_t_shape", "row_shape", "tail", "cpp")
 
     def __init__(self, plan: "QuantizePlan", x: torch.Tensor) -> None:
         m, n = x.shape
@@ -717,6 +729,11 @@ class _Launch:
         fos = _FOS_OFF if not four_over_six else (_FOS_FAST if err_fast_math else _FOS_STRICT)
         # nvfp4_quantize's arguments between amax_t and the seed
         self.tail = (rht, block_2d, fos, mse, float(e4m3_max), sr)
+        # the same launch as one C++ call (fp_recipes._torch_ops, FP_RECIPES_TORCH_OPS), where it is available
+        fast = (_FAST[0] if _FAST else _fast_ops()) if x.is_cuda else None
+        self.cpp = None if fast is None else fast.Nvfp4Launch(
+            m, n, self.code, _MODE_CODES[self.mode], rowwise, columnwise, row_scaled, block_2d, rht, self.need_g, fos,
+            mse, float(e4m3_max), sr)
 
     def run(self, x: torch.Tensor, seed: int, offset: int, bias: Optional[tuple] = None) -> Optional[tuple]:
         """The outputs ``(data, scale, amax, data_t, scale_t, amax_t, None, None)`` (absent copies None),
@@ -726,6 +743,8 @@ class _Launch:
         dev_t = x.device
         if x_ptr % 16 or (x.is_cuda and (_E2M1.get(dev_t.index) or _e2m1_mode(dev_t)) == "reference"):
             return None
+        if self.cpp is not None and x.is_cuda:  # the lines below as one C++ call (None: the general path)
+            return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)))
         m, n, code = self.m, self.n, self.code
         stream, dev = _stream_of(dev_t), dev_t.index
         ext = backend.extension() or _ext()  # (_ext raises the missing extension's error)

@@ -234,6 +234,117 @@ py::object fp8_linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::T
   return py::cast(out);
 }
 
+// One NVFP4 quantizer plan's quantization of one input shape and dtype (ops/cuda_nvfp4.py _Launch): the same
+// amax launches, outputs and quantize launch as _Launch.run, resolved once; run() allocates with at::empty.
+enum class AmaxMode : int { kPlain = 0, kBoth = 1, kRow = 2, kFusedRow = 3 };  // _Launch.mode
+
+struct Nvfp4Launch {
+  int64_t m, n;
+  int code;
+  AmaxMode mode;
+  bool rowwise, columnwise, row_scaled, block_2d, rht, need_g;
+  int fos;
+  bool mse;
+  double e4m3_max;
+  bool sr;
+
+  // (data, scale, rowwise amax, data_t, scale_t, amax_t, None, None), or None (nothing launched) where the
+  // Python path must run: x not 16-byte aligned or contiguous, not on the current CUDA device, another shape.
+  py::object run(const at::Tensor& x, uint64_t seed, uint64_t offset, const c10::optional<at::Tensor>& partials,
+                 const c10::optional<at::Tensor>& db) const {
+    if (!x.is_contiguous() || !on_current_device(x) || x.dim() != 2 || x.size(0) != m || x.size(1) != n ||
+        code_of(x.scalar_type()) != code || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16)
+      return py::none();
+    const KernelTable& t = table();
+    const auto opts = x.options();
+    const auto f32 = opts.dtype(at::kFloat);
+    void* stream = current_stream(x.device());
+    const int dev = static_cast<int>(x.device().index());
+    uint32_t* ws = amax_workspace(x.device(), stream);
+    const void* xp = x.data_ptr();
+    at::Tensor g_am, t_am, row_am;
+    float* g_ptr = nullptr;
+    float* t_ptr = nullptr;
+    float* row_amax_out = nullptr;
+    if (mode == AmaxMode::kBoth) {  // both amaxes in one 8-byte buffer: x's, then the post-RHT one
+      at::Tensor both = at::empty({2}, f32);
+      g_am = both.select(0, 0);
+      t_am = both.select(0, 1);
+      g_ptr = both.data_ptr<float>();
+      t_ptr = g_ptr + 1;
+      check(t.nvfp4_amax(xp, code, m, n, g_ptr, t_ptr, stream, dev, ws));
+    } else if (mode == AmaxMode::kPlain) {
+      if (need_g) {
+        g_am = at::empty({}, f32);
+        g_ptr = g_am.data_ptr<float>();
+      }
+      if (rht) {
+        t_am = at::empty({}, f32);
+        t_ptr = t_am.data_ptr<float>();
+      }
+      check(t.nvfp4_amax(xp, code, m, n, g_ptr, t_ptr, stream, dev, ws));
+      if (columnwise && !rht) {
+        t_am = g_am;
+        t_ptr = g_ptr;
+      }
+    } else {
+      row_am = at::empty({m}, f32);
+      g_ptr = row_am.data_ptr<float>();  // the rowwise amax: the per-row one
+      if (mode == AmaxMode::kFusedRow) {
+        row_amax_out = g_ptr;
+      } else {
+        if (columnwise) {
+          t_am = at::empty({}, f32);
+          t_ptr = t_am.data_ptr<float>();
+        }
+        check(t.nvfp4_row_amax(xp, code, m, n, g_ptr, t_ptr, stream, dev, ws));
+      }
+    }
+    at::Tensor data, scale, data_t, scale_t;
+    if (rowwise) {
+      data = at::empty({m, n / 2}, opts.dtype(at::kByte));
+      scale = at::empty({m, n / 16}, opts.dtype(at::kFloat8_e4m3fn));
+    }
+    if (columnwise) {
+      data_t = at::empty({n, m / 2}, opts.dtype(at::kByte));
+      scale_t = at::empty({n, m / 16}, opts.dtype(at::kFloat8_e4m3fn));
+    }
+    const bool with_bias = partials.has_value() && db.has_value();
+    fp_recipes::Nvfp4QuantizeCall c{};
+    c.x = xp;
+    c.in_dtype = code;
+    c.rows = m;
+    c.cols = n;
+    c.data = rowwise ? data.data_ptr() : nullptr;
+    c.scale = rowwise ? scale.data_ptr() : nullptr;
+    c.amax = (rowwise || block_2d) ? g_ptr : nullptr;
+    c.row_scaled = row_scaled;
+    c.data_t = columnwise ? data_t.data_ptr() : nullptr;
+    c.scale_t = columnwise ? scale_t.data_ptr() : nullptr;
+    c.amax_t = t_ptr;
+    c.rht = rht;
+    c.block_2d = block_2d;
+    c.four_over_six = fos;
+    c.mse = mse;
+    c.e4m3_max = static_cast<float>(e4m3_max);
+    c.stochastic_rounding = sr;
+    c.seed = seed;
+    c.offset = offset;
+    c.row_amax_out = row_amax_out;
+    c.bias_partials = with_bias ? partials->data_ptr<float>() : nullptr;
+    c.bias_out = with_bias ? db->data_ptr() : nullptr;
+    c.bias_dtype = with_bias ? code_of(db->scalar_type()) : -1;
+    c.stream = stream;
+    c.device = dev;
+    check(t.nvfp4_quantize(&c));
+    py::object none = py::none();
+    auto opt = [&](const at::Tensor& v) -> py::object { return v.defined() ? py::cast(v) : none; };
+    at::Tensor rowwise_amax = rowwise ? (row_am.defined() ? row_am : g_am) : at::Tensor();
+    return py::make_tuple(opt(data), opt(scale), opt(rowwise_amax), opt(data_t), opt(scale_t), opt(t_am), none,
+                          none);
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -249,6 +360,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_linear_gemm", &fp8_linear_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
         py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
         "gemm/fp8.py gemm_fp8_fp8's CUDA branch (operand readiness, fused bias, the cached plan), or None.");
+  py::class_<Nvfp4Launch>(m, "Nvfp4Launch", "ops/cuda_nvfp4.py _Launch's quantization, one C++ call per run")
+      .def(py::init([](int64_t m, int64_t n, int code, int mode, bool rowwise, bool columnwise, bool row_scaled,
+                       bool block_2d, bool rht, bool need_g, int fos, bool mse, double e4m3_max, bool sr) {
+             if (mode < 0 || mode > 3) throw std::invalid_argument("Nvfp4Launch: mode must be 0..3");
+             if (fos < 0 || fos > 2) throw std::invalid_argument("Nvfp4Launch: four_over_six must be 0, 1 or 2");
+             return Nvfp4Launch{m, n, code, static_cast<AmaxMode>(mode), rowwise, columnwise, row_scaled, block_2d,
+                                rht, need_g, fos, mse, e4m3_max, sr};
+           }),
+           py::arg("m"), py::arg("n"), py::arg("code"), py::arg("mode"), py::arg("rowwise"), py::arg("columnwise"),
+           py::arg("row_scaled"), py::arg("block_2d"), py::arg("rht"), py::arg("need_g"), py::arg("four_over_six"),
+           py::arg("mse"), py::arg("e4m3_max"), py::arg("stochastic_rounding"))
+      .def("run", &Nvfp4Launch::run, py::arg("x"), py::arg("seed"), py::arg("offset"), py::arg("partials"),
+           py::arg("db"));
   m.def("buffers", []() {
     std::lock_guard<std::mutex> lock(g_buffers.mutex);
     return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size());
