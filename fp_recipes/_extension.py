@@ -38,6 +38,7 @@ _fast: Any = None
 _fast_status = ""
 _fast_loaded = False
 FAST_OPS_VAR = "FP_RECIPES_TORCH_OPS"
+FAST_OPS_CHOICES = ("auto", "off")  # the env table's entry (recipes/env.py) allows the same: a test checks
 
 
 def fast_ops() -> Any:
@@ -57,11 +58,12 @@ def _load_fast_ops() -> tuple:
     import os
 
     raw = os.environ.get(FAST_OPS_VAR, "")
-    if raw.strip():
-        from .recipes.env import BY_NAME  # a bad value raises the table's error (name, value, allowed)
-
-        if BY_NAME[FAST_OPS_VAR].parse(raw) == "off":
-            return None, f"off ({FAST_OPS_VAR}=off)"
+    value = raw.strip().lower() or "auto"
+    if value not in FAST_OPS_CHOICES:  # the env table's message (this module imports nothing of the package)
+        raise ValueError(f"environment variable {FAST_OPS_VAR}={raw!r} is not allowed; allowed: "
+                         f"{' | '.join(FAST_OPS_CHOICES)} (any case)")
+    if value == "off":
+        return None, f"off ({FAST_OPS_VAR}=off)"
     ext = extension()
     if ext is None or not hasattr(ext, "kernel_table"):
         return None, "unavailable: fp_recipes._C " + ("is not loaded" if ext is None else "has no kernel table")

@@ -309,7 +309,10 @@ def test_nvfp4_launch_declines_what_python_declines(fast):
     launch = plan.launches[(x.shape, x.dtype)]
     assert launch.cpp is not None
     assert launch.cpp.run(x, 1, 0, None, None) is not None
-    assert launch.cpp.run(x.view(-1)[8:].view(127, 64)[:64], 1, 0, None, None) is None  # not 16-byte aligned
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEV)
+    shifted = buf[1:].view(x.shape)  # x's shape and dtype, 2 bytes past a 16-byte boundary
+    shifted.copy_(x)
+    assert launch.cpp.run(shifted, 1, 0, None, None) is None  # not 16-byte aligned
     assert launch.cpp.run(x.float(), 1, 0, None, None) is None  # another dtype than the launch's
     assert launch.cpp.run(x.cpu(), 1, 0, None, None) is None
     with pytest.raises(ValueError, match="mode must be 0..3"):

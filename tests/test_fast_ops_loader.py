@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fp_recipes import _extension
-from fp_recipes.recipes.env import EnvVarError
+from fp_recipes.recipes.env import BY_NAME, EnvVarError
 
 
 @pytest.fixture
@@ -30,8 +30,13 @@ def test_off_by_the_variable(fresh):
 
 def test_a_bad_value_names_the_variable_and_the_allowed_values(fresh):
     fresh.setenv("FP_RECIPES_TORCH_OPS", "fast")
-    with pytest.raises(EnvVarError, match=r"FP_RECIPES_TORCH_OPS='fast'.*auto \| off"):
+    with pytest.raises(ValueError) as err:
         _extension.fast_ops()
+    with pytest.raises(EnvVarError) as table_err:  # the env table's own check of the same value
+        BY_NAME["FP_RECIPES_TORCH_OPS"].parse("fast")
+    assert str(err.value) == str(table_err.value)
+    assert "FP_RECIPES_TORCH_OPS='fast' is not allowed; allowed: auto | off (any case)" in str(err.value)
+    assert BY_NAME["FP_RECIPES_TORCH_OPS"].choices == _extension.FAST_OPS_CHOICES
 
 
 def test_not_built_is_reported(fresh):

@@ -47,8 +47,10 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
                  bias: Optional[torch.Tensor] = None, use_fast_accum: bool = False) -> torch.Tensor:
     """FP8 x FP8 with per-tensor scales: ``(a.data @ b.data^T) * (a.scale_inv * b.scale_inv) + bias``."""
     a_data, b_data = a.data, b.data
-    fast = (_FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()) if a_data.is_cuda else None
-    if fast is not None and not torch.compiler.is_compiling():
+    # (traced code never looks the C++ path up: its first look-up takes a lock a trace cannot enter)
+    fast = (_FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()) if a_data.is_cuda and not \
+        torch.compiler.is_compiling() else None
+    if fast is not None:
         # this function's cuBLASLt branch as one C++ call (fp_recipes._torch_ops); None: the branch below
         out = fast.fp8_linear_gemm(a_data, b_data, a.scale_inv, b.scale_inv, out_dtype, bias, use_fast_accum,
                                    cublaslt.WORKSPACE_BYTES)
