@@ -42,7 +42,8 @@ FAST_OPS_CHOICES = ("auto", "off")  # the env table's entry (recipes/env.py) all
 
 
 def fast_ops() -> Any:
-    """The torch-linked host fast path ``fp_recipes._torch_ops`` initialised with ``_C``'s kernel table, or None
+    """The torch-linked host path ``fp_recipes._torch_ops`` (eager FP8 casts and GEMMs, NVFP4 quantize launches)
+    initialised with ``_C``'s kernel table, or None
     (not built, FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says
     which). Read once: the choice holds for the process."""
     global _fast, _fast_status, _fast_loaded
@@ -75,7 +76,8 @@ def _load_fast_ops() -> tuple:
         return None, f"not built ({type(exc).__name__}: {exc}; pip install --no-build-isolation builds it)"
     except (RuntimeError, TypeError, ValueError) as exc:  # an older _C, a stand-in without a real table
         return None, f"unavailable: {exc}"
-    return _torch_ops, "on: one C++ call per eager FP8 cast and GEMM (fp_recipes._torch_ops)"
+    return _torch_ops, ("on: one C++ call per eager FP8 cast, FP8 GEMM and NVFP4 quantize launch "
+                        "(fp_recipes._torch_ops)")
 
 
 def fast_ops_status() -> str:

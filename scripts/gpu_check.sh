@@ -5,6 +5,8 @@
 #   LINEAR=1                 bench_model.py --linear (one Linear 4096^3)       LIM_LIN
 #   MODEL_SIZES=h2048_t8192  bench_model.py --sizes ... (MODEL_FLAGS)          LIM_MODEL
 #   QUANT_SHAPES=16384x6144  bench_quantize_nvfp4.py --quick --shapes ...      LIM_QUANT
+#   HOST_AB="256 4096"       host_phases.py --host-paths both per size: the torch-linked and the Python host
+#                            path alternating in one process (HOST_RECIPES, default off,delayed,current,nvfp4) LIM_HOST
 #   DEMO="--steps 300"       python -m fp_recipes demo with these arguments    LIM_DEMO
 #   BENCH="--size small"     python -m fp_recipes bench with these arguments   LIM_BENCH
 #   EXTRA="cmd"              any further command                               LIM_EXTRA
@@ -21,6 +23,7 @@ stage() { echo; echo "== $* ($(date +%T))"; }
   stage "device"; nvidia-smi -L
   git log --oneline -1 2>/dev/null || true
   python3 -c "import fp_recipes, torch; i = fp_recipes.backend_info(); print(i['summary']); print('torch', torch.__version__)"
+  python3 -m fp_recipes doctor 2>&1 | grep -E "host path"
   if [ -n "${TESTS-tests}" ]; then
     stage "pytest -m cuda ${TESTS-tests}"
     timeout "${LIM_TEST:-240}" python3 -m pytest -q -m cuda -p no:cacheprovider --tb=short --durations=8 \
@@ -38,6 +41,13 @@ stage() { echo; echo "== $* ($(date +%T))"; }
         --json "$OUT/quantize.json" 2>&1 | grep -v Warning | tail -n 50
     echo "quantize rc=$?"
   fi
+  for size in ${HOST_AB:-}; do
+    stage "host_phases --host-paths both --size $size"
+    timeout "${LIM_HOST:-90}" python3 benchmarks/host_phases.py --recipes "${HOST_RECIPES:-off,delayed,current,nvfp4}" \
+        --host-paths both --rounds 3 --steps 200 --size "$size" --json "$OUT/host_$size.json" 2>&1 \
+        | grep -v -E "Warning|run_backward"
+    echo "host_phases rc=$?"
+  done
   if [ -n "${MODEL_SIZES:-}" ]; then
     stage "bench_model --sizes $MODEL_SIZES ${MODEL_FLAGS:-}"
     timeout "${LIM_MODEL:-200}" python3 benchmarks/bench_model.py --sizes "$MODEL_SIZES" ${MODEL_FLAGS:-} \

@@ -85,4 +85,4 @@ def test_doctor_reports_the_host_path():
 
     out = subprocess.run([sys.executable, "-m", "fp_recipes", "doctor"], capture_output=True, text=True,
                          env={**__import__("os").environ, "FP_RECIPES_TORCH_OPS": "off"})
-    assert "FP8 host path (FP_RECIPES_TORCH_OPS): off (FP_RECIPES_TORCH_OPS=off)" in out.stdout, out.stdout
+    assert "host path (FP_RECIPES_TORCH_OPS): off (FP_RECIPES_TORCH_OPS=off)" in out.stdout, out.stdout

@@ -194,7 +194,7 @@ def _lines(rep: Dict[str, Any]) -> List[str]:
     out.append(f"backend: {rep['backend_why']}")
     if rep["extension_error"]:
         out.append(f"  extension: {rep['extension_error']}")
-    out.append(f"FP8 host path (FP_RECIPES_TORCH_OPS): {rep['host_path']}")
+    out.append(f"host path (FP_RECIPES_TORCH_OPS): {rep['host_path']}")
     out.append(f"GPU: {rep['gpu']} ({rep['gpu_arch']})" if rep["gpu"] else "GPU: none (every op runs its "
                "pure-torch reference, every quantized GEMM is emulated exactly)")
     nv = rep["nvfp4"]
