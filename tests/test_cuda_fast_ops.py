@@ -208,26 +208,31 @@ def test_side_stream_has_its_own_workspaces(fast):
         same(a, b, f"side stream output {f}")
 
 
-@pytest.mark.parametrize("recipe", ("delayed", "current"))
-def test_linear_steps_equal_the_python_path(fast, python_path, recipe):
-    def run():
-        torch.manual_seed(0)
-        layer = fp_recipes.Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device=DEV)
-        rec = fp_recipes.DelayedScaling() if recipe == "delayed" else fp_recipes.Float8CurrentScaling()
-        outs = []
-        for step in range(3):
-            x = torch.randn(200, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-            with fp_recipes.autocast(recipe=rec):
+def linear_steps(recipes, steps: int, tokens: int) -> list:
+    """Outputs and gradients of a Linear trained a few steps per recipe (a weight update after each)."""
+    torch.manual_seed(0)
+    layer = fp_recipes.Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device=DEV)
+    outs = []
+    for recipe in recipes:
+        for _ in range(steps):
+            x = torch.randn(tokens, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            with fp_recipes.autocast(recipe=recipe):
                 y = layer(x)
             y.backward(torch.randn_like(y))
             outs += [y.detach(), x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
             with torch.no_grad():
                 layer.weight.add_(layer.weight.grad, alpha=-1e-2)
             layer.weight.grad = layer.bias.grad = None
-        return outs
-    got = run()
+    return outs
+
+
+@pytest.mark.parametrize("recipe", ("delayed", "current"))
+def test_linear_steps_equal_the_python_path(fast, python_path, recipe):
+    def make_recipe():
+        return fp_recipes.DelayedScaling() if recipe == "delayed" else fp_recipes.Float8CurrentScaling()
+    got = linear_steps([make_recipe()], 3, 200)
     python_path()
-    want = run()
+    want = linear_steps([make_recipe()], 3, 200)
     for i, (a, b) in enumerate(zip(got, want)):
         same(a, b, f"{recipe} step output {i}")
 
@@ -320,26 +325,13 @@ def test_nvfp4_launch_declines_what_python_declines(fast):
 
 
 def test_nvfp4_linear_steps_equal_the_python_path(fast, python_path):
-    def run():
-        torch.manual_seed(0)
-        layer = fp_recipes.Linear(256, 384, bias=True, params_dtype=torch.bfloat16, device=DEV)
-        outs = []
-        for recipe in (fp_recipes.NVFP4BlockScaling(),
-                       fp_recipes.NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True,
-                                                    disable_2d_quantization=True, disable_stochastic_rounding=True,
-                                                    nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)):
-            for step in range(2):
-                x = torch.randn(192, 256, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-                with fp_recipes.autocast(recipe=recipe):
-                    y = layer(x)
-                y.backward(torch.randn_like(y))
-                outs += [y.detach(), x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
-                with torch.no_grad():
-                    layer.weight.add_(layer.weight.grad, alpha=-1e-2)
-                layer.weight.grad = layer.bias.grad = None
-        return outs
-    got = run()
+    def recipes():
+        return [fp_recipes.NVFP4BlockScaling(),
+                fp_recipes.NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True,
+                                             disable_2d_quantization=True, disable_stochastic_rounding=True,
+                                             nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)]
+    got = linear_steps(recipes(), 2, 192)
     python_path()
-    want = run()
+    want = linear_steps(recipes(), 2, 192)
     for i, (a, b) in enumerate(zip(got, want)):
         same(a, b, f"nvfp4 step output {i}")
