@@ -163,7 +163,7 @@ def _torch_ops_extension() -> list[Extension]:
         libraries=["c10", "torch", "torch_cpu", "torch_python"],
         define_macros=[("TORCH_EXTENSION_NAME", "_torch_ops"), ("TORCH_API_INCLUDE_EXTENSION_H", None),
                        ("_GLIBCXX_USE_CXX11_ABI", str(int(torch._C._GLIBCXX_USE_CXX11_ABI)))],
-        extra_compile_args=["-O2", "-std=c++20", "-fvisibility=hidden"],
+        extra_compile_args=["-O2", "-g0", "-std=c++20", "-fvisibility=hidden"],  # -g0: Python's CFLAGS add -g
         language="c++",
     )
     ext._optional = True  # type: ignore[attr-defined]
