@@ -73,7 +73,8 @@ def _load_fast_ops() -> tuple:
 
         _torch_ops.init(ext.kernel_table())
     except ImportError as exc:
-        return None, f"not built ({type(exc).__name__}: {exc}; pip install --no-build-isolation builds it)"
+        return None, (f"not built or not loadable ({type(exc).__name__}: {exc}; pip install --no-build-isolation "
+                      "builds it against the torch you run)")
     except (RuntimeError, TypeError, ValueError) as exc:  # an older _C, a stand-in without a real table
         return None, f"unavailable: {exc}"
     return _torch_ops, ("on: one C++ call per eager FP8 cast, FP8 GEMM and NVFP4 quantize launch "
