@@ -81,7 +81,6 @@ def install_stub_kernels() -> None:
     _extension._ext, _extension._ext_loaded = _StubExtension(), True
     # the Python host path (the torch-linked one declines CPU tensors; it is measured on a GPU)
     _extension._fast, _extension._fast_loaded = None, True
-    cuda_fp8._FAST[:] = [None]
 
     def require(op, **tensors):  # the wrapper's checks, less "is it on a CUDA device"
         device = None
@@ -125,7 +124,6 @@ def _install_stub_nvfp4() -> None:
     from fp_recipes.gemm import nvfp4 as gemm_nvfp4, nvfp4_emulated
     from fp_recipes.ops import cuda_nvfp4
 
-    cuda_nvfp4._FAST[:] = [None]  # the Python host path (see install_stub_kernels)
     cuda_nvfp4._require_cuda = lambda x, what: None  # the checks, less "is it on a CUDA device"
     cuda_nvfp4._stream_of = lambda device: 0
     cuda_nvfp4._AMAX_WS[(None, 0)] = torch.zeros((4,), dtype=torch.int32)  # a stream's amax workspace

@@ -1,10 +1,11 @@
 """The torch-linked host path (``fp_recipes._torch_ops``, FP_RECIPES_TORCH_OPS) against the Python path it
 replaces, byte for byte: the same launches with the same arguments must give the same bytes. Covers the planned
-casts (current and delayed scaling, each copy choice, the fused bias gradient, the history record), the cuBLASLt
-GEMM (row strides, unaligned scales, bias, every output dtype, declines), a side stream (its own workspaces), a
-Linear step of both recipes, the NVFP4 quantize launches (every amax mode: plain, with the RHT amax, per row, per
-row fused; 2-D blocks, stochastic rounding, 4over6, the fused bias gradient), and the CUDA-graph rule (no amax workspace while capturing). Needs a GPU and the
-module built (``pip install --no-build-isolation``, as ``../shared/device/setup.sh`` does)."""
+casts (current and delayed scaling, each copy choice, the fused bias gradient, the history record), the FP8 GEMM
+branch (row strides, unaligned starts and scales, bias, every output dtype, declines), a side stream (its own
+workspaces), a Linear step of both recipes, the NVFP4 quantize launches (every amax mode: plain, with the RHT amax,
+per row, per row fused; 2-D blocks, stochastic rounding, 4over6, the fused bias gradient), and the CUDA-graph rule
+(no amax workspace while capturing). Needs a GPU and the module built (``pip install --no-build-isolation``, as
+``../shared/device/setup.sh`` does)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,8 @@ def fast():
 def python_path(monkeypatch):
     """Run the block with the Python host path (what FP_RECIPES_TORCH_OPS=off selects at start-up)."""
     def use_python():
-        monkeypatch.setattr(cuda_fp8, "_FAST", [None])
+        monkeypatch.setattr(_extension, "_fast", None)  # casts, and NVFP4 launches resolved from here on
         monkeypatch.setattr(gemm_fp8, "_FAST_GEMM", [None])
-        monkeypatch.setattr(cuda_nvfp4, "_FAST", [None])  # launches resolved from here on
-        monkeypatch.setattr(_extension, "_fast", None)
     return use_python
 
 
@@ -54,6 +53,16 @@ def same(got, want, what):
     gb = got.contiguous().reshape(-1).view(torch.uint8)
     wb = want.contiguous().reshape(-1).view(torch.uint8)
     assert torch.equal(gb, wb), f"{what}: {int((gb != wb).sum())} bytes differ"
+
+
+def assert_paths_equal(run, python_path, what):
+    """``run()``'s tensors with the C++ host path, then with the Python one: the same bytes, one by one."""
+    got = run()
+    python_path()
+    want = run()
+    assert len(got) == len(want), what
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"{what} output {i}")
 
 
 def make(shape, dtype, seed):
@@ -114,36 +123,6 @@ def test_cast_declines_what_python_declines(fast):
     assert fast.fp8_cast(x, 3, True, True, True, False, 0.0, None, None, torch.int32) is None  # bias dtype
     assert fast.fp8_cast(x, 4, True, True, False, False, 0.0, None, None, None) is None  # delayed, no scale
     assert cuda_fp8.fp8_cast_planned(x.t(), plan) is None
-
-
-def _gemm_cases():
-    g = torch.Generator(device=DEV).manual_seed(5)
-    for m, n, k, lda_pad in ((1, 16, 16, 0), (67, 48, 80, 16), (256, 512, 1024, 0), (129, 4096, 256, 32)):
-        a = (torch.randn(m, k + lda_pad, generator=g, device=DEV) * 4).to(torch.float8_e4m3fn)[:, :k]
-        b = (torch.randn(n, k, generator=g, device=DEV) * 4).to(torch.float8_e4m3fn)
-        for out_dtype in (torch.bfloat16, torch.float16, torch.float32):
-            scale_a, scale_b = torch.tensor(0.375, device=DEV), torch.tensor(0.75, device=DEV)
-            bias = torch.randn(n, generator=g, device=DEV).to(out_dtype) if out_dtype != torch.float32 else None
-            yield a, b, scale_a, scale_b, out_dtype, bias
-        yield a, b.to(torch.float8_e5m2), scale_a, scale_b, torch.bfloat16, None
-
-
-def test_gemm_equals_the_python_path(fast, python_path):
-    if not cublaslt.available():
-        pytest.skip(f"cuBLASLt: {cublaslt.status()}")
-    cases = list(_gemm_cases())
-    got = [cublaslt.fp8_gemm(a, b, sa, sb, dt, bias) for a, b, sa, sb, dt, bias in cases]
-    python_path()
-    want = [cublaslt.fp8_gemm(a, b, sa, sb, dt, bias) for a, b, sa, sb, dt, bias in cases]
-    for i, (g_, w_) in enumerate(zip(got, want)):
-        assert w_ is not None, f"case {i}: the Python path declined"
-        same(g_, w_, f"gemm case {i}")
-    a, b, sa, sb, _, _ = cases[0]
-    assert fast.fp8_gemm(a, b.t(), sa, sb, torch.bfloat16, None, False, 1 << 20) is None  # column stride != 1
-    assert fast.fp8_gemm(a, b, sa, sb, torch.int32, None, False, 1 << 20) is None  # output dtype
-    odd = torch.tensor([0.5, 0.375, 1.25, 2.0], device=DEV)[1]  # 4 bytes into a vector: not 16-byte aligned
-    assert fast.fp8_gemm(a, b, odd, sb, torch.bfloat16, None, False, 1 << 20) is None  # as cublaslt.fp8_gemm
-    assert fast.fp8_gemm(a, b, sa, odd, torch.bfloat16, None, False, 1 << 20) is None
 
 
 def _linear_gemm_cases():
@@ -230,11 +209,7 @@ def linear_steps(recipes, steps: int, tokens: int) -> list:
 def test_linear_steps_equal_the_python_path(fast, python_path, recipe):
     def make_recipe():
         return fp_recipes.DelayedScaling() if recipe == "delayed" else fp_recipes.Float8CurrentScaling()
-    got = linear_steps([make_recipe()], 3, 200)
-    python_path()
-    want = linear_steps([make_recipe()], 3, 200)
-    for i, (a, b) in enumerate(zip(got, want)):
-        same(a, b, f"{recipe} step output {i}")
+    assert_paths_equal(lambda: linear_steps([make_recipe()], 3, 200), python_path, f"{recipe} steps")
 
 
 def test_captured_casts_take_no_workspace(fast):
@@ -330,8 +305,4 @@ def test_nvfp4_linear_steps_equal_the_python_path(fast, python_path):
                 fp_recipes.NVFP4BlockScaling(row_scaled_activation=True, disable_rht=True,
                                              disable_2d_quantization=True, disable_stochastic_rounding=True,
                                              nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)]
-    got = linear_steps(recipes(), 2, 192)
-    python_path()
-    want = linear_steps(recipes(), 2, 192)
-    for i, (a, b) in enumerate(zip(got, want)):
-        same(a, b, f"nvfp4 step output {i}")
+    assert_paths_equal(lambda: linear_steps(recipes(), 2, 192), python_path, "nvfp4 steps")

@@ -80,7 +80,6 @@ def fake_kernels(monkeypatch):
     ext = _RecordingExt()
     monkeypatch.setattr(_extension, "_ext", ext)
     monkeypatch.setattr(_extension, "_ext_loaded", True)
-    monkeypatch.setattr(C, "_FAST", [None])  # the Python host path (these tests record its launches)
     monkeypatch.setattr(C, "_require_cuda", lambda x, what: None)
     monkeypatch.setattr(C, "_stream_of", lambda device: 0)
     monkeypatch.setitem(C._AMAX_WS, (None, 0), torch.zeros(4, dtype=torch.int32))

@@ -133,9 +133,6 @@ def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     on the current stream."""
     if not _load() or not _state.get("single", False):
         return None
-    fast = _extension.fast_ops()
-    if fast is not None:  # the same call in C++ (FP_RECIPES_TORCH_OPS): its own per-stream workspace
-        return fast.fp8_gemm(a, b, scale_a, scale_b, out_dtype, bias, bool(fast_accum), WORKSPACE_BYTES)
     device = a.device
     index = device.index
     # torch.cuda.current_device() without its lazy-init check (a CUDA tensor exists: CUDA is initialised)

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .. import _extension
 from . import backend, workspace
 from .op_library import define_op, register_fake
 from .ref_fp8 import (
@@ -340,7 +341,7 @@ def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tens
 
     With the torch-linked host path (``_extension.fast_ops``: FP_RECIPES_TORCH_OPS) the whole call is one C++
     call making the same launches with the same arguments."""
-    fast = (_FAST[0] if _FAST else _fast_ops()) if x.is_cuda else None
+    fast = _extension.fast_ops() if x.is_cuda else None
     if fast is not None:
         return fast.fp8_cast(x, plan.out_code, plan.rowwise, plan.columnwise, plan.current, plan.pow2, plan.eps,
                              scale, record, bias_dtype)
@@ -379,16 +380,6 @@ def fp8_cast_planned(x: torch.Tensor, plan: CastPlan, scale: Optional[torch.Tens
         _enqueue_delayed(x.data_ptr(), launch.in_code, launch.m, launch.n, scale.data_ptr(), launch.out_code, data_ptr,
                          data_t_ptr, base, base + 4, record.data_ptr(), stream, bias)
     return (data, data_t, scale_inv, amax, scale) if db is None else (data, data_t, scale_inv, amax, scale, db)
-
-
-_FAST: list = []  # [the torch-linked host path or None], looked up on the first planned cast
-
-
-def _fast_ops():
-    from .._extension import fast_ops
-
-    _FAST.append(fast_ops() if _planned_casts_available() else None)
-    return _FAST[0]
 
 
 def _planned_casts_available() -> bool:

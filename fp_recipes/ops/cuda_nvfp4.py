@@ -19,6 +19,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from .. import _extension
 from . import backend, ref_nvfp4, workspace
 from .op_library import define_op, register_fake
 from .ref_nvfp4 import (BLOCK, NVFP4Quantized, _check_amax_override, _check_options, _check_static_options,
@@ -679,17 +680,6 @@ _MAX_LAUNCHES = 64
 
 
 _MODE_CODES = {"plain": 0, "both": 1, "row": 2, "fused_row": 3}  # _Launch.mode -> fast_ops.cpp AmaxMode
-_FAST: list = []  # [the torch-linked host path or None], looked up on the first resolved launch
-
-
-def _fast_ops():
-    from .._extension import fast_ops
-
-    ext = backend.extension()
-    _FAST.append(fast_ops() if ext is not None and getattr(ext, "nvfp4_fused_row_amax", False) else None)
-    return _FAST[0]
-
-
 def _new_launch(x: torch.Tensor, plan: QuantizePlan) -> Optional["_Launch"]:
     """The resolved launch of ``x``'s shape and dtype, kept in ``plan`` once ``x`` passed every check of
     the plan's options; None for an empty ``x`` or past the cap (the general path takes those)."""
@@ -730,7 +720,7 @@ class _Launch:
         # nvfp4_quantize's arguments between amax_t and the seed
         self.tail = (rht, block_2d, fos, mse, float(e4m3_max), sr)
         # the same launch as one C++ call (fp_recipes._torch_ops, FP_RECIPES_TORCH_OPS), where it is available
-        fast = (_FAST[0] if _FAST else _fast_ops()) if x.is_cuda else None
+        fast = _extension.fast_ops() if x.is_cuda else None
         self.cpp = None if fast is None else fast.Nvfp4Launch(
             m, n, self.code, _MODE_CODES[self.mode], rowwise, columnwise, row_scaled, block_2d, rht, self.need_g, fos,
             mse, float(e4m3_max), sr)

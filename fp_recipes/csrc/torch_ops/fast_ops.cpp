@@ -161,38 +161,6 @@ py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool column
   return py::make_tuple(opt(data), opt(data_t), buf.select(0, 0), buf.select(0, 1), scale_out);
 }
 
-// A dense FP8 GEMM through the cached cuBLASLt plan (gemm/cublaslt.py fp8_gemm): a new (m, n) out_dtype tensor
-// a @ b.T * scale_a * scale_b (+ bias), or None having launched nothing (another device current, a column
-// stride that is not 1, a scale that is not 16-byte aligned, a shape or alignment the plan refuses): the caller
-// then runs torch._scaled_mm.
-py::object fp8_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-                    at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias, bool fast_accum,
-                    int64_t workspace_bytes) {
-  if (a.dim() != 2 || b.dim() != 2 || a.stride(1) != 1 || b.stride(1) != 1 || !on_current_device(a) ||
-      code_of(a.scalar_type()) < 3 || code_of(b.scalar_type()) < 3 || code_of(out_dtype) < 0 ||
-      code_of(out_dtype) > 2)
-    return py::none();
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
-  // cuBLASLt refuses a scale that is not 16-byte aligned (e.g. one element of a packed vector): the caller
-  // (gemm/fp8.py _fp8_mm) passes an aligned copy, as for the Python path
-  if (reinterpret_cast<uintptr_t>(scale_a.data_ptr()) % 16 || reinterpret_cast<uintptr_t>(scale_b.data_ptr()) % 16)
-    return py::none();
-  const at::Tensor& sa = scale_a;
-  const at::Tensor& sb = scale_b;
-  void* stream = current_stream(a.device());
-  void* ws = gemm_workspace(a.device(), stream, workspace_bytes);
-  at::Tensor out = at::empty({m, n}, a.options().dtype(out_dtype));
-  bool ran = false;
-  const bool with_bias = bias.has_value() && bias->defined();
-  check(table().lt_fp8_gemm(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), sa.data_ptr<float>(),
-                            sb.data_ptr<float>(), out.data_ptr(), with_bias ? bias->data_ptr() : nullptr, m, n, k,
-                            code_of(a.scalar_type()), code_of(b.scalar_type()), code_of(out_dtype),
-                            with_bias ? code_of(bias->scalar_type()) : -1, fast_accum, ws, workspace_bytes,
-                            static_cast<int>(a.device().index()), stream, &ran));
-  if (!ran) return py::none();
-  return py::cast(out);
-}
-
 // An operand cuBLASLt reads in place (gemm/_common.py gemm_ready): row-major, rows and start 16-byte aligned.
 bool gemm_ready(const at::Tensor& t) {
   const int64_t s0 = t.stride(0), s1 = t.stride(1);
@@ -354,9 +322,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
         py::arg("bias_dtype"),
         "(data, data_t, scale_inv, amax, scale[, db]) of an FP8 quantizer's cast of a contiguous 2-D CUDA x, or None.");
-  m.def("fp8_gemm", &fp8_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
-        py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
-        "a @ b.T * scale_a * scale_b (+ bias) through the cached cuBLASLt plan, or None.");
   m.def("fp8_linear_gemm", &fp8_linear_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
         py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
         "gemm/fp8.py gemm_fp8_fp8's CUDA branch (operand readiness, fused bias, the cached plan), or None.");
