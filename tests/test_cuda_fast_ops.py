@@ -306,3 +306,49 @@ def test_nvfp4_linear_steps_equal_the_python_path(fast, python_path):
                                              disable_2d_quantization=True, disable_stochastic_rounding=True,
                                              nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)]
     assert_paths_equal(lambda: linear_steps(recipes(), 2, 192), python_path, "nvfp4 steps")
+
+
+# ---- as a job runs it: activation checkpointing, torch.autocast(bf16), two threads --------------------------
+
+def _job_steps(recipe_factory) -> list:
+    """Two layers trained from two threads at once, each step under torch.autocast(bf16) with the layer inside
+    activation checkpointing (its forward runs twice: the recompute must quantize as the first pass did)."""
+    import threading
+
+    import torch.utils.checkpoint as cp
+
+    torch.manual_seed(0)
+    layers = [fp_recipes.Linear(256, 256, bias=True, device=DEV) for _ in range(2)]
+    xs = [torch.randn(128, 256, device=DEV) for _ in range(2)]
+    outs: list = [None, None]
+    errors: list = []
+
+    def run(i):
+        try:
+            res = []
+            for _ in range(2):
+                x = xs[i].clone().requires_grad_(True)
+                with torch.autocast("cuda", dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe_factory()):
+                    y = cp.checkpoint(layers[i], x, use_reentrant=False)
+                y.float().square().mean().backward()
+                res += [y.detach(), x.grad, layers[i].weight.grad.clone()]
+                layers[i].weight.grad = layers[i].bias.grad = None
+            outs[i] = res
+        except Exception as exc:  # reported below: an assertion in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    return outs[0] + outs[1]
+
+
+@pytest.mark.parametrize("recipe", ("delayed", "current", "nvfp4"))
+def test_checkpointed_autocast_steps_from_two_threads_equal_the_python_path(fast, python_path, recipe):
+    factory = {"delayed": fp_recipes.DelayedScaling, "current": fp_recipes.Float8CurrentScaling,
+               "nvfp4": fp_recipes.NVFP4BlockScaling}[recipe]
+    assert_paths_equal(lambda: _job_steps(factory), python_path, f"{recipe} job steps")
