@@ -3,7 +3,8 @@ replaces, byte for byte: the same launches with the same arguments must give the
 casts (current and delayed scaling, each copy choice, the fused bias gradient, the history record), the FP8 GEMM
 branch (row strides, unaligned starts and scales, bias, every output dtype, declines), a side stream (its own
 workspaces), a Linear step of both recipes, the NVFP4 quantize launches (every amax mode: plain, with the RHT amax,
-per row, per row fused; 2-D blocks, stochastic rounding, 4over6, the fused bias gradient), and the CUDA-graph rule
+per row, per row fused; 2-D blocks, stochastic rounding, 4over6, the fused bias gradient), the emulated NVFP4 GEMM
+(per tensor and row-scaled, row chunks, fused and FP32 biases, cached unit copies), and the CUDA-graph rule
 (no amax workspace while capturing). Needs a GPU and the module built (``pip install --no-build-isolation``, as
 ``../shared/device/setup.sh`` does)."""
 
@@ -306,6 +307,78 @@ def test_nvfp4_linear_steps_equal_the_python_path(fast, python_path):
                                              disable_2d_quantization=True, disable_stochastic_rounding=True,
                                              nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)]
     assert_paths_equal(lambda: linear_steps(recipes(), 2, 192), python_path, "nvfp4 steps")
+
+
+def _nvfp4_operand(rows, k, seed, *, row_scaled=False, e4m3_max=448, unit=False):
+    from fp_recipes.gemm.nvfp4_emulated import decode_nvfp4_unit
+    from fp_recipes.gemm.operands import Nvfp4Operand
+    from fp_recipes.ops import ref_nvfp4
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 8
+    x[0, :16] = 0.0  # an all-zero block
+    q = ref_nvfp4.nvfp4_quantize(x, rowwise=True, columnwise=False, row_scaled=row_scaled, e4m3_max=e4m3_max)
+    data, scale = q.data.to(DEV), q.scale.to(DEV)
+    u = decode_nvfp4_unit(data, scale, torch.bfloat16) if unit else None
+    return Nvfp4Operand(data, scale, q.amax.to(DEV), row_scaled, e4m3_max, False, u)
+
+
+# (name, M, N, K, a options, b options, out dtype, bias dtype): per tensor and row-scaled (a's rows, b's rows, both),
+# one and several row chunks (>= 2048 rows), a bias of the output's dtype (fused) and of another (added in FP32),
+# every output dtype, cached unit copies on neither, one or both sides
+_EMULATED_CASES = (
+    ("per tensor", 64, 48, 128, {}, {"e4m3_max": 256}, torch.bfloat16, torch.bfloat16),
+    ("per tensor fp32 bias", 96, 32, 64, {}, {}, torch.bfloat16, torch.float32),
+    ("per tensor fp32 out", 48, 64, 256, {}, {}, torch.float32, None),
+    ("per tensor fp16", 32, 16, 32, {}, {}, torch.float16, torch.float16),
+    ("a unit cached", 64, 48, 128, {"unit": True}, {}, torch.bfloat16, None),
+    ("b unit cached", 64, 48, 128, {}, {"unit": True}, torch.bfloat16, torch.bfloat16),
+    ("both cached", 64, 48, 128, {"unit": True}, {"unit": True}, torch.float32, None),
+    ("row-scaled a", 80, 48, 96, {"row_scaled": True}, {}, torch.bfloat16, torch.bfloat16),
+    ("row-scaled b", 32, 64, 64, {}, {"row_scaled": True}, torch.float16, None),
+    ("row-scaled both", 48, 32, 64, {"row_scaled": True}, {"row_scaled": True}, torch.float32, torch.float32),
+    ("row-scaled 3 chunks", 3100, 64, 64, {"row_scaled": True, "unit": True}, {}, torch.bfloat16, torch.float32),
+)
+
+
+def test_nvfp4_emulated_gemm_equals_the_python_path(fast, python_path):
+    from fp_recipes.gemm import nvfp4_emulated as E
+
+    def run():
+        outs = []
+        for i, (name, m, n, k, a_opts, b_opts, out_dtype, bias_dtype) in enumerate(_EMULATED_CASES):
+            a = _nvfp4_operand(m, k, 10 + i, **a_opts)
+            b = _nvfp4_operand(n, k, 50 + i, **b_opts)
+            bias = None if bias_dtype is None else \
+                torch.randn(n, generator=torch.Generator().manual_seed(i)).to(bias_dtype).to(DEV)
+            out = E.emulated_cuda_eager(a, b, out_dtype, bias)
+            assert out is not None and out.dtype == out_dtype and out.shape == (m, n), name
+            # the torch emulation computes the same products; only cuBLAS's FP32 summation order differs
+            want = E.gemm_nvfp4_emulated(a, b, out_dtype, bias)
+            torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=1e-2, msg=name)
+            outs.append(out)
+        return outs
+    assert_paths_equal(run, python_path, "emulated NVFP4 GEMM")
+
+
+def test_nvfp4_emulated_gemm_declines_what_python_declines(fast):
+    a = _nvfp4_operand(32, 64, 1)
+    b = _nvfp4_operand(16, 64, 2)
+    args = lambda a, b, out_dtype=torch.bfloat16, bias=None: (  # noqa: E731
+        a.data, a.scale, a.amax, a.unit, a.row_scaled, a.e4m3_max, b.data, b.scale, b.amax, b.unit, b.row_scaled,
+        b.e4m3_max, out_dtype, bias, cublaslt.WORKSPACE_BYTES, 1024, 4)
+    assert fast.nvfp4_emulated_gemm(*args(a, b)) is not None
+    assert fast.nvfp4_emulated_gemm(*args(a, b, torch.float8_e4m3fn)) is None  # an output dtype it does not make
+    cpu = _nvfp4_operand(32, 64, 1)
+    cpu.data, cpu.scale, cpu.amax = cpu.data.cpu(), cpu.scale.cpu(), cpu.amax.cpu()
+    assert fast.nvfp4_emulated_gemm(*args(cpu, b)) is None
+    odd = _nvfp4_operand(32, 64, 1)
+    odd.data = odd.data.t().contiguous().t()  # not contiguous: the Python path raises in the decode, then declines
+    assert fast.nvfp4_emulated_gemm(*args(odd, b)) is None
+    short = _nvfp4_operand(32, 64, 1, row_scaled=True)
+    short.amax = short.amax[:5]  # a per-row amax of the wrong length: the Python epilogue raises
+    assert fast.nvfp4_emulated_gemm(*args(short, b)) is None
+    assert fast.nvfp4_emulated_gemm(*args(a, b, torch.bfloat16, torch.zeros(15, device=DEV))) is None
 
 
 # ---- as a job runs it: activation checkpointing, torch.autocast(bf16), two threads --------------------------

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import fp_recipes
 from fp_recipes import _extension
 from fp_recipes.recipes.env import BY_NAME, EnvVarError
 
@@ -42,6 +43,7 @@ def test_a_bad_value_names_the_variable_and_the_allowed_values(fresh):
 def test_not_built_is_reported(fresh):
     fresh.delenv("FP_RECIPES_TORCH_OPS", raising=False)
     fresh.setitem(sys.modules, "fp_recipes._torch_ops", None)  # import fails, as where it was not built
+    fresh.delattr(fp_recipes, "_torch_ops", raising=False)  # (an earlier import left it on the package)
 
     class Ext:  # an extension with a kernel table
         @staticmethod

@@ -242,6 +242,50 @@ bool run_fp8_gemm(std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, 
 }  // namespace
 #endif  // FPR_HAVE_CUBLASLT
 
+// One BF16 GEMM with alpha/beta read on the device (the emulated NVFP4 GEMM): D (m x n, row-major; bf16/fp16/
+// fp32) = alpha * A (m x k) @ B^T (B: n x k) (+ bias), A and B contiguous BF16, FP32 accumulation. Returns false,
+// having launched nothing, where cuBLASLt cannot run it (the caller's fallback then does).
+bool lt_bf16_gemm(std::uintptr_t a, std::uintptr_t b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n,
+                  int64_t k, int d_dtype, int bias_dtype, std::uintptr_t alpha_beta, std::uintptr_t workspace,
+                  int64_t workspace_size, int device, std::uintptr_t stream) {
+#if FPR_HAVE_CUBLASLT
+  require(m >= 0 && n >= 0 && k >= 0, "lt_bf16_gemm: negative GEMM size");
+  require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
+          "lt_bf16_gemm: workspace must be a device buffer of workspace_size bytes");
+  // Left to the caller: empty products, rows that are not 16-byte multiples, unaligned operands.
+  if (m == 0 || n == 0 || k == 0 || k % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(d) ||
+      alpha_beta == 0 || (bias != 0 && !aligned16(bias)))
+    return false;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  require(g_api.lib != nullptr, "lt_bf16_gemm: cuBLASLt is not loaded (call lt_load first)");
+  const int bias_code = bias != 0 ? bias_dtype : -1;
+  Plan& p = plan_for(device, m, n, k, DType::kBFloat16, DType::kBFloat16, static_cast<DType>(d_dtype),
+                     bias_code, false, static_cast<size_t>(workspace_size), alignment_of(b), alignment_of(a),
+                     alignment_of(d), PlanMode::kDeviceAlpha);
+  if (!p.ok) return false;
+  if (bias != 0) {
+    const void* bp = reinterpret_cast<const void*>(bias);
+    check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
+  }
+  const float* alpha = reinterpret_cast<const float*>(alpha_beta);
+  void* dp = reinterpret_cast<void*>(d);
+  const cublasStatus_t st =
+      g_api.matmul(handle_for(device), p.desc, alpha, reinterpret_cast<const void*>(b), p.lay_a,
+                   reinterpret_cast<const void*>(a), p.lay_b, alpha + 1, dp, p.lay_d, dp, p.lay_d, &p.algo,
+                   reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size), as_stream(stream));
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    p.ok = false;
+    return false;
+  }
+  check_lt(st, "cublasLtMatmul (bf16)");
+  return true;
+#else
+  (void)a; (void)b; (void)d; (void)bias; (void)m; (void)n; (void)k; (void)d_dtype; (void)bias_dtype;
+  (void)alpha_beta; (void)workspace; (void)workspace_size; (void)device; (void)stream;
+  throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
+#endif
+}
+
 bool lt_fp8_gemm(std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, std::uintptr_t scale_a,
                  std::uintptr_t scale_b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,
                  int a_dtype, int b_dtype, int d_dtype, int bias_dtype, bool fast_accum, std::uintptr_t workspace,
@@ -377,46 +421,7 @@ void register_gemm_lt(py::module_& m) {
       "launching where cuBLASLt's FP8 kernels cannot take it (the caller's fallback then runs it).");
   m.def(
       "lt_bf16_gemm",
-      [](std::uintptr_t a, std::uintptr_t b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,
-         int d_dtype, int bias_dtype, std::uintptr_t alpha_beta, std::uintptr_t workspace, int64_t workspace_size,
-         int device, std::uintptr_t stream) -> bool {
-#if FPR_HAVE_CUBLASLT
-        require(m >= 0 && n >= 0 && k >= 0, "lt_bf16_gemm: negative GEMM size");
-        require(workspace_size >= 0 && (workspace_size == 0 || workspace != 0),
-                "lt_bf16_gemm: workspace must be a device buffer of workspace_size bytes");
-        // Left to the caller: empty products, rows that are not 16-byte multiples, unaligned operands.
-        if (m == 0 || n == 0 || k == 0 || k % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(d) ||
-            alpha_beta == 0 || (bias != 0 && !aligned16(bias)))
-          return false;
-        std::lock_guard<std::mutex> lock(g_mutex);
-        require(g_api.lib != nullptr, "lt_bf16_gemm: cuBLASLt is not loaded (call lt_load first)");
-        const int bias_code = bias != 0 ? bias_dtype : -1;
-        Plan& p = plan_for(device, m, n, k, DType::kBFloat16, DType::kBFloat16, static_cast<DType>(d_dtype),
-                           bias_code, false, static_cast<size_t>(workspace_size), alignment_of(b), alignment_of(a),
-                           alignment_of(d), PlanMode::kDeviceAlpha);
-        if (!p.ok) return false;
-        if (bias != 0) {
-          const void* bp = reinterpret_cast<const void*>(bias);
-          check_lt(g_api.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)), "BIAS_POINTER");
-        }
-        const float* alpha = reinterpret_cast<const float*>(alpha_beta);
-        void* dp = reinterpret_cast<void*>(d);
-        const cublasStatus_t st =
-            g_api.matmul(handle_for(device), p.desc, alpha, reinterpret_cast<const void*>(b), p.lay_a,
-                         reinterpret_cast<const void*>(a), p.lay_b, alpha + 1, dp, p.lay_d, dp, p.lay_d, &p.algo,
-                         reinterpret_cast<void*>(workspace), static_cast<size_t>(workspace_size), as_stream(stream));
-        if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
-          p.ok = false;
-          return false;
-        }
-        check_lt(st, "cublasLtMatmul (bf16)");
-        return true;
-#else
-        (void)a; (void)b; (void)d; (void)bias; (void)m; (void)n; (void)k; (void)d_dtype; (void)bias_dtype;
-        (void)alpha_beta; (void)workspace; (void)workspace_size; (void)device; (void)stream;
-        throw std::runtime_error("fp_recipes: this build has no cuBLASLt path (<cublasLt.h> was not found)");
-#endif
-      },
+      &lt_bf16_gemm,
       py::arg("a"), py::arg("b"), py::arg("d"), py::arg("bias"), py::arg("m"), py::arg("n"), py::arg("k"),
       py::arg("d_dtype"), py::arg("bias_dtype"), py::arg("alpha_beta"), py::arg("workspace"),
       py::arg("workspace_size"), py::arg("device"), py::arg("stream"),

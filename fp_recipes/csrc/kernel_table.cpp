@@ -18,6 +18,9 @@ bool lt_fp8_gemm(std::uintptr_t a, int64_t lda, std::uintptr_t b, int64_t ldb, s
                  std::uintptr_t scale_b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n, int64_t k,
                  int a_dtype, int b_dtype, int d_dtype, int bias_dtype, bool fast_accum, std::uintptr_t workspace,
                  int64_t workspace_size, int device, std::uintptr_t stream);
+bool lt_bf16_gemm(std::uintptr_t a, std::uintptr_t b, std::uintptr_t d, std::uintptr_t bias, int64_t m, int64_t n,
+                  int64_t k, int d_dtype, int bias_dtype, std::uintptr_t alpha_beta, std::uintptr_t workspace,
+                  int64_t workspace_size, int device, std::uintptr_t stream);
 
 namespace {
 
@@ -134,8 +137,53 @@ const char* nv_quantize(const Nvfp4QuantizeCall* c) {
   });
 }
 
+const char* nv_decode_units(const Nvfp4UnitJob* jobs, int num, const float* amax_a, const float* amax_b, float e_a,
+                            float e_b, float* alpha_out, void* stream, int device) {
+  return guarded([&] {
+    require(num >= 0 && num <= nvfp4::kMaxUnitJobs, "nvfp4_decode_units: 0 to 4 copies per launch");
+    use_device(device);
+    nvfp4::UnitDecodeJob decode[nvfp4::kMaxUnitJobs];
+    for (int i = 0; i < num; ++i) {
+      decode[i].data = static_cast<const uint8_t*>(jobs[i].data);
+      decode[i].scale = static_cast<const uint8_t*>(jobs[i].scale);
+      decode[i].out = static_cast<uint16_t*>(jobs[i].out);
+      decode[i].blocks = jobs[i].blocks;
+    }
+    nvfp4::GemmAlphaArgs alpha;
+    alpha.amax_a = amax_a;
+    alpha.amax_b = amax_b;
+    alpha.e_a = e_a;
+    alpha.e_b = e_b;
+    alpha.out = alpha_out;
+    nvfp4::decode_unit_bf16(decode, num, alpha, static_cast<cudaStream_t>(stream));
+  });
+}
+
+const char* bf16_gemm(const void* a, const void* b, void* d, const void* bias, int64_t m, int64_t n, int64_t k,
+                      int d_dtype, int bias_dtype, const float* alpha_beta, void* workspace, int64_t workspace_size,
+                      int device, void* stream, bool* ran) {
+  *ran = false;
+  auto u = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  return guarded([&] {
+    *ran = lt_bf16_gemm(u(a), u(b), u(d), u(bias), m, n, k, d_dtype, bias_dtype, u(alpha_beta), u(workspace),
+                        workspace_size, device, u(stream));
+  });
+}
+
+const char* nv_row_epilogue(const float* d, int64_t rows, int64_t cols, const float* amax_a, bool a_rows,
+                            const float* amax_b, bool b_cols, const void* bias, int bias_dtype, void* out,
+                            int out_dtype, void* stream, int device) {
+  return guarded([&] {
+    use_device(device);
+    nvfp4::row_scale_epilogue(d, rows, cols, amax_a, a_rows, amax_b, b_cols, bias,
+                              bias != nullptr ? code(bias_dtype) : DType::kFloat32, out, code(out_dtype),
+                              static_cast<cudaStream_t>(stream));
+  });
+}
+
 const KernelTable g_table{kKernelTableVersion, static_cast<int>(sizeof(KernelTable)), cast_delayed, cast_current,
-                          gemm, capturing, nv_amax, nv_row_amax, nv_quantize};
+                          gemm, capturing, nv_amax, nv_row_amax, nv_quantize, nv_decode_units, bf16_gemm,
+                          nv_row_epilogue};
 
 }  // namespace
 

@@ -12,7 +12,7 @@
 
 namespace fp_recipes {
 
-constexpr int kKernelTableVersion = 1;
+constexpr int kKernelTableVersion = 2;  // 2: the emulated NVFP4 GEMM's three launchers
 
 // One NVFP4 quantize launch (nvfp4_kernels.h QuantizeArgs, C types; null pointers: absent).
 struct Nvfp4QuantizeCall {
@@ -38,6 +38,14 @@ struct Nvfp4QuantizeCall {
   int bias_dtype;  // -1: none
   void* stream;
   int device;
+};
+
+// One copy to decode into BF16 unit values (nvfp4_kernels.h UnitDecodeJob): `blocks` 16-element blocks.
+struct Nvfp4UnitJob {
+  const void* data;   // packed E2M1, 8-byte aligned
+  const void* scale;  // E4M3, one per block
+  void* out;          // BF16, 16 values per block
+  int64_t blocks;
 };
 
 struct KernelTable {
@@ -66,6 +74,20 @@ struct KernelTable {
   const char* (*nvfp4_row_amax)(const void* x, int in_dtype, int64_t rows, int64_t cols, float* row_out,
                                 float* amax_out, void* stream, int device, uint32_t* amax_ws);
   const char* (*nvfp4_quantize)(const Nvfp4QuantizeCall* call);
+
+  // Version 2: the emulated NVFP4 GEMM (gemm/nvfp4_emulated.py). Up to 4 unit decodes and the GEMM's device
+  // {alpha, 0} in one launch (alpha_out null: none; a null amax counts as 1).
+  const char* (*nvfp4_decode_units)(const Nvfp4UnitJob* jobs, int num_jobs, const float* amax_a, const float* amax_b,
+                                    float e_a, float e_b, float* alpha_out, void* stream, int device);
+  // One BF16 GEMM with device alpha/beta through the cached cuBLASLt plan (the binding lt_bf16_gemm); *ran false:
+  // not launched.
+  const char* (*lt_bf16_gemm)(const void* a, const void* b, void* d, const void* bias, int64_t m, int64_t n,
+                              int64_t k, int d_dtype, int bias_dtype, const float* alpha_beta, void* workspace,
+                              int64_t workspace_size, int device, void* stream, bool* ran);
+  // The row-scaled GEMM's epilogue (nvfp4_kernels.h row_scale_epilogue); bias_dtype -1: no bias.
+  const char* (*nvfp4_row_epilogue)(const float* d, int64_t rows, int64_t cols, const float* amax_a, bool a_rows,
+                                    const float* amax_b, bool b_cols, const void* bias, int bias_dtype, void* out,
+                                    int out_dtype, void* stream, int device);
 };
 
 }  // namespace fp_recipes

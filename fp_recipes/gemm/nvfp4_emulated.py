@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import formats, ops
+from .. import _extension, formats, ops
 from . import cublaslt
 from ._common import finish, mm_bf16_fp32_accum
 from .operands import Nvfp4Operand
@@ -130,7 +130,8 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
     chunk: :func:`row_chunk`). The same
     values and roundings as :func:`gemm_nvfp4_emulated`; only the FP32 accumulation order is
     cuBLAS's choice, as it already was. None when it cannot run here (no cuBLASLt, tracing under
-    torch.compile, operands it does not take): the caller runs the torch emulation."""
+    torch.compile, operands it does not take): the caller runs the torch emulation. With the torch-linked host
+    path (FP_RECIPES_TORCH_OPS) the whole call is one C++ call making the same launches."""
     if torch.compiler.is_compiling():
         return None
     return emulated_cuda_eager(a, b, out_dtype, bias)
@@ -141,6 +142,14 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
     """:func:`gemm_nvfp4_emulated_cuda` for a caller that knows it is not being traced."""
     if out_dtype not in _OUT_DTYPES:
         return None
+    fast = _extension.fast_ops()
+    if fast is not None and cublaslt.available():
+        # this function as one C++ call (fp_recipes._torch_ops: the same launches); None: the Python code below
+        out = fast.nvfp4_emulated_gemm(a.data, a.scale, a.amax, a.unit, a.row_scaled, a.e4m3_max, b.data, b.scale,
+                                       b.amax, b.unit, b.row_scaled, b.e4m3_max, out_dtype, bias,
+                                       cublaslt.WORKSPACE_BYTES, ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS)
+        if out is not None:
+            return out
     cuda_nvfp4 = _cuda_nvfp4 or _cuda_ops()
     dev = a.data.device
     if not cuda_nvfp4.unit_operands_available() or not cublaslt.available() or b.data.device != dev:

@@ -75,6 +75,7 @@ struct StreamBuffers {
   std::mutex mutex;
   std::unordered_map<uint64_t, at::Tensor*> amax_ws;  // the zeroed int32 (4,) amax workspace (ops/workspace.py)
   std::unordered_map<uint64_t, at::Tensor*> gemm_ws;  // cuBLASLt's workspace (gemm/cublaslt.py)
+  std::unordered_map<uint64_t, at::Tensor*> alpha_ws;  // the emulated NVFP4 GEMM's FP32 {alpha, 0} (cuda_nvfp4.py)
 };
 StreamBuffers g_buffers;
 
@@ -99,6 +100,19 @@ void* gemm_workspace(const at::Device& device, void* stream, int64_t nbytes) {
   if (ws == nullptr || ws->numel() < nbytes)  // an older, smaller one stays alive: launches may still read it
     ws = new at::Tensor(at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device)));
   return ws->data_ptr();
+}
+
+// The stream's {alpha, 0} that a decode launch writes and the BF16 GEMM right after it reads (launches on one stream
+// run in order); a fresh one while capturing (the graph's pool holds it), as ops/cuda_nvfp4.py _alpha_ws.
+at::Tensor alpha_workspace(const at::Device& device, void* stream) {
+  bool capturing = false;
+  check(table().stream_capturing(stream, &capturing));
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  if (capturing) return at::empty({4}, f32);
+  std::lock_guard<std::mutex> lock(g_buffers.mutex);
+  at::Tensor*& ws = g_buffers.alpha_ws[key_of(device, stream)];
+  if (ws == nullptr) ws = new at::Tensor(at::zeros({4}, f32));
+  return *ws;
 }
 
 void init(py::capsule table_capsule) {
@@ -199,6 +213,127 @@ py::object fp8_linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::T
                             bc, oc, with_bias ? oc : -1, fast_accum, ws, workspace_bytes,
                             static_cast<int>(a.device().index()), stream, &ran));
   if (!ran) return py::none();
+  return py::cast(out);
+}
+
+// One NVFP4 operand of the emulated GEMM (gemm/operands.py Nvfp4Operand): packed codes, E4M3 block scales, the
+// global amax (per row when row_scaled), its E4M3 range, and the BF16 unit copy the quantize kernel may have written.
+struct UnitSource {
+  const at::Tensor& data;
+  const at::Tensor& scale;
+  const at::Tensor& amax;
+  const c10::optional<at::Tensor>& unit;
+  bool row_scaled;
+};
+
+// The operand's cached unit copy where the GEMM can read it as is (nvfp4_emulated.py cached_unit), else undefined.
+at::Tensor cached_unit(const UnitSource& op, const at::Device& dev) {
+  if (!op.unit.has_value() || !op.unit->defined()) return at::Tensor();
+  const at::Tensor& u = *op.unit;
+  if (u.scalar_type() != at::kBFloat16 || u.dim() != 2 || u.size(0) != op.data.size(0) ||
+      u.size(1) != op.data.size(1) * 2 || u.device() != dev || !u.is_contiguous() ||
+      reinterpret_cast<uintptr_t>(u.data_ptr()) % 16)
+    return at::Tensor();
+  return u;
+}
+
+// A copy the decode kernel can read (cuda_nvfp4.py nvfp4_unit_operands' checks; the Python path raises there, so
+// the caller declines and lets it).
+bool decodable(const UnitSource& op, const at::Device& dev) {
+  const at::Tensor &d = op.data, &s = op.scale;
+  return d.scalar_type() == at::kByte && s.dim() == 2 && s.size(0) == d.size(0) && s.size(1) == d.size(1) / 8 &&
+         d.device() == dev && s.device() == dev && d.is_contiguous() && s.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(d.data_ptr()) % 8 == 0;
+}
+
+bool amax_ok(const at::Tensor& t, const at::Device& dev, int64_t length) {
+  return t.scalar_type() == at::kFloat && t.device() == dev && t.is_contiguous() && t.numel() == length;
+}
+
+// gemm/nvfp4_emulated.py emulated_cuda_eager as one call: the decode launch of the operands without a cached unit
+// copy (it also writes the GEMM's device alpha), the cuBLASLt BF16 GEMM reading that alpha (the bias fused where it
+// has the output's dtype), and for a row-scaled product the GEMM + epilogue per row chunk. None, having launched
+// nothing, wherever the Python path does something else (an output dtype or operand it declines, a check it raises
+// on); the same launches with the same arguments otherwise, so the bytes are equal (tests/test_cuda_fast_ops.py).
+py::object nvfp4_emulated_gemm(const at::Tensor& a_data, const at::Tensor& a_scale, const at::Tensor& a_amax,
+                               const c10::optional<at::Tensor>& a_unit, bool a_rows, double e_a,
+                               const at::Tensor& b_data, const at::Tensor& b_scale, const at::Tensor& b_amax,
+                               const c10::optional<at::Tensor>& b_unit, bool b_rows, double e_b,
+                               at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias,
+                               int64_t workspace_bytes, int64_t chunk_min_rows, int64_t chunk_max) {
+  const int oc = code_of(out_dtype);
+  if (oc < 0 || oc > 2 || a_data.dim() != 2 || b_data.dim() != 2 || !on_current_device(a_data)) return py::none();
+  const at::Device dev = a_data.device();
+  if (b_data.device() != dev) return py::none();
+  const int64_t m = a_data.size(0), n = b_data.size(0), k = a_data.size(1) * 2;
+  if (m == 0 || n == 0 || k == 0 || b_data.size(1) * 2 != k) return py::none();
+  const bool row = a_rows || b_rows;
+  // (per tensor the kernel reads element 0 of each amax; row-scaled, the epilogue reads m / n of them)
+  if (!amax_ok(a_amax, dev, row && a_rows ? m : a_amax.numel()) ||
+      !amax_ok(b_amax, dev, row && b_rows ? n : b_amax.numel()) || (row && !a_rows && a_amax.numel() != 1) ||
+      (row && !b_rows && b_amax.numel() != 1))
+    return py::none();
+  const bool with_bias = bias.has_value() && bias->defined();
+  if (with_bias && (bias->device() != dev || !is_float_input(bias->scalar_type()) || !bias->is_contiguous() ||
+                    bias->dim() != 1 || bias->size(0) != n))
+    return py::none();
+  const UnitSource a{a_data, a_scale, a_amax, a_unit, a_rows}, b{b_data, b_scale, b_amax, b_unit, b_rows};
+  at::Tensor ua = cached_unit(a, dev), ub = cached_unit(b, dev);
+  const bool decode_a = !ua.defined(), decode_b = !ub.defined();
+  // (neither cached: both decoded in one launch; else only the one without)
+  if ((decode_a && !decodable(a, dev)) || (decode_b && !decodable(b, dev))) return py::none();
+  const KernelTable& t = table();
+  void* stream = current_stream(dev);
+  const int index = static_cast<int>(dev.index());
+  const auto bf16 = a_data.options().dtype(at::kBFloat16);
+  fp_recipes::Nvfp4UnitJob jobs[2];
+  int num = 0;
+  for (const UnitSource* op : {&a, &b}) {
+    at::Tensor& u = op == &a ? ua : ub;
+    if (u.defined()) continue;
+    u = at::empty({op->data.size(0), op->data.size(1) * 2}, bf16);
+    jobs[num++] = {op->data.data_ptr(), op->scale.numel() ? op->scale.data_ptr() : nullptr, u.data_ptr(),
+                   op->data.size(0) * op->data.size(1) / 8};
+  }
+  at::Tensor alpha = alpha_workspace(dev, stream);
+  const float* amax_a_ptr = row || a_amax.numel() == 0 ? nullptr : a_amax.data_ptr<float>();
+  const float* amax_b_ptr = row || b_amax.numel() == 0 ? nullptr : b_amax.data_ptr<float>();
+  check(t.nvfp4_decode_units(jobs, num, amax_a_ptr, amax_b_ptr, static_cast<float>(e_a), static_cast<float>(e_b),
+                             alpha.data_ptr<float>(), stream, index));
+  void* ws = gemm_workspace(dev, stream, workspace_bytes);
+  // cuBLASLt's BF16 GEMM into d, or (a problem its plan refuses) torch's FP32-accumulating mm times alpha
+  auto product = [&](const at::Tensor& lhs, at::Tensor d, const at::Tensor* fused_bias) -> at::Tensor {
+    bool ran = false;
+    check(t.lt_bf16_gemm(lhs.data_ptr(), ub.data_ptr(), d.data_ptr(),
+                         fused_bias != nullptr ? fused_bias->data_ptr() : nullptr, lhs.size(0), n, k,
+                         code_of(d.scalar_type()), fused_bias != nullptr ? code_of(fused_bias->scalar_type()) : -1,
+                         alpha.data_ptr<float>(), ws, workspace_bytes, index, stream, &ran));
+    if (ran) return d;
+    return at::mm(lhs, ub.t(), at::kFloat) * alpha.select(0, 0);
+  };
+  if (!row) {
+    const bool fuse_bias = !with_bias || bias->scalar_type() == out_dtype;
+    at::Tensor out = at::empty({m, n}, a_data.options().dtype(fuse_bias ? out_dtype : at::kFloat));
+    at::Tensor d = product(ua, out, fuse_bias && with_bias ? &*bias : nullptr);
+    if (d.is_same(out) && fuse_bias) return py::cast(out);
+    if (with_bias) d = d + bias->to(at::kFloat);  // gemm/_common.py finish: the bias in FP32, then one cast
+    return py::cast(out_dtype == at::kFloat ? d : d.to(out_dtype));
+  }
+  // Row-scaled: up to chunk_max chunks of >= chunk_min_rows rows (nvfp4_emulated.py row_chunk), one GEMM into a
+  // shared FP32 scratch and one epilogue launch each.
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(chunk_max, m / chunk_min_rows));
+  const int64_t rows = (m + chunks - 1) / chunks;
+  at::Tensor out = at::empty({m, n}, a_data.options().dtype(out_dtype));
+  at::Tensor scratch = at::empty({std::min(rows, m), n}, a_data.options().dtype(at::kFloat));
+  for (int64_t r0 = 0; r0 < m; r0 += rows) {
+    const int64_t r1 = std::min(m, r0 + rows);
+    at::Tensor d = product(ua.narrow(0, r0, r1 - r0), scratch.narrow(0, 0, r1 - r0), nullptr);
+    const float* sa = a_rows ? a_amax.data_ptr<float>() + r0 : a_amax.data_ptr<float>();
+    check(t.nvfp4_row_epilogue(d.data_ptr<float>(), r1 - r0, n, sa, a_rows, b_amax.data_ptr<float>(), b_rows,
+                               with_bias ? bias->data_ptr() : nullptr,
+                               with_bias ? code_of(bias->scalar_type()) : -1, out.narrow(0, r0, r1 - r0).data_ptr(),
+                               oc, stream, index));
+  }
   return py::cast(out);
 }
 
@@ -325,6 +460,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_linear_gemm", &fp8_linear_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
         py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
         "gemm/fp8.py gemm_fp8_fp8's CUDA branch (operand readiness, fused bias, the cached plan), or None.");
+  m.def("nvfp4_emulated_gemm", &nvfp4_emulated_gemm, py::arg("a_data"), py::arg("a_scale"), py::arg("a_amax"),
+        py::arg("a_unit"), py::arg("a_row_scaled"), py::arg("a_e4m3_max"), py::arg("b_data"), py::arg("b_scale"),
+        py::arg("b_amax"), py::arg("b_unit"), py::arg("b_row_scaled"), py::arg("b_e4m3_max"), py::arg("out_dtype"),
+        py::arg("bias"), py::arg("workspace_bytes"), py::arg("chunk_min_rows"), py::arg("chunk_max"),
+        "gemm/nvfp4_emulated.py emulated_cuda_eager (decode + alpha, BF16 GEMM, row epilogue), or None.");
   py::class_<Nvfp4Launch>(m, "Nvfp4Launch", "ops/cuda_nvfp4.py _Launch's quantization, one C++ call per run")
       .def(py::init([](int64_t m, int64_t n, int code, int mode, bool rowwise, bool columnwise, bool row_scaled,
                        bool block_2d, bool rht, bool need_g, int fos, bool mse, double e4m3_max, bool sr) {
@@ -340,6 +480,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("db"));
   m.def("buffers", []() {
     std::lock_guard<std::mutex> lock(g_buffers.mutex);
-    return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size());
-  }, "(amax workspaces, GEMM workspaces) held: one per device and stream used.");
+    return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size(), g_buffers.alpha_ws.size());
+  }, "(amax workspaces, GEMM workspaces, NVFP4 alpha workspaces) held: one per device and stream used.");
 }
