@@ -391,8 +391,15 @@ def _operands(m, n, k, gen_seed, row_scaled=False):
             Nvfp4Operand(qb.data, qb.scale, qb.amax, False, 256, False))
 
 
+def _python_host_path(monkeypatch):
+    monkeypatch.setattr(_extension, "_fast", None)
+    monkeypatch.setattr(_extension, "_fast_loaded", True)
+
+
 def _fresh_alpha(monkeypatch):
-    """Route the GEMM through a replaced nvfp4_unit_operands: a fresh alpha per call (the old path)."""
+    """Route the GEMM through a replaced nvfp4_unit_operands: a fresh alpha per call (the old path; the Python host
+    path, as the C++ one keeps its own per-stream alpha)."""
+    _python_host_path(monkeypatch)
     own = C.own_unit_operands
 
     def fresh(copies, amax_a=None, amax_b=None, e_a=448, e_b=448, *, with_alpha=True, device=None):
@@ -420,13 +427,20 @@ def test_gemm_alpha_workspace_same_bits_as_fresh_alpha(monkeypatch, row_scaled, 
 
 
 @cuda
+@pytest.mark.parametrize("host", ["python", "c++"])
 @pytest.mark.parametrize("ws_before_capture", [False, True])
-def test_gemm_alpha_workspace_in_cuda_graph(monkeypatch, ws_before_capture):
+def test_gemm_alpha_workspace_in_cuda_graph(monkeypatch, ws_before_capture, host):
     """Two GEMMs with different alphas captured on one stream (with the stream's alpha workspace made
     before the capture, or none: a fresh alpha in the graph's pool) replay with new operand values like
-    eager GEMMs."""
+    eager GEMMs; on both host paths (the C++ one holds its per-stream workspaces itself)."""
     from fp_recipes.gemm import nvfp4_emulated as E
 
+    fast = _extension.fast_ops()
+    if host == "python":
+        _python_host_path(monkeypatch)
+    elif fast is None:
+        pytest.skip(f"fp_recipes._torch_ops: {_extension.fast_ops_status()}")
+    held = fast.buffers()[2] if host == "c++" else 0
     monkeypatch.setattr(C, "_ALPHA_WS", {})
     cases = [_operands(128, 256, 512, s) for s in (1, 2)]
     stream = torch.cuda.Stream()
@@ -438,7 +452,10 @@ def test_gemm_alpha_workspace_in_cuda_graph(monkeypatch, ws_before_capture):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         outs = [E.emulated_cuda_eager(a, b, torch.float32, None) for a, b in cases]
-    assert ((torch.cuda.current_device(), stream.cuda_stream) in C._ALPHA_WS) == ws_before_capture
+    if host == "python":
+        assert ((torch.cuda.current_device(), stream.cuda_stream) in C._ALPHA_WS) == ws_before_capture
+    else:  # one more workspace (the eager call's), none made while capturing
+        assert not C._ALPHA_WS and fast.buffers()[2] == held + ws_before_capture
     for seed in (3, 4):
         for (a, b), s in zip(cases, (seed, seed + 10)):
             na, nb = _operands(128, 256, 512, s)
