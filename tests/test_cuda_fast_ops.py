@@ -206,6 +206,47 @@ def linear_steps(recipes, steps: int, tokens: int) -> list:
     return outs
 
 
+def _delayed_state_steps() -> list:
+    """A delayed-scaling Linear's state after each of 4 steps (the second step's input holds a NaN): every
+    buffer's bytes and version counter, and the NonFiniteAmaxWarnings each step raised."""
+    import warnings
+
+    from fp_recipes.quantizers.nonfinite import NonFiniteAmaxWarning
+
+    torch.manual_seed(1)
+    layer = fp_recipes.Linear(128, 256, bias=False, params_dtype=torch.bfloat16, device=DEV)
+    recipe = fp_recipes.DelayedScaling(amax_history_len=4)
+    outs, warned = [], []
+    for step in range(4):
+        x = torch.randn(64, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        if step == 1:
+            x.data[3, 5] = float("nan")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", NonFiniteAmaxWarning)
+            with fp_recipes.autocast(recipe=recipe):
+                y = layer(x)
+            y.backward(torch.randn_like(y))
+            torch.cuda.synchronize()  # (the flags of this step's updates are read at the next update)
+        names = sorted(str(w.message).split(":")[0] for w in seen if issubclass(w.category, NonFiniteAmaxWarning))
+        warned.append(names)
+        for name, buf in sorted(layer.named_buffers()):
+            outs += [buf.detach().clone(), torch.tensor([buf._version])]
+    return outs, warned
+
+
+def test_delayed_updates_equal_the_python_path(fast, python_path):
+    """The scale updates as one C++ call (DelayedUpdates): the same histories and scales, the same version
+    bumps of the scales (a cached quantized weight is keyed by them), the same non-finite warnings."""
+    got, got_warned = _delayed_state_steps()
+    assert any(got_warned), "the NaN step raised no NonFiniteAmaxWarning on the C++ path"
+    python_path()
+    want, want_warned = _delayed_state_steps()
+    assert got_warned == want_warned
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"delayed state {i}")
+
+
 @pytest.mark.parametrize("recipe", ("delayed", "current"))
 def test_linear_steps_equal_the_python_path(fast, python_path, recipe):
     def make_recipe():

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common.h"
+#include "delayed_update.h"
 #include "fp8_kernels.h"
 #include "kernel_table.h"
 #include "nvfp4_kernels.h"
@@ -181,9 +182,19 @@ const char* nv_row_epilogue(const float* d, int64_t rows, int64_t cols, const fl
   });
 }
 
+const char* delayed_update(const void* table, int64_t count, int64_t length, float fmt_max, int margin,
+                           bool algo_max, void* stream) {
+  return guarded([&] {
+    require(count == 0 || table != nullptr, "delayed_update: null pointer table");
+    float* const* ptrs = static_cast<float* const*>(table);
+    launch_delayed_update_scales(ptrs, ptrs + count, count, length, fmt_max, margin, algo_max,
+                                 static_cast<cudaStream_t>(stream));
+  });
+}
+
 const KernelTable g_table{kKernelTableVersion, static_cast<int>(sizeof(KernelTable)), cast_delayed, cast_current,
                           gemm, capturing, nv_amax, nv_row_amax, nv_quantize, nv_decode_units, bf16_gemm,
-                          nv_row_epilogue};
+                          nv_row_epilogue, delayed_update};
 
 }  // namespace
 

@@ -12,7 +12,7 @@
 
 namespace fp_recipes {
 
-constexpr int kKernelTableVersion = 2;  // 2: the emulated NVFP4 GEMM's three launchers
+constexpr int kKernelTableVersion = 2;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update
 
 // One NVFP4 quantize launch (nvfp4_kernels.h QuantizeArgs, C types; null pointers: absent).
 struct Nvfp4QuantizeCall {
@@ -88,6 +88,10 @@ struct KernelTable {
   const char* (*nvfp4_row_epilogue)(const float* d, int64_t rows, int64_t cols, const float* amax_a, bool a_rows,
                                     const float* amax_b, bool b_cols, const void* bias, int bias_dtype, void* out,
                                     int out_dtype, void* stream, int device);
+  // The delayed-scaling update of `count` quantizers (delayed_update.h): `table` is host memory holding the count
+  // history pointers, the count scale pointers, then the flags pointer (null: none).
+  const char* (*delayed_update)(const void* table, int64_t count, int64_t length, float fmt_max, int margin,
+                                bool algo_max, void* stream);
 };
 
 }  // namespace fp_recipes

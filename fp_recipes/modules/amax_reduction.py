@@ -31,9 +31,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .. import formats
+from .. import _extension, formats
 from ..ops.op_library import define_op, register_fake
 from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, register_outermost_exit_hook
+from ..quantizers import nonfinite
 from ..quantizers.nonfinite import NonfiniteWatch
 
 __all__ = ["AmaxReducer", "NO_REDUCTION", "batched_update_scales", "discard_records", "reducer",
@@ -272,13 +273,14 @@ class _FastUpdate:
     still holding the same state tensors at the same addresses) repeats the launches without grouping,
     keys or plan lookups. Holds the quantizers, so the ids of its key stay theirs."""
 
-    __slots__ = ("checks", "steps", "scales")
+    __slots__ = ("checks", "steps", "scales", "cpp")
 
     def __init__(self, quantizers: List[Any], steps: List[Any]) -> None:
         self.checks = [(q, q.amax_history, q.scale, q.amax_history.data_ptr(), q.scale.data_ptr(), q.spec)
                        for q in quantizers]
         self.steps = [(update, args, watch, qs) for update, args, watch, qs, _ in steps]
         self.scales = [s for *_, scales in steps for s in scales]
+        self.cpp = _cpp_updates(self.steps, self.scales)
 
     def valid(self) -> bool:
         for q, h, s, hp, sp, spec in self.checks:
@@ -288,11 +290,39 @@ class _FastUpdate:
         return True
 
     def run(self) -> None:
+        cpp = self.cpp
+        if cpp is not None and _extension.fast_ops() is not None:
+            # the launches and version bumps below as one C++ call; True: the non-finite flags were read and are
+            # clear, so the reports would do nothing (unless a CUDA-graph capture counts eager reports)
+            clean = cpp.run()
+            if clean is not None:
+                if not clean or nonfinite._DEFERRED:
+                    for _, _, watch, qs in self.steps:
+                        watch.report(qs)
+                return
         for update, args, _, _ in self.steps:
             update(*args)
         torch.autograd.graph.increment_version(self.scales)
         for _, _, watch, qs in self.steps:
             watch.report(qs)
+
+
+def _cpp_updates(steps: List[Any], scales: List[torch.Tensor]) -> Any:
+    """The torch-linked host path's ``DelayedUpdates`` for these launches (FP_RECIPES_TORCH_OPS), or None: not
+    built, or the batches are on different devices."""
+    fast = _extension.fast_ops()
+    if fast is None or not hasattr(fast, "DelayedUpdates") or not steps:
+        return None
+    devices = {update.device.index for update, *_ in steps}
+    if len(devices) != 1:
+        return None
+    batches = []
+    for update, (fmt_max, margin, algo), watch, _ in steps:
+        mapped = watch._mapped or (0, 0, b"")  # decided when the launcher was built (mapped_flags)
+        batches.append((update._table_ptr, update.count, update.length, float(fmt_max), int(margin), algo == "max",
+                        mapped[0], len(mapped[2])))
+    index = devices.pop()
+    return fast.DelayedUpdates(-1 if index is None else index, batches, scales)
 
 
 _FAST_PLANS: Dict[Any, _FastUpdate] = {}

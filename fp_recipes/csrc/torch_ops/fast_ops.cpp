@@ -9,6 +9,7 @@
 // fp_recipes/_extension.py (fast_ops), FP_RECIPES_TORCH_OPS=off turns it off. Every function returns None where
 // the Python path must run instead (it then makes the same launches with the same arguments: the bytes are
 // equal, tests/test_cuda_fast_ops.py).
+#include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -20,6 +21,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "../kernel_table.h"
 
@@ -337,6 +339,50 @@ py::object nvfp4_emulated_gemm(const at::Tensor& a_data, const at::Tensor& a_sca
   return py::cast(out);
 }
 
+// The delayed-scaling scale update of one list of quantizers (modules/amax_reduction.py _FastUpdate): per batch one
+// launch through the kernel table (the pointer tables are host memory the Python DelayedUpdate objects own), the
+// scales' version counters bumped as the torch ops' in-place writes would (a cached quantized weight is keyed by its
+// scale's version), and the non-finite flags the kernels set in mapped host memory read (NonfiniteWatch).
+struct DelayedBatch {
+  uintptr_t table;
+  int64_t count, length;
+  double fmt_max;
+  int margin;
+  bool algo_max;
+  uintptr_t flags_host;  // the mapped flags' host address (0: the flags live on the device)
+  int64_t flags_bytes;
+};
+
+struct DelayedUpdates {
+  int device;  // -1: the current device
+  std::vector<DelayedBatch> batches;
+  std::vector<at::Tensor> scales;
+
+  // True: launched, and the flags are all clear (nothing to report); False: launched, the caller reports (a flag is
+  // set, the flags are on the device, or the stream is being captured); None: nothing launched (another device is
+  // current: the caller's Python path runs).
+  py::object run() const {
+    const c10::Device current = cuda_impl().getDevice();
+    if (device >= 0 && current.index() != device) return py::none();
+    void* stream = current_stream(current);
+    const KernelTable& t = table();
+    for (const DelayedBatch& b : batches)
+      check(t.delayed_update(reinterpret_cast<const void*>(b.table), b.count, b.length, static_cast<float>(b.fmt_max),
+                             b.margin, b.algo_max, stream));
+    for (const at::Tensor& s : scales) torch::autograd::impl::bump_version(s);
+    bool capturing = false;
+    check(t.stream_capturing(stream, &capturing));
+    if (capturing) return py::bool_(false);
+    for (const DelayedBatch& b : batches) {
+      if (b.flags_host == 0) return py::bool_(false);
+      const volatile uint8_t* flags = reinterpret_cast<const volatile uint8_t*>(b.flags_host);
+      for (int64_t i = 0; i < b.flags_bytes; ++i)
+        if (flags[i] != 0) return py::bool_(false);
+    }
+    return py::bool_(true);
+  }
+};
+
 // One NVFP4 quantizer plan's quantization of one input shape and dtype (ops/cuda_nvfp4.py _Launch): the same
 // amax launches, outputs and quantize launch as _Launch.run, resolved once; run() allocates with at::empty.
 enum class AmaxMode : int { kPlain = 0, kBoth = 1, kRow = 2, kFusedRow = 3 };  // _Launch.mode
@@ -465,6 +511,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("b_amax"), py::arg("b_unit"), py::arg("b_row_scaled"), py::arg("b_e4m3_max"), py::arg("out_dtype"),
         py::arg("bias"), py::arg("workspace_bytes"), py::arg("chunk_min_rows"), py::arg("chunk_max"),
         "gemm/nvfp4_emulated.py emulated_cuda_eager (decode + alpha, BF16 GEMM, row epilogue), or None.");
+  py::class_<DelayedUpdates>(m, "DelayedUpdates", "amax_reduction.py _FastUpdate's launches, one C++ call per update")
+      .def(py::init([](int device, const std::vector<py::tuple>& batches, std::vector<at::Tensor> scales) {
+             DelayedUpdates u{device, {}, std::move(scales)};
+             for (const py::tuple& b : batches) {
+               if (b.size() != 8) throw std::invalid_argument("DelayedUpdates: each batch is an 8-tuple");
+               u.batches.push_back({b[0].cast<uintptr_t>(), b[1].cast<int64_t>(), b[2].cast<int64_t>(),
+                                    b[3].cast<double>(), b[4].cast<int>(), b[5].cast<bool>(), b[6].cast<uintptr_t>(),
+                                    b[7].cast<int64_t>()});
+             }
+             return u;
+           }),
+           py::arg("device"), py::arg("batches"), py::arg("scales"),
+           "batches: (table address, count, length, fmt_max, margin, algo_max, mapped flags host address or 0, "
+           "flag bytes) per launch")
+      .def("run", &DelayedUpdates::run);
   py::class_<Nvfp4Launch>(m, "Nvfp4Launch", "ops/cuda_nvfp4.py _Launch's quantization, one C++ call per run")
       .def(py::init([](int64_t m, int64_t n, int code, int mode, bool rowwise, bool columnwise, bool row_scaled,
                        bool block_2d, bool rht, bool need_g, int fos, bool mse, double e4m3_max, bool sr) {
