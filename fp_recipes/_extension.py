@@ -42,8 +42,8 @@ FAST_OPS_CHOICES = ("auto", "off")  # the env table's entry (recipes/env.py) all
 
 
 def fast_ops() -> Any:
-    """The torch-linked host path ``fp_recipes._torch_ops`` (eager FP8 casts and GEMMs, NVFP4 quantize launches
-    and emulated NVFP4 GEMMs)
+    """The torch-linked host path ``fp_recipes._torch_ops`` (eager FP8 casts and GEMMs, NVFP4 quantize launches,
+    emulated NVFP4 GEMMs, delayed-scaling updates)
     initialised with ``_C``'s kernel table, or None
     (not built, FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says
     which). Read once: the choice holds for the process."""
@@ -78,7 +78,8 @@ def _load_fast_ops() -> tuple:
                       "builds it against the torch you run)")
     except (RuntimeError, TypeError, ValueError) as exc:  # an older _C, a stand-in without a real table
         return None, f"unavailable: {exc}"
-    return _torch_ops, ("on: one C++ call per eager FP8 cast, FP8 GEMM, NVFP4 quantize launch and emulated NVFP4 GEMM "
+    return _torch_ops, ("on: one C++ call per eager FP8 cast, FP8 GEMM, NVFP4 quantize launch, emulated NVFP4 GEMM "
+                        "and delayed-scaling update "
                         "(fp_recipes._torch_ops)")
 
 

@@ -1,4 +1,5 @@
-// fp_recipes._torch_ops: the eager FP8 cast and GEMM calls of a training step as one C++ call each (issue 14).
+// fp_recipes._torch_ops: the host calls of a training step's eager casts, GEMMs and scale updates as one C++ call
+// each (issues 13, 14): FP8 casts and GEMMs, NVFP4 quantize launches and emulated NVFP4 GEMMs, delayed-scaling updates.
 //
 // Why: through Python, one cast costs ~5 us of host time around its launch on a GPU host (three torch.empty at
 // 4-6 us each there, pointer and stream look-ups) and one GEMM ~4 us more; a Linear step makes three of each.
