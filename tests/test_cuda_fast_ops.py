@@ -208,7 +208,7 @@ def linear_steps(recipes, steps: int, tokens: int) -> list:
 
 def _delayed_state_steps() -> list:
     """A delayed-scaling Linear's state after each of 4 steps (the second step's input holds a NaN): every
-    buffer's bytes and version counter, and the NonFiniteAmaxWarnings each step raised."""
+    buffer's bytes and version counter, and the NonFiniteAmaxWarnings raised."""
     import warnings
 
     from fp_recipes.quantizers.nonfinite import NonFiniteAmaxWarning
@@ -227,8 +227,7 @@ def _delayed_state_steps() -> list:
                 y = layer(x)
             y.backward(torch.randn_like(y))
             torch.cuda.synchronize()  # (the flags of this step's updates are read at the next update)
-        names = sorted(str(w.message).split(":")[0] for w in seen if issubclass(w.category, NonFiniteAmaxWarning))
-        warned.append(names)
+        warned += [str(w.message) for w in seen if issubclass(w.category, NonFiniteAmaxWarning)]
         for name, buf in sorted(layer.named_buffers()):
             outs += [buf.detach().clone(), torch.tensor([buf._version])]
     return outs, warned
@@ -236,12 +235,14 @@ def _delayed_state_steps() -> list:
 
 def test_delayed_updates_equal_the_python_path(fast, python_path):
     """The scale updates as one C++ call (DelayedUpdates): the same histories and scales, the same version
-    bumps of the scales (a cached quantized weight is keyed by them), the same non-finite warnings."""
+    bumps of the scales (a cached quantized weight is keyed by them), the same non-finite warnings. (Which update
+    reports a flag depends on whether the flagging kernel has finished when the flags are read, on either path:
+    the warnings of the whole run are compared.)"""
     got, got_warned = _delayed_state_steps()
-    assert any(got_warned), "the NaN step raised no NonFiniteAmaxWarning on the C++ path"
+    assert got_warned, "the NaN step raised no NonFiniteAmaxWarning on the C++ path"
     python_path()
     want, want_warned = _delayed_state_steps()
-    assert got_warned == want_warned
+    assert sorted(got_warned) == sorted(want_warned)
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         same(a, b, f"delayed state {i}")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fp_recipes
-from fp_recipes import DelayedScaling, GroupedLinear, Linear
+from fp_recipes import DelayedScaling, GroupedLinear, Linear, _extension
 from fp_recipes.modules import amax_reduction
 from fp_recipes.ops import backend, cuda_delayed
 from fp_recipes.quantizers.float8 import Float8Quantizer, NonFiniteAmaxWarning
@@ -94,8 +94,12 @@ def _assert_same(a: list, b: list, what: str) -> None:
 
 @pytest.fixture
 def kernel_counter(monkeypatch):
-    """Counts the kernel-path calls (to be sure the path under test ran)."""
+    """Counts the kernel-path calls (to be sure the path under test ran). The launches counted are the Python host
+    path's: the torch-linked one (FP_RECIPES_TORCH_OPS) makes the same launches from C++, compared with this one
+    in tests/test_cuda_fast_ops.py."""
     assert cuda_delayed.available(), backend.extension_error()
+    monkeypatch.setattr(_extension, "_fast", None)
+    monkeypatch.setattr(_extension, "_fast_loaded", True)
     calls = []
     real = cuda_delayed.DelayedUpdate.__call__
 

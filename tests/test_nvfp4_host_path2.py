@@ -10,6 +10,9 @@ GEMMs sharing the alpha workspace, and CUDA-graph capture with and without a wor
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -224,7 +227,7 @@ def test_alpha_workspace_is_per_stream_and_reused(fake_kernels):
     amax = torch.tensor(2.0)
     outs, ab1 = C.nvfp4_unit_operands([(data, scale), (data, scale)], amax, amax, alpha_workspace=True)
     _, ab2 = C.nvfp4_unit_operands([(data, scale)], amax, amax, alpha_workspace=True)
-    assert ab1 is ab2 and ab1 is C._ALPHA_WS[(None, 0)] and ab1.shape == (4,) and ab1.dtype == torch.float32
+    assert ab1 is ab2 and ab1 is C._ALPHA_WS[(None, 0, threading.get_ident())] and ab1.shape == (4,) and ab1.dtype == torch.float32
     assert len(outs) == 2 and all(o.shape == (32, 64) and o.dtype == torch.bfloat16 for o in outs)
     _, fresh1 = C.nvfp4_unit_operands([(data, scale)], amax, amax)
     _, fresh2 = C.nvfp4_unit_operands([(data, scale)], amax, amax)
@@ -265,7 +268,7 @@ def test_emulated_gemm_uses_the_workspace_only_with_its_own_decode(fake_kernels,
     op = Nvfp4Operand(q.data, q.scale, q.amax, False, 448, False)
     E.emulated_cuda_eager(op, op, torch.float32, None)
     E.emulated_cuda_eager(op, op, torch.float32, None)
-    assert seen[0] is seen[1] is C._ALPHA_WS[(None, 0)]
+    assert seen[0] is seen[1] is C._ALPHA_WS[(None, 0, threading.get_ident())]
 
     def fake(copies, amax_a=None, amax_b=None, e_a=448, e_b=448, *, with_alpha=True, device=None):
         return [torch.zeros(d.shape[0], d.shape[1] * 2, dtype=torch.bfloat16) for d, _ in copies], torch.zeros(4)
@@ -453,7 +456,8 @@ def test_gemm_alpha_workspace_in_cuda_graph(monkeypatch, ws_before_capture, host
     with torch.cuda.graph(graph, stream=stream):
         outs = [E.emulated_cuda_eager(a, b, torch.float32, None) for a, b in cases]
     if host == "python":
-        assert ((torch.cuda.current_device(), stream.cuda_stream) in C._ALPHA_WS) == ws_before_capture
+        assert ((torch.cuda.current_device(), stream.cuda_stream, threading.get_ident()) in C._ALPHA_WS) == \
+            ws_before_capture
     else:  # one more workspace (the eager call's), none made while capturing
         assert not C._ALPHA_WS and fast.buffers()[2] == held + ws_before_capture
     for seed in (3, 4):
@@ -470,3 +474,46 @@ def test_gemm_alpha_workspace_in_cuda_graph(monkeypatch, ws_before_capture, host
             want = [E.emulated_cuda_eager(a, b, torch.float32, None) for a, b in cases]
         for i, (o, w) in enumerate(zip(outs, want)):
             assert torch.equal(o, w), f"graph GEMM {i} (replay {seed})"
+
+
+@cuda
+@pytest.mark.parametrize("host", ["python", "c++"])
+def test_gemm_alpha_workspace_per_thread(monkeypatch, host):
+    """Two threads running emulated GEMMs on one stream: their launches interleave (decode A, decode B, GEMM A),
+    and each GEMM must read its own call's alpha (a workspace per thread), so every result equals the same GEMM
+    run alone. The interpreter switches threads every microsecond here, to interleave the Python path's launches."""
+    from fp_recipes.gemm import nvfp4_emulated as E
+
+    if host == "python":
+        _python_host_path(monkeypatch)
+    elif _extension.fast_ops() is None:
+        pytest.skip(f"fp_recipes._torch_ops: {_extension.fast_ops_status()}")
+    cases = [_operands(64, 128, 256, s) for s in range(8)]  # 8 different alphas
+    want = [E.emulated_cuda_eager(a, b, torch.float32, None).clone() for a, b in cases]
+    torch.cuda.synchronize()
+    got: dict = {0: [], 1: []}
+    errors: list = []
+
+    def run(t):
+        try:
+            for _ in range(25):
+                got[t].append([E.emulated_cuda_eager(a, b, torch.float32, None) for a, b in cases[t::2]])
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(t,)) for t in (0, 1)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    torch.cuda.synchronize()
+    assert not errors, errors
+    for t in (0, 1):
+        for rep, outs in enumerate(got[t]):
+            for j, out in enumerate(outs):
+                assert torch.equal(out, want[t + 2 * j]), f"thread {t}, repeat {rep}, GEMM {j}"

@@ -861,7 +861,7 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
     stream, index = _stream_of(dev), dev.index
     alpha_beta = None
     if with_alpha:
-        alpha_beta = _ALPHA_WS.get((index, stream)) if alpha_workspace else None
+        alpha_beta = _ALPHA_WS.get((index, stream, threading.get_ident())) if alpha_workspace else None
         if alpha_beta is None:
             alpha_beta = _alpha_ws(dev, stream) if alpha_workspace else \
                 torch.empty((4,), dtype=torch.float32, device=dev)
@@ -878,16 +878,18 @@ def nvfp4_unit_operands(copies, amax_a: Optional[torch.Tensor] = None, amax_b: O
 #: the module attribute with fakes of the other keywords)
 own_unit_operands = nvfp4_unit_operands
 
-# The emulated GEMM's {alpha, beta} (FP32, 16 bytes) per (device, stream): written by the decode launch and
-# read by the cuBLASLt GEMM right after it on the same stream (see nvfp4_unit_operands).
+# The emulated GEMM's {alpha, beta} (FP32, 16 bytes) per (device, stream, thread): written by the decode launch and
+# read by the cuBLASLt GEMM right after it on the same stream (see nvfp4_unit_operands). Per thread: two threads
+# launching GEMMs on one stream interleave their launches (decode A, decode B, GEMM A), and GEMM A must not read
+# B's alpha.
 _ALPHA_WS: dict = {}
 
 
 def _alpha_ws(device: torch.device, stream: int) -> torch.Tensor:
-    """This stream's alpha workspace, created on first use; a fresh tensor (not kept) while the stream is
-    being captured into a CUDA graph without one (the graph's memory pool then holds it), as for the amax
-    workspace."""
-    key = (device.index, stream)
+    """The calling thread's alpha workspace on this stream, created on first use; a fresh tensor (not kept) while
+    the stream is being captured into a CUDA graph without one (the graph's memory pool then holds it), as for the
+    amax workspace."""
+    key = (device.index, stream, threading.get_ident())
     ws = _ALPHA_WS.get(key)
     if ws is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -16,6 +16,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
@@ -78,7 +79,6 @@ struct StreamBuffers {
   std::mutex mutex;
   std::unordered_map<uint64_t, at::Tensor*> amax_ws;  // the zeroed int32 (4,) amax workspace (ops/workspace.py)
   std::unordered_map<uint64_t, at::Tensor*> gemm_ws;  // cuBLASLt's workspace (gemm/cublaslt.py)
-  std::unordered_map<uint64_t, at::Tensor*> alpha_ws;  // the emulated NVFP4 GEMM's FP32 {alpha, 0} (cuda_nvfp4.py)
 };
 StreamBuffers g_buffers;
 
@@ -105,16 +105,24 @@ void* gemm_workspace(const at::Device& device, void* stream, int64_t nbytes) {
   return ws->data_ptr();
 }
 
-// The stream's {alpha, 0} that a decode launch writes and the BF16 GEMM right after it reads (launches on one stream
-// run in order); a fresh one while capturing (the graph's pool holds it), as ops/cuda_nvfp4.py _alpha_ws.
+// The emulated NVFP4 GEMM's FP32 {alpha, 0} per (device, stream) of this thread: a decode launch writes it and the BF16
+// GEMM right after it on the stream reads it (launches on one stream run in order). Per thread, as
+// ops/cuda_nvfp4.py _alpha_ws: two threads' launches on one stream may interleave (decode A, decode B, GEMM A).
+// Never freed: the map holds raw pointers, so a thread's exit frees nothing (16 bytes per thread and stream).
+thread_local std::unordered_map<uint64_t, at::Tensor*> t_alpha_ws;
+std::atomic<int64_t> g_alpha_ws_count{0};
+
+// The stream's alpha workspace; a fresh one while capturing (the graph's pool holds it).
 at::Tensor alpha_workspace(const at::Device& device, void* stream) {
   bool capturing = false;
   check(table().stream_capturing(stream, &capturing));
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   if (capturing) return at::empty({4}, f32);
-  std::lock_guard<std::mutex> lock(g_buffers.mutex);
-  at::Tensor*& ws = g_buffers.alpha_ws[key_of(device, stream)];
-  if (ws == nullptr) ws = new at::Tensor(at::zeros({4}, f32));
+  at::Tensor*& ws = t_alpha_ws[key_of(device, stream)];
+  if (ws == nullptr) {
+    ws = new at::Tensor(at::zeros({4}, f32));
+    ++g_alpha_ws_count;
+  }
   return *ws;
 }
 
@@ -542,6 +550,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("db"));
   m.def("buffers", []() {
     std::lock_guard<std::mutex> lock(g_buffers.mutex);
-    return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size(), g_buffers.alpha_ws.size());
-  }, "(amax workspaces, GEMM workspaces, NVFP4 alpha workspaces) held: one per device and stream used.");
+    return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size(), g_alpha_ws_count.load());
+  }, "(amax workspaces, GEMM workspaces, NVFP4 alpha workspaces) held: one per device and stream used (alpha: and "
+     "thread).");
 }
