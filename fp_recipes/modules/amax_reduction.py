@@ -313,15 +313,15 @@ def _cpp_updates(steps: List[Any], scales: List[torch.Tensor]) -> Any:
     fast = _extension.fast_ops()
     if fast is None or not hasattr(fast, "DelayedUpdates") or not steps:
         return None
-    devices = {update.device.index for update, *_ in steps}
-    if len(devices) != 1:
+    devices = {(update.device.type, update.device.index) for update, *_ in steps}
+    if len(devices) != 1 or next(iter(devices))[0] != "cuda":
         return None
     batches = []
     for update, (fmt_max, margin, algo), watch, _ in steps:
         mapped = watch._mapped or (0, 0, b"")  # decided when the launcher was built (mapped_flags)
         batches.append((update._table_ptr, update.count, update.length, float(fmt_max), int(margin), algo == "max",
                         mapped[0], len(mapped[2])))
-    index = devices.pop()
+    index = devices.pop()[1]
     return fast.DelayedUpdates(-1 if index is None else index, batches, scales)
 
 
