@@ -378,7 +378,8 @@ struct DelayedUpdates {
     for (const DelayedBatch& b : batches)
       check(t.delayed_update(reinterpret_cast<const void*>(b.table), b.count, b.length, static_cast<float>(b.fmt_max),
                              b.margin, b.algo_max, stream));
-    for (const at::Tensor& s : scales) torch::autograd::impl::bump_version(s);
+    for (const at::Tensor& s : scales)  // (as torch.autograd.graph.increment_version: an inference tensor has none)
+      if (!s.is_inference()) torch::autograd::impl::bump_version(s);
     bool capturing = false;
     check(t.stream_capturing(stream, &capturing));
     if (capturing) return py::bool_(false);
