@@ -4,7 +4,12 @@ back to back with no synchronisation, the host time of every step (perf_counter 
 GPU-event time of the whole window; with Python's cyclic GC on and off. A step whose host time has a long tail
 (a blocking call, a GC pass, the caching allocator returning memory) shows it in max / p90 against the median.
 
-    python benchmarks/step_gaps.py [--recipes off,delayed,current,nvfp4] [--size 4096] [--steps 200] [--json F]
+``--weights changing`` (default) changes the weight after every step, as an optimizer step does, so every forward
+casts it (bench_model.py's setting); ``fixed`` leaves it, as for the 2nd..nth micro-batch of gradient accumulation,
+where the module reuses its cached quantized weight (session 28's runs 3 and 4 measured this case).
+
+    python benchmarks/step_gaps.py [--recipes off,delayed,current,nvfp4] [--size 4096] [--steps 200]
+                                   [--weights changing|fixed] [--json F]
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockS
 RECIPES = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling, "nvfp4": NVFP4BlockScaling}
 
 
-def window(recipe, size: int, steps: int, collect: bool) -> dict:
+def window(recipe, size: int, steps: int, collect: bool, changing: bool) -> dict:
     dev = torch.device("cuda")
     x = torch.randn(size, size, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
@@ -35,6 +40,9 @@ def window(recipe, size: int, steps: int, collect: bool) -> dict:
         with fp_recipes.autocast(enabled=recipe is not None, recipe=recipe):
             y = mod(x)
         y.backward(dy)
+        if changing:
+            with torch.no_grad():
+                mod.weight.add_(1e-6)  # as an optimizer step: the next forward casts the weight again
 
     for _ in range(10):
         step()
@@ -68,15 +76,17 @@ def main() -> None:
     p.add_argument("--recipes", default="off,delayed,current,nvfp4")
     p.add_argument("--size", type=int, default=4096)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--weights", choices=("changing", "fixed"), default="changing")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    changing = args.weights == "changing"
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; Linear {args.size}^3, no bias, "
-          f"{args.steps} steps back to back, ms")
+          f"{args.steps} steps back to back, weights {args.weights}, ms")
     print(f"{'recipe':10s} {'gc':4s} {'step':>8s} {'host mean':>10s} {'median':>8s} {'p90':>8s} {'max':>8s}")
     rows = []
     for name in args.recipes.split(","):
         for collect in (True, False):
-            r = window(RECIPES[name] and RECIPES[name](), args.size, args.steps, collect)
+            r = window(RECIPES[name] and RECIPES[name](), args.size, args.steps, collect, changing)
             r.update(recipe=name, gc=collect)
             rows.append(r)
             print(f"{name:10s} {'on' if collect else 'off':4s} {r['step_ms']:8.3f} {r['host_mean_ms']:10.3f} "
@@ -84,7 +94,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
-                       "rows": rows}, f, indent=1)
+                       "weights": args.weights, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
