@@ -69,7 +69,7 @@ def test_built_from_the_pointer_table_sizes_recipe_numbers_and_mapped_flags(monk
     assert fu.cpp is not None and len(fast.built) == 1
     device, batches, scales = fast.built[0]
     assert device == -1  # an index-less device: the current one
-    assert batches == [(update._table_ptr, 2, 4, 448.0, 1, True, 4096, 2)]
+    assert batches == [(update.table_ptr, 2, 4, 448.0, 1, True, 4096, 2)]
     assert scales is fu.scales
     # flags on the device (no mapped memory): host address 0, the C++ call says "report"
     fast2 = _Fast(False)

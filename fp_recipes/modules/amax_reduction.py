@@ -318,9 +318,9 @@ def _cpp_updates(steps: List[Any], scales: List[torch.Tensor]) -> Any:
         return None
     batches = []
     for update, (fmt_max, margin, algo), watch, _ in steps:
-        mapped = watch._mapped or (0, 0, b"")  # decided when the launcher was built (mapped_flags)
-        batches.append((update._table_ptr, update.count, update.length, float(fmt_max), int(margin), algo == "max",
-                        mapped[0], len(mapped[2])))
+        # (the flags' place was decided when the launcher was built: mapped_flags)
+        batches.append((update.table_ptr, update.count, update.length, float(fmt_max), int(margin), algo == "max",
+                        *watch.mapped_host()))
     index = devices.pop()[1]
     return fast.DelayedUpdates(-1 if index is None else index, batches, scales)
 

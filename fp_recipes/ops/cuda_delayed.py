@@ -37,7 +37,7 @@ class DelayedUpdate:
         # flags_ptr: the device address of the flags when they are not ``flags`` (mapped host memory)
         flag_address = flags_ptr or (0 if flags is None else flags.data_ptr())
         self.table = torch.tensor([t.data_ptr() for t in self.tensors] + [flag_address], dtype=torch.int64)
-        self._table_ptr = self.table.data_ptr()
+        self.table_ptr = self.table.data_ptr()  # (host memory: what the launcher reads)
         self._same = device.index is None
 
     @staticmethod
@@ -70,7 +70,7 @@ class DelayedUpdate:
         with contextlib.nullcontext() if same else torch.cuda.device(device):
             # the binding hands the launcher the table and table + count: the scales, then the flags
             backend.extension().delayed_update_scales(
-                self._table_ptr, self.count, self.length, float(fmt_max), int(margin), algo == "max",
+                self.table_ptr, self.count, self.length, float(fmt_max), int(margin), algo == "max",
                 backend.current_stream(device))
 
 

@@ -167,6 +167,12 @@ class NonfiniteWatch:
             self._mapped = (got[0], got[1], bytes(n)) if got is not None else ()
         return self._mapped[1] if self._mapped else 0
 
+    def mapped_host(self) -> Tuple[int, int]:
+        """(host address, bytes) of the mapped flags the updating kernel sets ((0, 0): the flags live on the
+        device), as decided by :meth:`mapped_flags`; for a host path that reads them itself."""
+        mapped = self._mapped
+        return (mapped[0], len(mapped[2])) if mapped else (0, 0)
+
     def report(self, quantizers: Sequence[Any]) -> None:
         if self.flags.device.type != "cuda":
             if not self._all_warned and bool(self.flags.any()):

@@ -257,8 +257,8 @@ bool decodable(const UnitSource& op, const at::Device& dev) {
          reinterpret_cast<uintptr_t>(d.data_ptr()) % 8 == 0;
 }
 
-bool amax_ok(const at::Tensor& t, const at::Device& dev, int64_t length) {
-  return t.scalar_type() == at::kFloat && t.device() == dev && t.is_contiguous() && t.numel() == length;
+bool amax_ok(const at::Tensor& t, const at::Device& dev) {
+  return t.scalar_type() == at::kFloat && t.device() == dev && t.is_contiguous();
 }
 
 // gemm/nvfp4_emulated.py emulated_cuda_eager as one call: the decode launch of the operands without a cached unit
@@ -279,11 +279,10 @@ py::object nvfp4_emulated_gemm(const at::Tensor& a_data, const at::Tensor& a_sca
   const int64_t m = a_data.size(0), n = b_data.size(0), k = a_data.size(1) * 2;
   if (m == 0 || n == 0 || k == 0 || b_data.size(1) * 2 != k) return py::none();
   const bool row = a_rows || b_rows;
-  // (per tensor the kernel reads element 0 of each amax; row-scaled, the epilogue reads m / n of them)
-  if (!amax_ok(a_amax, dev, row && a_rows ? m : a_amax.numel()) ||
-      !amax_ok(b_amax, dev, row && b_rows ? n : b_amax.numel()) || (row && !a_rows && a_amax.numel() != 1) ||
-      (row && !b_rows && b_amax.numel() != 1))
-    return py::none();
+  if (!amax_ok(a_amax, dev) || !amax_ok(b_amax, dev)) return py::none();
+  // per tensor the decode reads element 0 of each amax; row-scaled, the epilogue reads m (n) of a per-row one, one
+  // of the other (the Python epilogue raises on any other length)
+  if (row && (a_amax.numel() != (a_rows ? m : 1) || b_amax.numel() != (b_rows ? n : 1))) return py::none();
   const bool with_bias = bias.has_value() && bias->defined();
   if (with_bias && (bias->device() != dev || !is_float_input(bias->scalar_type()) || !bias->is_contiguous() ||
                     bias->dim() != 1 || bias->size(0) != n))
