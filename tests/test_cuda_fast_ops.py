@@ -428,37 +428,26 @@ def test_nvfp4_emulated_gemm_declines_what_python_declines(fast):
 def _job_steps(recipe_factory) -> list:
     """Two layers trained from two threads at once, each step under torch.autocast(bf16) with the layer inside
     activation checkpointing (its forward runs twice: the recompute must quantize as the first pass did)."""
-    import threading
-
     import torch.utils.checkpoint as cp
+    from _threads import run_in_threads
 
     torch.manual_seed(0)
     layers = [fp_recipes.Linear(256, 256, bias=True, device=DEV) for _ in range(2)]
     xs = [torch.randn(128, 256, device=DEV) for _ in range(2)]
-    outs: list = [None, None]
-    errors: list = []
 
     def run(i):
-        try:
-            res = []
-            for _ in range(2):
-                x = xs[i].clone().requires_grad_(True)
-                with torch.autocast("cuda", dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe_factory()):
-                    y = cp.checkpoint(layers[i], x, use_reentrant=False)
-                y.float().square().mean().backward()
-                res += [y.detach(), x.grad, layers[i].weight.grad.clone()]
-                layers[i].weight.grad = layers[i].bias.grad = None
-            outs[i] = res
-        except Exception as exc:  # reported below: an assertion in a thread would be lost
-            errors.append(exc)
+        res = []
+        for _ in range(2):
+            x = xs[i].clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe_factory()):
+                y = cp.checkpoint(layers[i], x, use_reentrant=False)
+            y.float().square().mean().backward()
+            res += [y.detach(), x.grad, layers[i].weight.grad.clone()]
+            layers[i].weight.grad = layers[i].bias.grad = None
+        return res
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outs = run_in_threads(run, [(0,), (1,)])
     torch.cuda.synchronize()
-    assert not errors, errors
     return outs[0] + outs[1]
 
 

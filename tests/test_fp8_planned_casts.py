@@ -208,7 +208,7 @@ def _checkpointed_autocast_step(layer, x, recipe):
 def test_planned_casts_under_checkpoint_and_torch_autocast_and_from_two_threads(twin, recipe_cls):
     """The planned casts in a checkpointed step under torch.autocast(bf16), run from two threads at once (two
     layers of different shapes, each with its own plans), give the reference path's outputs and gradients."""
-    import threading
+    from _threads import run_in_threads
 
     def make(k, n, m, seed):
         torch.manual_seed(seed)
@@ -219,22 +219,9 @@ def test_planned_casts_under_checkpoint_and_torch_autocast_and_from_two_threads(
         return layer, ref, x
 
     jobs = [make(64, 48, 32, 0), make(96, 32, 16, 1)]
-    got = [None, None]
-    errors = []
-
-    def run(i):
-        try:
-            layer, _, x = jobs[i]
-            got[i] = _checkpointed_autocast_step(layer, x.clone().requires_grad_(True), recipe_cls())
-        except Exception as exc:  # reported below: an assertion in a thread would be lost
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = run_in_threads(lambda layer, x: _checkpointed_autocast_step(layer, x.clone().requires_grad_(True),
+                                                                      recipe_cls()),
+                         [(layer, x) for layer, _, x in jobs])
     assert len([c for c in twin.calls]) >= 6  # x, W, dy of both layers went through the planned casts
     with _reference_path():
         for i, (_, ref, x) in enumerate(jobs):

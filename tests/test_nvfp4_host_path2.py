@@ -482,6 +482,8 @@ def test_gemm_alpha_workspace_per_thread(monkeypatch, host):
     """Two threads running emulated GEMMs on one stream: their launches interleave (decode A, decode B, GEMM A),
     and each GEMM must read its own call's alpha (a workspace per thread), so every result equals the same GEMM
     run alone. The interpreter switches threads every microsecond here, to interleave the Python path's launches."""
+    from _threads import run_in_threads
+
     from fp_recipes.gemm import nvfp4_emulated as E
 
     if host == "python":
@@ -491,28 +493,17 @@ def test_gemm_alpha_workspace_per_thread(monkeypatch, host):
     cases = [_operands(64, 128, 256, s) for s in range(8)]  # 8 different alphas
     want = [E.emulated_cuda_eager(a, b, torch.float32, None).clone() for a, b in cases]
     torch.cuda.synchronize()
-    got: dict = {0: [], 1: []}
-    errors: list = []
 
     def run(t):
-        try:
-            for _ in range(25):
-                got[t].append([E.emulated_cuda_eager(a, b, torch.float32, None) for a, b in cases[t::2]])
-        except Exception as exc:  # reported below
-            errors.append(exc)
+        return [[E.emulated_cuda_eager(a, b, torch.float32, None) for a, b in cases[t::2]] for _ in range(25)]
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=run, args=(t,)) for t in (0, 1)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        got = run_in_threads(run, [(0,), (1,)])
     finally:
         sys.setswitchinterval(old)
     torch.cuda.synchronize()
-    assert not errors, errors
     for t in (0, 1):
         for rep, outs in enumerate(got[t]):
             for j, out in enumerate(outs):
