@@ -43,9 +43,7 @@ FAST_OPS_CHOICES = ("auto", "off")  # the env table's entry (recipes/env.py) all
 
 def fast_ops() -> Any:
     """The torch-linked host path ``fp_recipes._torch_ops`` (eager FP8 casts and GEMMs, NVFP4 quantize launches,
-    emulated NVFP4 GEMMs, delayed-scaling updates)
-    initialised with ``_C``'s kernel table, or None
-    (not built, FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says
+    emulated NVFP4 GEMMs, delayed-scaling updates) initialised with ``_C``'s kernel table, or None (not built, FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says
     which). Read once: the choice holds for the process."""
     global _fast, _fast_status, _fast_loaded
     if not _fast_loaded:
@@ -79,8 +77,7 @@ def _load_fast_ops() -> tuple:
     except (RuntimeError, TypeError, ValueError) as exc:  # an older _C, a stand-in without a real table
         return None, f"unavailable: {exc}"
     return _torch_ops, ("on: one C++ call per eager FP8 cast, FP8 GEMM, NVFP4 quantize launch, emulated NVFP4 GEMM "
-                        "and delayed-scaling update "
-                        "(fp_recipes._torch_ops)")
+                        "and delayed-scaling update (fp_recipes._torch_ops)")
 
 
 def fast_ops_status() -> str:

@@ -680,6 +680,8 @@ _MAX_LAUNCHES = 64
 
 
 _MODE_CODES = {"plain": 0, "both": 1, "row": 2, "fused_row": 3}  # _Launch.mode -> fast_ops.cpp AmaxMode
+
+
 def _new_launch(x: torch.Tensor, plan: QuantizePlan) -> Optional["_Launch"]:
     """The resolved launch of ``x``'s shape and dtype, kept in ``plan`` once ``x`` passed every check of
     the plan's options; None for an empty ``x`` or past the cap (the general path takes those)."""
