@@ -43,8 +43,9 @@ FAST_OPS_CHOICES = ("auto", "off")  # the env table's entry (recipes/env.py) all
 
 def fast_ops() -> Any:
     """The torch-linked host path ``fp_recipes._torch_ops`` (eager FP8 casts and GEMMs, NVFP4 quantize launches,
-    emulated NVFP4 GEMMs, delayed-scaling updates) initialised with ``_C``'s kernel table, or None (not built, FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says
-    which). Read once: the choice holds for the process."""
+    emulated NVFP4 GEMMs, delayed-scaling updates) initialised with ``_C``'s kernel table, or None (not built,
+    FP_RECIPES_TORCH_OPS=off, or built against another ``_C``; :func:`fast_ops_status` says which). Read once: the
+    choice holds for the process."""
     global _fast, _fast_status, _fast_loaded
     if not _fast_loaded:
         with _lock:
