@@ -218,6 +218,12 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             if name.startswith("FP8"):
                 add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
                     m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
+                if python_host:
+                    from _host_path import python_host_path
+
+                    add(f"{name} torch.compile (Python host path)", lambda recipe=recipe: (lambda m: make_step(
+                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
+                        host_path=python_host_path)
     if graphed:
         for name, recipe in recipes().items():
             if name in ("FP8 delayed", "FP8 current"):
@@ -245,9 +251,12 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
     return rows
 
 
-def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool = True) -> List[Dict[str, Any]]:
+def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool = True,
+                   python_host: bool = False) -> List[Dict[str, Any]]:
     """One Linear fwd+bwd per recipe: step time, GPU time and launches (profiler), host time; with
-    ``compiled``, the FP8 rows under torch.compile(fullgraph=True) too (autocast outside)."""
+    ``compiled``, the FP8 rows under torch.compile(fullgraph=True) too (autocast outside); ``python_host``: each
+    FP8 row again with the Python host path (eager casts and GEMMs, the traced ops' implementations), in this
+    process for an A/B."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     def quantized() -> Linear:
@@ -256,23 +265,31 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
         layer.weight_columnwise_copy = WEIGHT_COPY[0]
         return layer
 
-    cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None, False)]
+    python_path = None
+    if python_host:
+        from _host_path import python_host_path as python_path
+    cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None, False, None)]
     for name, recipe in recipes().items():
-        cases.append((name, quantized(), recipe, False))
+        cases.append((name, quantized(), recipe, False, None))
+        if python_path is not None and name.startswith("FP8"):
+            cases.append((name + " (Python host path)", quantized(), recipe, False, python_path))
     if compiled:
         for name, recipe in recipes().items():
             if name.startswith("FP8"):
-                cases.append((name + " torch.compile", quantized(), recipe, True))
+                cases.append((name + " torch.compile", quantized(), recipe, True, None))
+                if python_path is not None:
+                    cases.append((name + " torch.compile (Python host path)", quantized(), recipe, True, python_path))
     rows = []
-    for name, mod, recipe, compile_it in cases:
+    for name, mod, recipe, compile_it, host_path in cases:
         step = make_step(mod, x, dy, recipe, run=torch.compile(mod, fullgraph=True) if compile_it else None)
-        r = measure(step, 5, 50)
-        torch.cuda.synchronize()
         steps = 5
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                step()
+        with host_path() if host_path is not None else contextlib.nullcontext():
+            r = measure(step, 5, 50)
             torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    step()
+                torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu_us = sum(e.device_time for e in kernels) / steps
         per_kernel: Dict[str, List[float]] = {}
@@ -314,8 +331,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--weight-copy", choices=("auto", "save", "recast"), default="auto",
                    help="every module's weight_columnwise_copy (docs/modules.md; default auto)")
     p.add_argument("--python-host-rows", action="store_true",
-                   help="add the eager FP8 rows with the Python host path (FP_RECIPES_TORCH_OPS=off), measured "
-                   "in the same process as the default rows")
+                   help="add each FP8 row (eager and compiled; --linear too) again with the Python host path "
+                   "(FP_RECIPES_TORCH_OPS=off: Python casts and GEMMs, the traced ops' Python implementations), "
+                   "measured in the same process as the default rows")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
@@ -339,7 +357,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "fp8_compile_visible_amax": args.fp8_compile_visible_amax}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
-        rows = result["linear"] = linear_profile(compiled=not args.no_compiled)
+        rows = result["linear"] = linear_profile(compiled=not args.no_compiled, python_host=args.python_host_rows)
         print(f"\n{'row':34s} {'GPU ms':>8s} {'x BF16':>7s} {'launches':>8s} {'host ms':>8s} {'step ms':>8s} "
               f"{'speed-up':>8s}")
         for r in rows:

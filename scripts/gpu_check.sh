@@ -2,7 +2,7 @@
 # One device call that checks a tree and measures it (after `source .device/setup.sh`). Every stage is
 # optional and has its own time limit, so one call can run what the budget allows; logs in $OUT.
 #   TESTS="tests"            pytest -m cuda over these paths ("" skips)       LIM_TEST (s)
-#   LINEAR=1                 bench_model.py --linear (one Linear 4096^3)       LIM_LIN
+#   LINEAR=1                 bench_model.py --linear (one Linear 4096^3; LINEAR_FLAGS) LIM_LIN
 #   MODEL_SIZES=h2048_t8192  bench_model.py --sizes ... (MODEL_FLAGS)          LIM_MODEL
 #   QUANT_SHAPES=16384x6144  bench_quantize_nvfp4.py --quick --shapes ...      LIM_QUANT
 #   HOST_AB="256 4096"       host_phases.py --host-paths both per size: the torch-linked and the Python host
@@ -31,8 +31,9 @@ stage() { echo; echo "== $* ($(date +%T))"; }
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -n 30; tail -n 3 "$OUT/pytest.txt"
   fi
   if [ -n "${LINEAR:-}" ]; then
-    stage "bench_model --linear"
-    timeout "${LIM_LIN:-60}" python3 benchmarks/bench_model.py --linear --json "$OUT/linear.json" 2>&1 | grep -v Warning
+    stage "bench_model --linear ${LINEAR_FLAGS:-}"
+    timeout "${LIM_LIN:-60}" python3 benchmarks/bench_model.py --linear ${LINEAR_FLAGS:-} --json "$OUT/linear.json" 2>&1 \
+        | grep -v Warning
     echo "linear rc=$?"
   fi
   if [ -n "${QUANT_SHAPES:-}" ]; then

@@ -36,10 +36,17 @@ def fast():
 @pytest.fixture
 def python_path(monkeypatch):
     """Run the block with the Python host path (what FP_RECIPES_TORCH_OPS=off selects at start-up)."""
+    fast = _extension.fast_ops()
+    switched = []
+
     def use_python():
         monkeypatch.setattr(_extension, "_fast", None)  # casts, and NVFP4 launches resolved from here on
         monkeypatch.setattr(gemm_fp8, "_FAST_GEMM", [None])
-    return use_python
+        if fast is not None and hasattr(fast, "traced_ops_enabled"):  # the traced ops' C++ kernels too
+            switched.append(fast.traced_ops_enabled(False))
+    yield use_python
+    if switched:
+        fast.traced_ops_enabled(switched[0])
 
 
 def same(got, want, what):
@@ -124,6 +131,64 @@ def test_cast_declines_what_python_declines(fast):
     assert fast.fp8_cast(x, 3, True, True, True, False, 0.0, None, None, torch.int32) is None  # bias dtype
     assert fast.fp8_cast(x, 4, True, True, False, False, 0.0, None, None, None) is None  # delayed, no scale
     assert cuda_fp8.fp8_cast_planned(x.t(), plan) is None
+
+
+def _traced_op_outputs(dtype) -> list:
+    """What the traced-cast ops and the FP8 GEMM op return (and write into a history) for odd shapes, every copy
+    choice, both scalings, with and without the fused bias gradient."""
+    ops = torch.ops.fp_recipes
+    outs = []
+    for j, shape in enumerate(((1, 16), (65, 64), (257, 1008), (3, 7))):
+        x = make(shape, dtype, 10 + j)
+        for rw, cw in ((True, False), (True, True), (False, True)):
+            hist = torch.full((4,), 0.25, device=DEV)
+            scale = torch.tensor(0.8125, device=DEV)
+            outs += list(ops.fp8_delayed_cast.default(x, scale, hist, "e4m3", rw, cw))
+            outs += list(ops.fp8_delayed_cast_dbias.default(x, scale, hist, "e5m2", rw, cw, torch.bfloat16))
+            outs += list(ops.fp8_current_scaling_quantize.default(x, "e4m3", j % 2 == 0, 1e-12, rw, cw))
+            outs += list(ops.fp8_current_cast_dbias.default(x, "e5m2", False, 0.0, rw, cw, dtype))
+            outs.append(hist)
+        outs += list(ops.fp8_delayed_rowwise_cast.default(x, scale, torch.zeros(2, device=DEV), "e4m3"))
+    for a, b, sa, sb, dt, bias, fast_runs in _linear_gemm_cases():
+        if fast_runs and a.is_contiguous() and b.is_contiguous():  # (ready for cuBLASLt, as gemm_fp8_fp8 hands them)
+            outs.append(ops.fp8_mm.default(a, b, sa, sb, dt, bias, False))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_traced_ops_equal_the_python_path(fast, python_path, dtype):
+    """A torch.compile graph calls the casts and the GEMM as ops; their implementations take the C++ host path
+    (fp8_cast_op, fp8_linear_gemm): the same outputs and history records as the Python branch, and no two outputs
+    of one op share storage (an op's outputs must not alias)."""
+    if not cublaslt.available():
+        pytest.skip(f"cuBLASLt: {cublaslt.status()}")
+    assert set(gemm_fp8.register_traced_kernels()) == {"fp8_delayed_cast", "fp8_delayed_cast_dbias", "fp8_mm",
+                                                       "fp8_delayed_rowwise_cast", "fp8_current_scaling_quantize",
+                                                       "fp8_current_cast_dbias"}
+    x = make((96, 64), dtype, 4)
+    scale, hist = torch.tensor(0.5, device=DEV), torch.zeros(4, device=DEV)
+    one_op = torch.ops.fp_recipes.fp8_delayed_cast_dbias.default(x, scale, hist, "e4m3", True, True, torch.bfloat16)
+    storages = [t.untyped_storage().data_ptr() for t in one_op if t.numel()]
+    assert len(set(storages)) == len(storages)
+    got = _traced_op_outputs(dtype)
+    python_path()
+    want = _traced_op_outputs(dtype)
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"traced op output {i}")
+
+
+def test_traced_cast_declines_to_the_python_branch(fast):
+    """What the C++ call leaves to the op's Python branch still runs there (a non-contiguous input is made
+    contiguous by it), and the op form's declines are the eager form's."""
+    x = make((64, 96), torch.bfloat16, 5)
+    assert fast.fp8_cast_op(x.t(), 3, True, True, True, False, 0.0, None, None, None) is None
+    assert fast.fp8_cast_op(x.cpu(), 3, True, True, True, False, 0.0, None, None, None) is None
+    out = torch.ops.fp_recipes.fp8_current_scaling_quantize.default(x.t(), "e4m3", False, 0.0, True, True)
+    want = torch.ops.fp_recipes.fp8_current_scaling_quantize.default(x.t().contiguous(), "e4m3", False, 0.0, True,
+                                                                      True)
+    for f, (a, b) in enumerate(zip(out, want)):
+        same(a, b, f"declined cast output {f}")
 
 
 def _linear_gemm_cases():

@@ -48,7 +48,7 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
     """FP8 x FP8 with per-tensor scales: ``(a.data @ b.data^T) * (a.scale_inv * b.scale_inv) + bias``."""
     a_data, b_data = a.data, b.data
     # (traced code never looks the C++ path up: its first look-up takes a lock a trace cannot enter)
-    fast = (_FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()) if a_data.is_cuda and not \
+    fast = (_FAST_GEMM[0] if _FAST_GEMM else _first_fast_gemm()) if a_data.is_cuda and not \
         torch.compiler.is_compiling() else None
     if fast is not None:
         # this function's cuBLASLt branch as one C++ call (fp_recipes._torch_ops); None: the branch below
@@ -85,6 +85,14 @@ def gemm_fp8_fp8(a: Fp8Operand, b: Fp8Operand, *, out_dtype: torch.dtype,
 
 
 _FAST_GEMM: list = []  # [the torch-linked host path, or None], looked up on the first FP8 GEMM
+_TRACED_KERNELS: list = []  # [the op names with C++ CUDA kernels]: set by register_traced_kernels
+
+
+def _first_fast_gemm():
+    """The first eager FP8 GEMM's look-up: also registers the traced ops' C++ kernels (outside any op call)."""
+    fast = _fast_gemm()
+    register_traced_kernels()
+    return fast
 
 
 def _fast_gemm():
@@ -96,11 +104,41 @@ def _fast_gemm():
     return _FAST_GEMM[0]
 
 
+def register_traced_kernels() -> list:
+    """Give the traced FP8 ops (the casts of ``ops/cuda_fp8.py``, :data:`_fp8_mm_op`) their C++ CUDA kernels from
+    the torch-linked host path (``_torch_ops.register_traced_ops``), so a compiled graph's cast or GEMM enters no
+    Python; where a C++ call declines, the op's Python implementation runs. Once per process, before a graph runs:
+    a trace's preparation (``modules/base.py``) and the first eager FP8 GEMM call it (a kernel registered while
+    another thread dispatches the op would race the dispatcher's table). Returns the op names registered."""
+    if not _TRACED_KERNELS:
+        from .. import _extension
+
+        fast = _extension.fast_ops()
+        names: list = []
+        if fast is not None and hasattr(fast, "register_traced_ops"):
+            from ..ops import cuda_fp8
+
+            impls = cuda_fp8.traced_cast_impls()
+            if (_FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()) is not None:
+                impls["fp8_mm"] = _fp8_mm  # (with cuBLASLt's single GEMM: the C++ call's plan)
+            names = list(fast.register_traced_ops(impls, cublaslt.WORKSPACE_BYTES))
+        _TRACED_KERNELS.append(names)
+    return _TRACED_KERNELS[0]
+
+
 def _fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype,
             bias: Optional[torch.Tensor], use_fast_accum: bool) -> torch.Tensor:
     """``a @ b.T`` scaled (operands ready for cuBLASLt: K, N multiples of 16): the cached cuBLASLt plan,
     else ``torch._scaled_mm``. Traced code calls it as an op (:data:`_fp8_mm_op`), so a compiled step
     gets the cached plan too, not ``torch._scaled_mm``'s heuristic query on every call."""
+    if a.is_cuda:
+        # (when the op runs, not while traced: the look-up's lock is safe here) the same cached plan through the
+        # torch-linked host path: one C++ call, which also copies an unaligned scale; None: the branch below
+        fast = _FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()
+        if fast is not None:
+            out = fast.fp8_linear_gemm(a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum, cublaslt.WORKSPACE_BYTES)
+            if out is not None:
+                return out
     # cuBLASLt (ours and torch._scaled_mm's) refuses a scale that is not 16-byte aligned, e.g. one
     # element of a packed vector: a fresh 0-dim copy is aligned
     if scale_a.data_ptr() % 16:

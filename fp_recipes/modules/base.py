@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .. import _trace_ids
+from ..gemm.fp8 import register_traced_kernels
 from ..quantizers.float8 import load_cuda_casts
 from ..quantizers.roles import ModuleKind, ScalingKind
 from . import replay
@@ -650,6 +651,7 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
     # enter (a model compiled before any eager quantized call failed there on the GPU): load them now.
     backend.registered_cuda_ops()
     load_cuda_casts()
+    register_traced_kernels()  # (the graph's FP8 casts and GEMMs then run C++ kernels: no Python per op)
     sets = module._sets_for(recipe, module_mode)
     for qs in sets:
         register_traced(qs)

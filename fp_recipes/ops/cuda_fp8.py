@@ -54,6 +54,7 @@ DTYPE_CODE = {
     torch.uint8: 5,
 }
 FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+_OUT_CODE = {fmt: DTYPE_CODE[dtype] for fmt, dtype in FP8_DTYPE.items()}  # (an FP8 format's dtype code)
 PER_TOKEN_FMT_CODE = {"e5m6": 0, "e4m3": 1}
 
 _EMPTY_SHAPE = (0,)
@@ -442,9 +443,26 @@ def _fp8_current_launch(x: torch.Tensor, fmt: str, use_power_2_scales: bool, ama
     return data, data_t, scale_inv, amax, scale
 
 
+def _op_cast_in_cpp(x: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool, current: bool, pow2: bool,
+                    eps: float, scale: Optional[torch.Tensor], record: Optional[torch.Tensor],
+                    bias_dtype: Optional[torch.dtype]) -> Optional[tuple]:
+    """A traced cast op's launches as one C++ call (the torch-linked host path, ``_extension.fast_ops``): the same
+    launches and bytes as the Python branch, without its wrapper layers, which a compiled step pays per op.
+    ``(data, data_t, scale_inv, amax, scale, db or None)`` in the op's form, or None where the Python branch runs
+    (the host path off, or an input the C++ call leaves to it)."""
+    fast = _extension.fast_ops() if x.is_cuda else None
+    if fast is None or fmt not in _OUT_CODE or not (rowwise or columnwise) or not eps >= 0.0:
+        return None  # (the options the Python branch's checks raise on reach it)
+    return fast.fp8_cast_op(x, _OUT_CODE[fmt], bool(rowwise), bool(columnwise), current, bool(pow2), float(eps),
+                            scale, record, bias_dtype)
+
+
 def _fp8_current_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
                     columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                torch.Tensor]:
+    out = _op_cast_in_cpp(x, fmt, rowwise, columnwise, True, use_power_2_scales, amax_epsilon, None, None, None)
+    if out is not None:
+        return out[:5]
     return _with_placeholders(x, fmt, _fp8_current_launch(x, fmt, use_power_2_scales, amax_epsilon, rowwise,
                                                           columnwise))
 
@@ -470,6 +488,10 @@ def _delayed_cast(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, f
             and history.is_contiguous() and history.numel()):
         raise ValueError(f"fp_recipes::fp8_delayed_cast: history must be a non-empty contiguous FP32 tensor on "
                          f"{x.device}, got {history.dtype} of shape {tuple(history.shape)} on {history.device}")
+    if scale.dtype == torch.float32 and scale.ndim == 0 and scale.device == x.device:
+        out = _op_cast_in_cpp(x, fmt, rowwise, columnwise, False, False, 0.0, scale, history, bias_dtype)
+        if out is not None:
+            return out[:4] if bias_dtype is None else (*out[:4], out[5])
     if bias_dtype is None:
         return _with_placeholders(x, fmt, fp8_quantize_recording(x, scale, fmt, rowwise, columnwise, history)[:4])
     res, db = fp8_quantize_dbias(x, scale, fmt, rowwise, columnwise, history, bias_dtype)
@@ -508,6 +530,16 @@ fp8_delayed_cast_dbias_op = define_op("fp8_delayed_cast_dbias", _fp8_delayed_cas
                                       mutates_args=("history",))
 
 
+def traced_cast_impls() -> dict:
+    """The traced cast ops' Python implementations by op name: what ``_torch_ops.register_traced_ops`` registers
+    C++ CUDA kernels for, each running its Python implementation where the C++ call declines
+    (``gemm/fp8.py`` ``register_traced_kernels``)."""
+    return {"fp8_delayed_cast": _fp8_delayed_cast_impl, "fp8_delayed_cast_dbias": _fp8_delayed_cast_dbias_impl,
+            "fp8_delayed_rowwise_cast": _fp8_delayed_rowwise_cast_impl,
+            "fp8_current_scaling_quantize": _fp8_current_impl,
+            "fp8_current_cast_dbias": _fp8_current_cast_dbias_impl}
+
+
 def _cast_fakes(x: torch.Tensor, fmt: str, rowwise: bool, columnwise: bool) -> tuple:
     data, data_t = _fp8_copies(x, fmt, rowwise, columnwise)
     return data, data_t, x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
@@ -534,6 +566,9 @@ def _fp8_current_cast_dbias_impl(x: torch.Tensor, fmt: str, use_power_2_scales: 
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A current-scaling quantizer's traced cast with the bias gradient of its pass
     (:func:`fp8_current_scaling_quantize_dbias`): (data, data_t, scale_inv, amax, db)."""
+    out = _op_cast_in_cpp(x, fmt, rowwise, columnwise, True, use_power_2_scales, amax_epsilon, None, None, bias_dtype)
+    if out is not None:
+        return (*out[:4], out[5])
     res, db = fp8_current_scaling_quantize_dbias(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise,
                                                  bias_dtype)
     return (*_with_placeholders(x, fmt, res[:4]), db)

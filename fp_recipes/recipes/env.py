@@ -91,8 +91,9 @@ class EnvVar:
             return "autocast() default recipe"
         if self.use == "backend":
             return {"FP_RECIPES_NVFP4_GEMM": "NVFP4 GEMM implementation (read at each NVFP4 GEMM)",
-                    "FP_RECIPES_TORCH_OPS": "host path of the eager FP8 and NVFP4 casts and GEMMs and the "
-                                            "delayed-scaling updates (read once, at the first one)"}.get(self.name, "implementation (read at run time)")
+                    "FP_RECIPES_TORCH_OPS": "host path of the FP8 and NVFP4 casts and GEMMs (eager and the "
+                                            "compiled FP8 ops) and the delayed-scaling updates (read once, at the "
+                                            "first one)"}.get(self.name, "implementation (read at run time)")
         if self.alias_of:
             return f"deprecated alias of {self.alias_of}"
         if self.recipes == ALL_RECIPES:
@@ -213,9 +214,11 @@ TABLE: Tuple[EnvVar, ...] = (
            "run on Blackwell hardware in this project.", use="backend",
            choices=("auto", "native", "emulated")),
     EnvVar("FP_RECIPES_TORCH_OPS", "choice", "The host path of the eager FP8 casts and GEMMs, the NVFP4 "
-           "quantize launches and emulated GEMMs and the delayed-scaling updates on CUDA. auto: one torch-linked C++ call each (fp_recipes._torch_ops) where it was "
-           "built (pip install --no-build-isolation), else the Python path; off: the Python path. Both make the "
-           "same launches with the same arguments.", use="backend", choices=("auto", "off")),
+           "quantize launches and emulated GEMMs, the delayed-scaling updates and the FP8 casts and GEMMs a "
+           "torch.compile graph calls, on CUDA. auto: one torch-linked C++ call each (fp_recipes._torch_ops; the "
+           "graph's ops as C++ CUDA kernels) where it was built (pip install --no-build-isolation), else the Python "
+           "path; off: the Python path. Both make the same launches with the same arguments.", use="backend",
+           choices=("auto", "off")),
     EnvVar("FP_RECIPES_CUDA_ARCHS", "archs", "Build: ';'-separated CUDA archs for fp_recipes._C "
            "(default 90a;100a).", use="build", hint="';'-separated archs, e.g. 90a;100a"),
     EnvVar("FP_RECIPES_NO_CUDA", "bool", "Build: skip the CUDA extension on purpose.", use="build"),

@@ -12,6 +12,7 @@
 // equal, tests/test_cuda_fast_ops.py).
 #include <torch/csrc/autograd/variable.h>
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -137,15 +138,23 @@ void init(py::capsule table_capsule) {
   g_table = t;
 }
 
-// An FP8 quantizer's planned eager cast (ops/cuda_fp8.py fp8_cast_planned): the same outputs, the FP32 values as
-// views of one allocation ([scale_inv, amax, scale] for current scaling, [scale_inv, amax] for delayed).
-py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
+// The outputs of one FP8 cast (defined: made), or ok false where the Python path must run instead.
+struct Fp8CastOut {
+  bool ok = false;
+  at::Tensor data, data_t, scale_inv, amax, scale, db;
+};
+
+// An FP8 quantizer's cast of a contiguous 2-D x: the launches of ops/cuda_fp8.py's planned and traced casts.
+// separate: each FP32 value its own allocation (a custom op's outputs must not alias one another); else views of one
+// allocation ([scale_inv, amax, scale] for current scaling, [scale_inv, amax] for delayed).
+Fp8CastOut cast_fp8(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
                     double eps, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& record,
-                    c10::optional<at::ScalarType> bias_dtype) {
+                    c10::optional<at::ScalarType> bias_dtype, bool separate) {
+  Fp8CastOut o;
   if (x.dim() != 2 || !is_float_input(x.scalar_type()) || x.numel() == 0 || !x.is_contiguous() ||
       !on_current_device(x) || (bias_dtype.has_value() && !is_float_input(*bias_dtype)) ||
       (!current && (!scale.has_value() || !record.has_value())))
-    return py::none();
+    return o;
   if (out_code != 3 && out_code != 4)
     throw std::invalid_argument("fp_recipes._torch_ops.fp8_cast: out_code must be 3 (e4m3) or 4 (e5m2), got " +
                                 std::to_string(out_code));
@@ -153,37 +162,73 @@ py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool column
   const int64_t m = x.size(0), n = x.size(1);
   const at::ScalarType fp8 = out_code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
   const auto opts = x.options();
-  at::Tensor data = rowwise ? at::empty({m, n}, opts.dtype(fp8)) : at::Tensor();
-  at::Tensor data_t = columnwise ? at::empty({n, m}, opts.dtype(fp8)) : at::Tensor();
+  if (rowwise) o.data = at::empty({m, n}, opts.dtype(fp8));
+  if (columnwise) o.data_t = at::empty({n, m}, opts.dtype(fp8));
   void* stream = current_stream(x.device());
-  at::Tensor partials, db;
+  at::Tensor partials;
   int db_code = -1;
   if (bias_dtype.has_value()) {
     partials = at::empty({(m + kBiasTileRows - 1) / kBiasTileRows, n}, opts.dtype(at::kFloat));
-    db = at::empty({n}, opts.dtype(*bias_dtype));
+    o.db = at::empty({n}, opts.dtype(*bias_dtype));
     db_code = code_of(*bias_dtype);
   }
   float* partials_ptr = partials.defined() ? partials.data_ptr<float>() : nullptr;
-  void* db_ptr = db.defined() ? db.data_ptr() : nullptr;
-  void* data_ptr = data.defined() ? data.data_ptr() : nullptr;
-  void* data_t_ptr = data_t.defined() ? data_t.data_ptr() : nullptr;
+  void* db_ptr = o.db.defined() ? o.db.data_ptr() : nullptr;
+  void* data_ptr = o.data.defined() ? o.data.data_ptr() : nullptr;
+  void* data_t_ptr = o.data_t.defined() ? o.data_t.data_ptr() : nullptr;
   const int in_code = code_of(x.scalar_type());
-  at::Tensor buf = at::empty({current ? 3 : 2}, opts.dtype(at::kFloat));
-  float* base = buf.data_ptr<float>();
+  const auto f32 = opts.dtype(at::kFloat);
+  if (separate) {
+    o.scale_inv = at::empty({}, f32);
+    o.amax = at::empty({}, f32);
+    o.scale = current ? at::empty({}, f32) : *scale;
+  } else {
+    at::Tensor buf = at::empty({current ? 3 : 2}, f32);
+    o.scale_inv = buf.select(0, 0);
+    o.amax = buf.select(0, 1);
+    o.scale = current ? buf.select(0, 2) : *scale;
+  }
+  float* scale_inv_ptr = o.scale_inv.data_ptr<float>();
+  float* amax_ptr = o.amax.data_ptr<float>();
   if (current) {
     check(t.fp8_cast_current(x.data_ptr(), in_code, m, n, out_code, pow2, static_cast<float>(eps), data_ptr,
-                             data_t_ptr, base + 2, base, base + 1, partials_ptr, db_ptr, db_code,
-                             amax_workspace(x.device(), stream), stream));
+                             data_t_ptr, o.scale.data_ptr<float>(), scale_inv_ptr, amax_ptr, partials_ptr, db_ptr,
+                             db_code, amax_workspace(x.device(), stream), stream));
   } else {
     check(t.fp8_cast_delayed(x.data_ptr(), in_code, m, n, scale->data_ptr<float>(), out_code, data_ptr, data_t_ptr,
-                             base, base + 1, record->data_ptr<float>(), partials_ptr, db_ptr, db_code, stream));
+                             scale_inv_ptr, amax_ptr, record->data_ptr<float>(), partials_ptr, db_ptr, db_code,
+                             stream));
   }
+  o.ok = true;
+  return o;
+}
+
+// An FP8 quantizer's planned eager cast (ops/cuda_fp8.py fp8_cast_planned): (data, data_t, scale_inv, amax, scale
+// [, db]), an unwanted copy None, the FP32 values as views of one allocation; None where the Python path runs.
+py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
+                    double eps, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& record,
+                    c10::optional<at::ScalarType> bias_dtype) {
+  const Fp8CastOut o = cast_fp8(x, out_code, rowwise, columnwise, current, pow2, eps, scale, record, bias_dtype, false);
+  if (!o.ok) return py::none();
   py::object none = py::none();
   auto opt = [&](const at::Tensor& v) -> py::object { return v.defined() ? py::cast(v) : none; };
-  py::object scale_out = current ? py::cast(buf.select(0, 2)) : py::cast(*scale);
-  if (db.defined())
-    return py::make_tuple(opt(data), opt(data_t), buf.select(0, 0), buf.select(0, 1), scale_out, db);
-  return py::make_tuple(opt(data), opt(data_t), buf.select(0, 0), buf.select(0, 1), scale_out);
+  if (o.db.defined()) return py::make_tuple(opt(o.data), opt(o.data_t), o.scale_inv, o.amax, o.scale, o.db);
+  return py::make_tuple(opt(o.data), opt(o.data_t), o.scale_inv, o.amax, o.scale);
+}
+
+// The same cast in the form of ops/cuda_fp8.py's traced-cast ops (what a torch.compile graph calls): (data, data_t,
+// scale_inv, amax, scale, db), an unwanted copy an empty (0,) tensor of the FP8 dtype, each FP32 value its own
+// allocation, db None without a bias gradient; None where the op's Python implementation runs.
+py::object fp8_cast_op(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
+                       double eps, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& record,
+                       c10::optional<at::ScalarType> bias_dtype) {
+  const Fp8CastOut o = cast_fp8(x, out_code, rowwise, columnwise, current, pow2, eps, scale, record, bias_dtype, true);
+  if (!o.ok) return py::none();
+  const auto empty = [&]() {
+    return at::empty({0}, x.options().dtype(out_code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2));
+  };
+  return py::make_tuple(o.data.defined() ? o.data : empty(), o.data_t.defined() ? o.data_t : empty(), o.scale_inv,
+                        o.amax, o.scale, o.db.defined() ? py::cast(o.db) : py::none());
 }
 
 // An operand cuBLASLt reads in place (gemm/_common.py gemm_ready): row-major, rows and start 16-byte aligned.
@@ -197,20 +242,21 @@ bool gemm_ready(const at::Tensor& t) {
 // cuBLASLt cannot read one in place), a scale that is not 16-byte aligned copied (as _fp8_mm does), the bias
 // fused into the epilogue, the cached plan. None, having launched nothing, wherever the Python branch does
 // something else: an empty product, K or N to pad to 16, a bias it adds in FP32 (another dtype than the output),
-// E5M2 x E5M2, contraction dims that differ (it raises), or a problem the plan refuses.
-py::object fp8_linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                           const at::Tensor& scale_b, at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias,
-                           bool fast_accum, int64_t workspace_bytes) {
-  if (a.dim() != 2 || b.dim() != 2 || !on_current_device(a) || b.device() != a.device()) return py::none();
+// E5M2 x E5M2, contraction dims that differ (it raises), or a problem the plan refuses: an undefined tensor then.
+at::Tensor linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                       at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias, bool fast_accum,
+                       int64_t workspace_bytes) {
+  const at::Tensor declined;
+  if (a.dim() != 2 || b.dim() != 2 || !on_current_device(a) || b.device() != a.device()) return declined;
   const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
   const int ac = code_of(a.scalar_type()), bc = code_of(b.scalar_type()), oc = code_of(out_dtype);
   if (k != b.size(1) || m == 0 || n == 0 || k == 0 || k % 16 || n % 16 || ac < 3 || ac > 4 || bc < 3 || bc > 4 ||
       (ac == 4 && bc == 4) || oc < 0 || oc > 2)
-    return py::none();
+    return declined;
   const bool with_bias = bias.has_value() && bias->defined();
   if (with_bias && (bias->scalar_type() != out_dtype || oc == 0 || !bias->is_contiguous() || bias->dim() != 1 ||
                     bias->size(0) != n))
-    return py::none();
+    return declined;
   const at::Tensor aa = gemm_ready(a) ? a : a.contiguous();
   const at::Tensor bb = gemm_ready(b) ? b : b.contiguous();
   const at::Tensor sa = reinterpret_cast<uintptr_t>(scale_a.data_ptr()) % 16 ? scale_a.clone() : scale_a;
@@ -223,8 +269,139 @@ py::object fp8_linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::T
                             sb.data_ptr<float>(), out.data_ptr(), with_bias ? bias->data_ptr() : nullptr, m, n, k, ac,
                             bc, oc, with_bias ? oc : -1, fast_accum, ws, workspace_bytes,
                             static_cast<int>(a.device().index()), stream, &ran));
-  if (!ran) return py::none();
-  return py::cast(out);
+  return ran ? out : declined;
+}
+
+py::object fp8_linear_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
+                           const at::Tensor& scale_b, at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias,
+                           bool fast_accum, int64_t workspace_bytes) {
+  const at::Tensor out = linear_gemm(a, b, scale_a, scale_b, out_dtype, bias, fast_accum, workspace_bytes);
+  return out.defined() ? py::cast(out) : py::none();
+}
+
+// ---- the traced ops' CUDA kernels -------------------------------------------------------------------------------
+// A torch.compile graph calls the FP8 casts and GEMM as torch.ops.fp_recipes ops, which ops/cuda_fp8.py and
+// gemm/fp8.py define with a Python implementation for every backend (CompositeExplicitAutograd). The kernels here
+// are registered for the CUDA key, which the dispatcher takes before that one: a graph's cast or GEMM then enters no
+// Python (each op costs a compiled step host time). Where the C++ call declines (another device current, a
+// non-contiguous input, an argument the Python implementation raises on), the Python implementation runs, called
+// back under the GIL, as before.
+
+using Tensors4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Tensors5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+std::mutex g_ops_mutex;
+torch::Library* g_ops_lib = nullptr;                                // never freed (see StreamBuffers)
+std::unordered_map<std::string, py::object*>* g_python_impls = nullptr;
+int64_t g_ops_gemm_workspace = 0;
+
+std::atomic<bool> g_ops_enabled{true};  // false: every call takes the Python implementation (A/B rows, tests)
+
+template <typename Out, typename... Args>
+Out python_impl(const char* op, const Args&... args) {
+  py::gil_scoped_acquire gil;
+  return (*g_python_impls->at(op))(args...).template cast<Out>();
+}
+
+int fmt_code(c10::string_view fmt) { return fmt == "e4m3" ? 3 : fmt == "e5m2" ? 4 : -1; }
+
+at::Tensor copy_or_placeholder(const at::Tensor& t, const at::Tensor& x, int code) {
+  return t.defined() ? t : at::empty({0}, x.options().dtype(code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2));
+}
+
+// The Python implementations' plain-argument case (ops/cuda_fp8.py _delayed_cast and _cast_input): else they run.
+Fp8CastOut op_delayed(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& history, int code, bool rowwise,
+                      bool columnwise, c10::optional<at::ScalarType> bias_dtype) {
+  if (!g_ops_enabled || code < 0 || !(rowwise || columnwise) || scale.scalar_type() != at::kFloat || scale.dim() != 0 ||
+      scale.device() != x.device() || history.scalar_type() != at::kFloat || history.device() != x.device() ||
+      !history.is_contiguous() || history.numel() == 0)
+    return {};
+  return cast_fp8(x, code, rowwise, columnwise, false, false, 0.0, scale, history, bias_dtype, true);
+}
+
+Fp8CastOut op_current(const at::Tensor& x, int code, bool pow2, double eps, bool rowwise, bool columnwise,
+                      c10::optional<at::ScalarType> bias_dtype) {
+  if (!g_ops_enabled || code < 0 || !(rowwise || columnwise) || !(eps >= 0.0)) return {};
+  return cast_fp8(x, code, rowwise, columnwise, true, pow2, eps, c10::nullopt, c10::nullopt, bias_dtype, true);
+}
+
+Tensors4 op_fp8_delayed_cast(const at::Tensor& x, const at::Tensor& scale, at::Tensor& history, c10::string_view fmt,
+                             bool rowwise, bool columnwise) {
+  const int code = fmt_code(fmt);
+  const Fp8CastOut o = op_delayed(x, scale, history, code, rowwise, columnwise, c10::nullopt);
+  if (!o.ok) return python_impl<Tensors4>("fp8_delayed_cast", x, scale, history, std::string(fmt), rowwise, columnwise);
+  return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax};
+}
+
+Tensors5 op_fp8_delayed_cast_dbias(const at::Tensor& x, const at::Tensor& scale, at::Tensor& history,
+                                   c10::string_view fmt, bool rowwise, bool columnwise, at::ScalarType bias_dtype) {
+  const int code = fmt_code(fmt);
+  const Fp8CastOut o = op_delayed(x, scale, history, code, rowwise, columnwise, bias_dtype);
+  if (!o.ok)
+    return python_impl<Tensors5>("fp8_delayed_cast_dbias", x, scale, history, std::string(fmt), rowwise, columnwise,
+                                 bias_dtype);
+  return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax, o.db};
+}
+
+Tensors4 op_fp8_delayed_rowwise_cast(const at::Tensor& x, const at::Tensor& scale, at::Tensor& history,
+                                     c10::string_view fmt) {
+  const Fp8CastOut o = op_delayed(x, scale, history, fmt_code(fmt), true, false, c10::nullopt);
+  if (!o.ok) return python_impl<Tensors4>("fp8_delayed_rowwise_cast", x, scale, history, std::string(fmt));
+  return {o.data, o.scale_inv, o.amax, scale.clone()};
+}
+
+Tensors5 op_fp8_current_scaling_quantize(const at::Tensor& x, c10::string_view fmt, bool pow2, double eps, bool rowwise,
+                                         bool columnwise) {
+  const int code = fmt_code(fmt);
+  const Fp8CastOut o = op_current(x, code, pow2, eps, rowwise, columnwise, c10::nullopt);
+  if (!o.ok)
+    return python_impl<Tensors5>("fp8_current_scaling_quantize", x, std::string(fmt), pow2, eps, rowwise, columnwise);
+  return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax, o.scale};
+}
+
+Tensors5 op_fp8_current_cast_dbias(const at::Tensor& x, c10::string_view fmt, bool pow2, double eps, bool rowwise,
+                                   bool columnwise, at::ScalarType bias_dtype) {
+  const int code = fmt_code(fmt);
+  const Fp8CastOut o = op_current(x, code, pow2, eps, rowwise, columnwise, bias_dtype);
+  if (!o.ok)
+    return python_impl<Tensors5>("fp8_current_cast_dbias", x, std::string(fmt), pow2, eps, rowwise, columnwise,
+                                 bias_dtype);
+  return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax, o.db};
+}
+
+at::Tensor op_fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                     at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias, bool use_fast_accum) {
+  if (g_ops_enabled) {
+    at::Tensor out = linear_gemm(a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum, g_ops_gemm_workspace);
+    if (out.defined()) return out;
+  }
+  return python_impl<at::Tensor>("fp8_mm", a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum);
+}
+
+// Registers the CUDA kernels of the ops named in python_impls (name -> the op's Python implementation, the fallback),
+// once per process; returns the names registered (none on a second call).
+std::vector<std::string> register_traced_ops(const py::dict& python_impls, int64_t gemm_workspace_bytes) {
+  std::lock_guard<std::mutex> lock(g_ops_mutex);
+  std::vector<std::string> done;
+  if (g_ops_lib != nullptr) return done;
+  auto* impls = new std::unordered_map<std::string, py::object*>();
+  for (const auto& item : python_impls)
+    (*impls)[item.first.cast<std::string>()] = new py::object(py::reinterpret_borrow<py::object>(item.second));
+  g_python_impls = impls;
+  g_ops_gemm_workspace = gemm_workspace_bytes;
+  g_ops_lib = new torch::Library(torch::Library::IMPL, "fp_recipes", c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  auto reg = [&](const char* name, auto fn) {
+    if (impls->count(name) == 0) return;
+    g_ops_lib->impl(name, fn);
+    done.emplace_back(name);
+  };
+  reg("fp8_delayed_cast", TORCH_FN(op_fp8_delayed_cast));
+  reg("fp8_delayed_cast_dbias", TORCH_FN(op_fp8_delayed_cast_dbias));
+  reg("fp8_delayed_rowwise_cast", TORCH_FN(op_fp8_delayed_rowwise_cast));
+  reg("fp8_current_scaling_quantize", TORCH_FN(op_fp8_current_scaling_quantize));
+  reg("fp8_current_cast_dbias", TORCH_FN(op_fp8_current_cast_dbias));
+  reg("fp8_mm", TORCH_FN(op_fp8_mm));
+  return done;
 }
 
 // One NVFP4 operand of the emulated GEMM (gemm/operands.py Nvfp4Operand): packed codes, E4M3 block scales, the
@@ -512,6 +689,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
         py::arg("bias_dtype"),
         "(data, data_t, scale_inv, amax, scale[, db]) of an FP8 quantizer's cast of a contiguous 2-D CUDA x, or None.");
+  m.def("fp8_cast_op", &fp8_cast_op, py::arg("x"), py::arg("out_code"), py::arg("rowwise"), py::arg("columnwise"),
+        py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
+        py::arg("bias_dtype"),
+        "fp8_cast for the traced-cast ops: (data, data_t, scale_inv, amax, scale, db or None), placeholders for "
+        "unwanted copies, separate FP32 values; or None.");
+  m.def("register_traced_ops", &register_traced_ops, py::arg("python_impls"), py::arg("gemm_workspace_bytes"),
+        "Register the CUDA kernels of the named traced ops (name -> Python implementation, run where C++ declines); "
+        "once per process. Returns the names registered.");
+  m.def("traced_ops_enabled", [](bool enabled) { return g_ops_enabled.exchange(enabled); }, py::arg("enabled"),
+        "Whether the registered op kernels take their C++ calls (False: each runs its Python implementation); "
+        "returns the previous setting.");
   m.def("fp8_linear_gemm", &fp8_linear_gemm, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
         py::arg("out_dtype"), py::arg("bias"), py::arg("fast_accum"), py::arg("workspace_bytes"),
         "gemm/fp8.py gemm_fp8_fp8's CUDA branch (operand readiness, fused bias, the cached plan), or None.");
