@@ -2,7 +2,10 @@
 many steps per recipe (the GPU runs ahead of nothing: at 4096^3 a quantized step's GPU time is below its
 host time), the functions with the most own time and the most cumulative time.
 
-    python benchmarks/profile_host.py [--recipes delayed,current,nvfp4] [--steps 200] [--top 30]
+    python benchmarks/profile_host.py [--recipes delayed,current,nvfp4] [--steps 200] [--top 30] [--compiled]
+
+``--compiled``: the quantized Linear under torch.compile(fullgraph=True), autocast outside (as bench_model.py's
+compiled rows): where a compiled step's host time goes (guards, the compiled autograd function, the ops).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockS
 RECIPES = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling, "nvfp4": NVFP4BlockScaling}
 
 
-def make_step(recipe, m: int, k: int, n: int):
+def make_step(recipe, m: int, k: int, n: int, compiled: bool = False):
     dev = torch.device("cuda")
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
     mod = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
+    run = torch.compile(mod, fullgraph=True) if compiled and recipe is not None else mod
 
     def step():
         x.grad = None
@@ -34,7 +38,7 @@ def make_step(recipe, m: int, k: int, n: int):
             y = mod(x)
         else:
             with fp_recipes.autocast(recipe=recipe):
-                y = mod(x)
+                y = run(x)
         y.backward(dy)
         with torch.no_grad():
             mod.weight.add_(1e-6)  # an optimizer step: the weight changes, its cast is redone
@@ -48,11 +52,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--shape", default="4096,4096,4096")
+    p.add_argument("--compiled", action="store_true", help="the quantized rows under torch.compile(fullgraph=True)")
     args = p.parse_args()
     m, k, n = map(int, args.shape.split(","))
     for name in args.recipes.split(","):
         make = RECIPES[name]
-        step = make_step(make() if make else None, m, k, n)
+        step = make_step(make() if make else None, m, k, n, args.compiled)
         for _ in range(10):
             step()
         torch.cuda.synchronize()
@@ -67,8 +72,8 @@ def main() -> None:
             step()
         prof.disable()
         torch.cuda.synchronize()
-        print(f"\n===== {name}: {host:.3f} ms host per step without the profiler ({args.steps} steps, "
-              f"Linear {m}x{k}x{n}) =====")
+        print(f"\n===== {name}{' compiled' if args.compiled and make else ''}: {host:.3f} ms host per step without "
+              f"the profiler ({args.steps} steps, Linear {m}x{k}x{n}) =====")
         for key in ("tottime", "cumulative"):
             s = io.StringIO()
             pstats.Stats(prof, stream=s).strip_dirs().sort_stats(key).print_stats(args.top)

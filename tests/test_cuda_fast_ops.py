@@ -179,16 +179,21 @@ def test_traced_ops_equal_the_python_path(fast, python_path, dtype):
 
 
 def test_traced_cast_declines_to_the_python_branch(fast):
-    """What the C++ call leaves to the op's Python branch still runs there (a non-contiguous input is made
-    contiguous by it), and the op form's declines are the eager form's."""
+    """What the C++ kernel of an op declines reaches the op's Python implementation, which says what is wrong (a
+    non-contiguous input, a negative epsilon, a scale that is not one FP32 value); the op form's declines are the
+    eager form's."""
     x = make((64, 96), torch.bfloat16, 5)
     assert fast.fp8_cast_op(x.t(), 3, True, True, True, False, 0.0, None, None, None) is None
     assert fast.fp8_cast_op(x.cpu(), 3, True, True, True, False, 0.0, None, None, None) is None
-    out = torch.ops.fp_recipes.fp8_current_scaling_quantize.default(x.t(), "e4m3", False, 0.0, True, True)
-    want = torch.ops.fp_recipes.fp8_current_scaling_quantize.default(x.t().contiguous(), "e4m3", False, 0.0, True,
-                                                                      True)
-    for f, (a, b) in enumerate(zip(out, want)):
-        same(a, b, f"declined cast output {f}")
+    ops = torch.ops.fp_recipes
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        ops.fp8_current_scaling_quantize.default(x.t(), "e4m3", False, 0.0, True, True)
+    with pytest.raises(ValueError, match="amax_epsilon must be >= 0"):
+        ops.fp8_current_cast_dbias.default(x, "e4m3", False, -1.0, True, True, torch.bfloat16)
+    hist = torch.zeros(4, device=DEV)
+    with pytest.raises((ValueError, TypeError), match="scale"):
+        ops.fp8_delayed_cast.default(x, torch.ones(2, device=DEV), hist, "e4m3", True, True)
+    assert torch.equal(hist, torch.zeros(4, device=DEV))  # nothing recorded by a refused cast
 
 
 def _linear_gemm_cases():
