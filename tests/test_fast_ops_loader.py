@@ -5,9 +5,11 @@ tests/test_cuda_fast_ops.py."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import pytest
+import torch
 
 import fp_recipes
 from fp_recipes import _extension
@@ -88,3 +90,52 @@ def test_doctor_reports_the_host_path():
     out = subprocess.run([sys.executable, "-m", "fp_recipes", "doctor"], capture_output=True, text=True,
                          env={**__import__("os").environ, "FP_RECIPES_TORCH_OPS": "off"})
     assert "host path (FP_RECIPES_TORCH_OPS): off (FP_RECIPES_TORCH_OPS=off)" in out.stdout, out.stdout
+
+
+def _register_with(monkeypatch, fast, gemm_path):
+    """register_traced_kernels() in a process where fast_ops() returns ``fast`` and the FP8 GEMM's C++ path is
+    ``gemm_path`` (None: cuBLASLt's single GEMM is not there), looking for the first time."""
+    from fp_recipes.gemm import fp8 as gemm_fp8
+
+    monkeypatch.setattr(_extension, "_fast", fast)
+    monkeypatch.setattr(_extension, "_fast_loaded", True)
+    monkeypatch.setattr(gemm_fp8, "_FAST_GEMM", [gemm_path])
+    monkeypatch.setattr(gemm_fp8, "_TRACED_KERNELS", [])
+    return gemm_fp8.register_traced_kernels()
+
+
+class _RecordingOps:
+    """A torch-linked module that records what it was asked to register (the real one needs torch's headers)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def register_traced_ops(self, impls, workspace_bytes):
+        self.calls.append((dict(impls), workspace_bytes))
+        return list(impls)
+
+
+def test_traced_kernels_are_registered_once_with_the_ops_python_implementations(monkeypatch):
+    """The traced FP8 ops get their C++ CUDA kernels once per process, each with the op's own Python implementation
+    to run where the C++ call declines; the GEMM op only where the C++ GEMM path exists (cuBLASLt's single GEMM)."""
+    from fp_recipes.gemm import cublaslt
+    from fp_recipes.gemm import fp8 as gemm_fp8
+    from fp_recipes.ops import cuda_fp8
+
+    fast = _RecordingOps()
+    names = _register_with(monkeypatch, fast, gemm_path=fast)
+    assert sorted(names) == sorted(["fp8_delayed_cast", "fp8_delayed_cast_dbias", "fp8_delayed_rowwise_cast",
+                                    "fp8_current_scaling_quantize", "fp8_current_cast_dbias", "fp8_mm"])
+    (impls, workspace), = fast.calls
+    assert workspace == cublaslt.WORKSPACE_BYTES
+    assert impls["fp8_mm"] is gemm_fp8._fp8_mm
+    assert impls["fp8_delayed_cast"] is cuda_fp8._fp8_delayed_cast_impl
+    assert impls["fp8_current_scaling_quantize"] is cuda_fp8._fp8_current_impl
+    for name, impl in impls.items():  # the C++ kernel calls it with the op's arguments, in the schema's order
+        schema = getattr(torch.ops.fp_recipes, name).default._schema
+        assert [a.name for a in schema.arguments] == list(inspect.signature(impl).parameters), name
+    assert gemm_fp8.register_traced_kernels() == names and len(fast.calls) == 1  # once
+
+    fast = _RecordingOps()
+    assert "fp8_mm" not in _register_with(monkeypatch, fast, gemm_path=None)  # no C++ GEMM path: Python's op
+    assert _register_with(monkeypatch, None, gemm_path=None) == []  # FP_RECIPES_TORCH_OPS=off or not built
