@@ -136,7 +136,8 @@ def _fp8_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: to
         # torch-linked host path: one C++ call, which also copies an unaligned scale; None: the branch below
         fast = _FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()
         if fast is not None:
-            out = fast.fp8_linear_gemm(a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum, cublaslt.WORKSPACE_BYTES)
+            out = fast.fp8_linear_gemm(a, b, scale_a, scale_b, out_dtype, bias, use_fast_accum,
+                                       cublaslt.WORKSPACE_BYTES)
             if out is not None:
                 return out
     # cuBLASLt (ours and torch._scaled_mm's) refuses a scale that is not 16-byte aligned, e.g. one
