@@ -176,13 +176,16 @@ def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor,
 
 
 def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
-               graphed: bool = False, python_host: bool = False) -> List[Dict[str, Any]]:
+               graphed: bool = False, python_host: bool = False,
+               only: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
     rows = []
 
     def add(label: str, make: Callable[[], Callable[[], None]], host_path: Any = None) -> None:
+        if only and label != "BF16 eager" and not any(o.lower() in label.lower() for o in only):
+            return  # (--rows: BF16 eager, the baseline, always runs)
         try:
             with host_path() if host_path is not None else contextlib.nullcontext():
                 r = measure(make(), warmup, iters)
@@ -334,6 +337,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="add each FP8 row (eager and compiled; --linear too) again with the Python host path "
                    "(FP_RECIPES_TORCH_OPS=off: Python casts and GEMMs, the traced ops' Python implementations), "
                    "measured in the same process as the default rows")
+    p.add_argument("--rows", default=None, type=lambda v: [r for r in v.split(",") if r.strip()],
+                   help="model rows to run: comma-separated, case-insensitive parts of row labels (e.g. "
+                   "'delayed torch.compile,NVFP4 default'); BF16 eager always runs. Saves device time")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
@@ -369,7 +375,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for size in names:
             hidden, ffn, tokens, layers = SIZES[size]
             print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
-            rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled,
+            rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled, only=args.rows,
                                graphed=args.graphed, python_host=args.python_host_rows)
         result["model"] = rows
         print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
