@@ -216,6 +216,11 @@ py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool column
   return py::make_tuple(opt(o.data), opt(o.data_t), o.scale_inv, o.amax, o.scale);
 }
 
+// A copy the cast made, or the empty (0,) tensor of the FP8 dtype a custom op returns for an unwanted one.
+at::Tensor copy_or_placeholder(const at::Tensor& t, const at::Tensor& x, int code) {
+  return t.defined() ? t : at::empty({0}, x.options().dtype(code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2));
+}
+
 // The same cast in the form of ops/cuda_fp8.py's traced-cast ops (what a torch.compile graph calls): (data, data_t,
 // scale_inv, amax, scale, db), an unwanted copy an empty (0,) tensor of the FP8 dtype, each FP32 value its own
 // allocation, db None without a bias gradient; None where the op's Python implementation runs.
@@ -224,11 +229,8 @@ py::object fp8_cast_op(const at::Tensor& x, int out_code, bool rowwise, bool col
                        c10::optional<at::ScalarType> bias_dtype) {
   const Fp8CastOut o = cast_fp8(x, out_code, rowwise, columnwise, current, pow2, eps, scale, record, bias_dtype, true);
   if (!o.ok) return py::none();
-  const auto empty = [&]() {
-    return at::empty({0}, x.options().dtype(out_code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2));
-  };
-  return py::make_tuple(o.data.defined() ? o.data : empty(), o.data_t.defined() ? o.data_t : empty(), o.scale_inv,
-                        o.amax, o.scale, o.db.defined() ? py::cast(o.db) : py::none());
+  return py::make_tuple(copy_or_placeholder(o.data, x, out_code), copy_or_placeholder(o.data_t, x, out_code),
+                        o.scale_inv, o.amax, o.scale, o.db.defined() ? py::cast(o.db) : py::none());
 }
 
 // An operand cuBLASLt reads in place (gemm/_common.py gemm_ready): row-major, rows and start 16-byte aligned.
@@ -304,10 +306,6 @@ Out python_impl(const char* op, const Args&... args) {
 }
 
 int fmt_code(c10::string_view fmt) { return fmt == "e4m3" ? 3 : fmt == "e5m2" ? 4 : -1; }
-
-at::Tensor copy_or_placeholder(const at::Tensor& t, const at::Tensor& x, int code) {
-  return t.defined() ? t : at::empty({0}, x.options().dtype(code == 3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2));
-}
 
 // The Python implementations' plain-argument case (ops/cuda_fp8.py _delayed_cast and _cast_input): else they run.
 Fp8CastOut op_delayed(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& history, int code, bool rowwise,
