@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     # modules
     "Linear": "fp_recipes.modules",
     "LayerNormLinear": "fp_recipes.modules",
+    "LayerNormMLP": "fp_recipes.modules",
     "GroupedLinear": "fp_recipes.modules",
     "convert_model": "fp_recipes.modules",
     # CUDA graphs

@@ -39,7 +39,7 @@ PUBLIC_API = {
     # functional API
     "quantize", "dequantize", "per_token_cast", "cast_back",
     # modules
-    "Linear", "LayerNormLinear", "GroupedLinear", "convert_model",
+    "Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "convert_model",
     # CUDA graphs
     "make_graphed_callables",
     # backend

@@ -2,7 +2,8 @@
 
 from .grouped_linear import GroupedLinear
 from .layernorm_linear import LayerNormLinear
+from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 from ..integrations.convert import convert_model
 
-__all__ = ["GroupedLinear", "LayerNormLinear", "Linear", "convert_model"]
+__all__ = ["GroupedLinear", "LayerNormLinear", "LayerNormMLP", "Linear", "convert_model"]

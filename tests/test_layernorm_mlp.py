@@ -1,0 +1,142 @@
+"""LayerNormMLP: the same outputs, gradients and quantizer state as LayerNormLinear -> activation -> Linear built
+from the same parameters, under every recipe kind; torch parity outside autocast for every activation; the gated
+activations' halves; clear errors; TransformerEngine's flat parameter names load; a delayed-scaling checkpoint
+round-trips."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp_recipes
+from fp_recipes import DelayedScaling, Float8CurrentScaling, LayerNormLinear, LayerNormMLP, Linear, NVFP4BlockScaling
+from fp_recipes.modules.layernorm_mlp import ACTIVATIONS
+
+RECIPES = {
+    "delayed": lambda: DelayedScaling(amax_history_len=4),
+    "current": Float8CurrentScaling,
+    "nvfp4": NVFP4BlockScaling,
+}
+
+
+def _pair(activation: str, normalization: str = "LayerNorm", bias: bool = True):
+    """A LayerNormMLP and the three modules it stands for, with the same parameters."""
+    torch.manual_seed(0)
+    mlp = LayerNormMLP(64, 96, bias=bias, normalization=normalization, activation=activation)
+    with torch.no_grad():  # (non-trivial norm parameters)
+        mlp.fc1.layer_norm_weight.uniform_(0.5, 1.5)
+        if mlp.fc1.layer_norm_bias is not None:
+            mlp.fc1.layer_norm_bias.uniform_(-0.5, 0.5)
+    fc1 = LayerNormLinear(64, mlp.fc1.out_features, bias=bias, normalization=normalization)
+    fc2 = Linear(96, 64, bias=bias)
+    fc1.load_state_dict(mlp.fc1.state_dict())
+    fc2.load_state_dict(mlp.fc2.state_dict())
+    # (NVFP4 stochastic rounding draws from a per-module seed taken at construction, from torch's generator)
+    fc1._sr_seed, fc2._sr_seed = mlp.fc1._sr_seed, mlp.fc2._sr_seed
+    return mlp, fc1, fc2
+
+
+def _step(forward, params, x, dy):
+    x = x.clone().requires_grad_(True)
+    y = forward(x)
+    y.backward(dy)
+    return [y.detach(), x.grad] + [p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_equals_the_composition_under_every_recipe(name, activation):
+    mlp, fc1, fc2 = _pair(activation)
+    act = ACTIVATIONS[activation][0]
+    recipe = RECIPES[name]()  # (each module keeps its own state for it)
+    torch.manual_seed(1)
+    for step in range(3):  # (delayed scaling: the scales of step 2 come from the updates of steps 0-1)
+        x, dy = torch.randn(32, 64), torch.randn(32, 64)
+        with fp_recipes.autocast(recipe=recipe):
+            got = _step(mlp, list(mlp.parameters()), x, dy)
+        with fp_recipes.autocast(recipe=recipe):
+            want = _step(lambda v: fc2(act(fc1(v))), list(fc1.parameters()) + list(fc2.parameters()), x, dy)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (name, activation, step, i)
+        for m in (mlp, fc1, fc2):
+            m.zero_grad(set_to_none=True)
+    for mine, theirs in ((mlp.fc1, fc1), (mlp.fc2, fc2)):
+        ours, ref = mine.state_dict(), theirs.state_dict()
+        assert sorted(ours) == sorted(ref)
+        for key, value in ours.items():
+            assert not torch.is_tensor(value) or torch.equal(value, ref[key]), key
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_torch_parity_outside_autocast(activation, normalization):
+    mlp = LayerNormMLP(48, 80, normalization=normalization, activation=activation, bias=activation != "relu")
+    x = torch.randn(5, 7, 48)
+    norm = (F.layer_norm(x, (48,), mlp.fc1.layer_norm_weight, mlp.fc1.layer_norm_bias, 1e-5)
+            if normalization == "LayerNorm" else F.rms_norm(x, (48,), mlp.fc1.layer_norm_weight, 1e-5))
+    h = F.linear(norm, mlp.fc1.weight, mlp.fc1.bias)
+    torch_act = {"gelu": lambda t: F.gelu(t, approximate="tanh"), "gelu_erf": F.gelu, "relu": F.relu,
+                 "silu": F.silu}
+    if activation in torch_act:
+        a = torch_act[activation](h)
+    else:
+        first, second = h.chunk(2, dim=-1)
+        a = {"geglu": lambda t: F.gelu(t, approximate="tanh"), "reglu": F.relu, "swiglu": F.silu}[activation](first) \
+            * second
+    assert mlp.fc1.out_features == 80 * (2 if ACTIVATIONS[activation][1] else 1)
+    assert torch.equal(mlp(x), F.linear(a, mlp.fc2.weight, mlp.fc2.bias))
+
+
+def test_return_layernorm_output_and_first_microbatch():
+    mlp = LayerNormMLP(32, 64, return_layernorm_output=True)
+    x = torch.randn(16, 32)
+    y, ln = mlp(x, is_first_microbatch=True)
+    assert torch.equal(ln, F.layer_norm(x, (32,), mlp.fc1.layer_norm_weight, mlp.fc1.layer_norm_bias, 1e-5))
+    assert y.shape == (16, 32)
+
+
+def test_bad_arguments_are_clear():
+    with pytest.raises(ValueError, match="activation='gelu_new' is not supported; allowed: gelu, gelu_erf"):
+        LayerNormMLP(32, 64, activation="gelu_new")
+    with pytest.raises(ValueError, match="hidden_size and ffn_hidden_size must be positive"):
+        LayerNormMLP(32, 0)
+    with pytest.raises(ValueError, match="normalization='BatchNorm' is not supported"):
+        LayerNormMLP(32, 64, normalization="BatchNorm")
+
+
+def test_transformer_engine_parameter_names_load():
+    mlp = LayerNormMLP(32, 64, activation="swiglu")
+    te_state = {"layer_norm_weight": torch.rand(32), "layer_norm_bias": torch.rand(32),
+                "fc1_weight": torch.rand(128, 32), "fc1_bias": torch.rand(128),
+                "fc2_weight": torch.rand(32, 64), "fc2_bias": torch.rand(32)}
+    result = mlp.load_state_dict(dict(te_state), strict=False)
+    assert not result.unexpected_keys
+    assert not [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    assert torch.equal(mlp.fc1.weight, te_state["fc1_weight"]) and torch.equal(mlp.fc2.bias, te_state["fc2_bias"])
+    assert torch.equal(mlp.fc1.layer_norm_bias, te_state["layer_norm_bias"])
+
+
+def test_delayed_state_round_trips_through_a_checkpoint():
+    recipe = DelayedScaling(amax_history_len=4)
+    mlp = LayerNormMLP(32, 64)
+    for _ in range(2):
+        with fp_recipes.autocast(recipe=recipe):
+            mlp(torch.randn(16, 32)).sum().backward()
+    state = mlp.state_dict()
+    assert any(k.startswith("fc1.qstate_") for k in state) and any(k.startswith("fc2.qstate_") for k in state)
+    other = LayerNormMLP(32, 64)
+    other.load_state_dict(state)
+    x = torch.randn(16, 32)
+    with fp_recipes.autocast(recipe=recipe):
+        want = mlp(x)
+    with fp_recipes.autocast(recipe=recipe):
+        got = other(x)
+    assert torch.equal(got, want)
+
+
+def test_set_recipe_reaches_both_gemms():
+    mlp = LayerNormMLP(32, 64).set_recipe(Float8CurrentScaling())
+    assert mlp.fc1.recipe is mlp.fc2.recipe is not None
+    mlp(torch.randn(16, 32))
+    assert mlp.fc1.quantizer_sets is not None and mlp.fc2.quantizer_sets is not None
