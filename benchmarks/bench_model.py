@@ -89,6 +89,8 @@ class Block(torch.nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(tokens, hidden))
         h = self.fc1(x if self.norm2 is None else self.norm2(x))
+        if FUSED_ACTIVATION[0] and self.norm2 is None:  # (fp_recipes.LayerNormMLP's FC2)
+            return x + self.fc2.forward_activation(h, "gelu")
         return x + self.fc2(F.gelu(h, approximate="tanh"))
 
 
@@ -102,6 +104,9 @@ CACHE_WEIGHTS = [False]
 #: every fp_recipes module's ``weight_columnwise_copy`` (docs/modules.md): "auto" (the default) recasts the
 #: columnwise copy of a weight with more outputs than tokens in the backward; --weight-copy save/recast for an A/B
 WEIGHT_COPY = ["auto"]
+#: --fused-activation: the fp_recipes rows' FC2 takes FC1's output and applies the GELU in its input's cast
+#: (``Linear.forward_activation``, what ``LayerNormMLP`` does; FP8 on CUDA never writes the GELU's output)
+FUSED_ACTIVATION = [False]
 
 
 def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda") -> torch.nn.Module:
@@ -333,6 +338,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "micro-batch; fixed: the modules' weight cache reuses unchanged weights' casts")
     p.add_argument("--weight-copy", choices=("auto", "save", "recast"), default="auto",
                    help="every module's weight_columnwise_copy (docs/modules.md; default auto)")
+    p.add_argument("--fused-activation", action="store_true",
+                   help="the fp_recipes rows apply the MLP's GELU in FC2's input cast (LayerNormMLP's path) instead "
+                   "of torch's GELU before FC2")
     p.add_argument("--python-host-rows", action="store_true",
                    help="add each FP8 row (eager and compiled; --linear too) again with the Python host path "
                    "(FP_RECIPES_TORCH_OPS=off: Python casts and GEMMs, the traced ops' Python implementations), "
@@ -346,6 +354,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     CACHE_WEIGHTS[0] = args.weights == "fixed"
     WEIGHT_COPY[0] = args.weight_copy
+    FUSED_ACTIVATION[0] = args.fused_activation
     if args.fp8_compile_visible_amax:
         from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
 
@@ -360,6 +369,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "weights": args.weights, "weight_copy": args.weight_copy,
+                              "fused_activation": args.fused_activation,
                               "fp8_compile_visible_amax": args.fp8_compile_visible_amax}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fp_recipes
 from fp_recipes import DelayedScaling, Float8CurrentScaling, LayerNormLinear, LayerNormMLP, Linear, NVFP4BlockScaling
-from fp_recipes.modules.layernorm_mlp import ACTIVATIONS
+from fp_recipes.ops import activations
 
 RECIPES = {
     "delayed": lambda: DelayedScaling(amax_history_len=4),
@@ -45,10 +45,10 @@ def _step(forward, params, x, dy):
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
-@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_erf", "relu", "silu", "swiglu"])
 def test_equals_the_composition_under_every_recipe(name, activation):
     mlp, fc1, fc2 = _pair(activation)
-    act = ACTIVATIONS[activation][0]
+    act = activations.GATED.get(activation) or activations.ELEMENTWISE[activation].forward
     recipe = RECIPES[name]()  # (each module keeps its own state for it)
     torch.manual_seed(1)
     for step in range(3):  # (delayed scaling: the scales of step 2 come from the updates of steps 0-1)
@@ -68,7 +68,7 @@ def test_equals_the_composition_under_every_recipe(name, activation):
             assert not torch.is_tensor(value) or torch.equal(value, ref[key]), key
 
 
-@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("activation", sorted(activations.NAMES))
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
 def test_torch_parity_outside_autocast(activation, normalization):
     mlp = LayerNormMLP(48, 80, normalization=normalization, activation=activation, bias=activation != "relu")
@@ -84,7 +84,7 @@ def test_torch_parity_outside_autocast(activation, normalization):
         first, second = h.chunk(2, dim=-1)
         a = {"geglu": lambda t: F.gelu(t, approximate="tanh"), "reglu": F.relu, "swiglu": F.silu}[activation](first) \
             * second
-    assert mlp.fc1.out_features == 80 * (2 if ACTIVATIONS[activation][1] else 1)
+    assert mlp.fc1.out_features == 80 * (2 if activation in activations.GATED else 1)
     assert torch.equal(mlp(x), F.linear(a, mlp.fc2.weight, mlp.fc2.bias))
 
 
@@ -140,3 +140,51 @@ def test_set_recipe_reaches_both_gemms():
     assert mlp.fc1.recipe is mlp.fc2.recipe is not None
     mlp(torch.randn(16, 32))
     assert mlp.fc1.quantizer_sets is not None and mlp.fc2.quantizer_sets is not None
+
+
+@pytest.mark.parametrize("name", ["delayed", "current"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_input_activation_equals_the_activation_then_the_layer(name, amp):
+    """quantized_linear(..., input_activation=) (FC2 taking FC1's output): the bytes and gradients of the activation's
+    op followed by the layer, under torch.autocast too (there the activation runs on the FP32 input, as the op would
+    outside the layer), with the quantizer's fused cast taken where it applies."""
+    torch.manual_seed(3)
+    fc2, ref = Linear(96, 64), Linear(96, 64)
+    ref.load_state_dict(fc2.state_dict())
+    recipe = RECIPES[name]()
+    for step in range(2):
+        h = torch.randn(32, 96) * 3
+        dy = torch.randn(32, 64)
+        outs = []
+        for run in (lambda v: fc2.forward_activation(v, "gelu"), lambda v: ref(F.gelu(v, approximate="tanh"))):
+            v = h.clone().requires_grad_(True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp), fp_recipes.autocast(recipe=recipe):
+                y = run(v)
+            y.float().backward(dy)
+            outs.append([y.detach(), v.grad])
+        outs[0] += [fc2.weight.grad, fc2.bias.grad]
+        outs[1] += [ref.weight.grad, ref.bias.grad]
+        for i, (a, b) in enumerate(zip(*outs)):
+            assert torch.equal(a, b), (name, amp, step, i)
+        fc2.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+
+
+def test_a_quantizer_fuses_no_activation_off_cuda():
+    from fp_recipes.quantizers import make_quantizer
+    from fp_recipes.quantizers.roles import ModuleKind, QuantizerRole, TensorKind
+
+    spec = DelayedScaling().plan(QuantizerRole(ModuleKind.LINEAR, TensorKind.ACTIVATION, 0, None))
+    q = make_quantizer(spec)
+    x = torch.randn(16, 32)
+    assert not q.fuses_activation("gelu", x)
+    want = q.quantize(F.gelu(x, approximate="tanh"))
+    got = make_quantizer(spec).quantize_activation(x, "gelu")
+    assert torch.equal(got.data.view(torch.uint8), want.data.view(torch.uint8))
+
+
+def test_bad_input_activation_is_clear():
+    from fp_recipes.modules.linear_function import quantized_linear
+
+    with pytest.raises(ValueError, match="input_activation='swiglu' is not supported; allowed: gelu, gelu_erf"):
+        quantized_linear(torch.randn(4, 8), torch.randn(8, 8), None, None, input_activation="swiglu")

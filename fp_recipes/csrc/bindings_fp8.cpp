@@ -158,6 +158,20 @@ void register_fp8(py::module_& m) {
         py::arg("power_2"), py::arg("amax_epsilon"), py::arg("out"), py::arg("out_t"), py::arg("scale"),
         py::arg("scale_inv"), py::arg("amax"), py::arg("stream"), py::arg("partials") = 0, py::arg("db") = 0,
         py::arg("db_dtype") = -1);
+  // The cast of an activation of x without the activation in memory (fp8_kernels.h, launch_fp8_act_quantize):
+  // scale 0 -> current scaling (scale_out written), else delayed (amax_record merged). act 1: GELU, tanh.
+  m.def("fp8_act_quantize",
+        [](std::uintptr_t x, int in_dtype, int64_t rows, int64_t cols, int act, std::uintptr_t scale, int out_dtype,
+           bool power_2, float amax_epsilon, std::uintptr_t out, std::uintptr_t out_t, std::uintptr_t scale_out,
+           std::uintptr_t scale_inv, std::uintptr_t amax, std::uintptr_t amax_record, std::uintptr_t stream) {
+          launch_fp8_act_quantize(p(x), dt(in_dtype), rows, cols, act, p<const float>(scale), dt(out_dtype), power_2,
+                                  amax_epsilon, p(out), p(out_t), p<float>(scale_out), p<float>(scale_inv),
+                                  p<float>(amax), p<float>(amax_record), as_stream(stream));
+        },
+        py::arg("x"), py::arg("in_dtype"), py::arg("rows"), py::arg("cols"), py::arg("act"), py::arg("scale"),
+        py::arg("out_dtype"), py::arg("power_2"), py::arg("amax_epsilon"), py::arg("out"), py::arg("out_t"),
+        py::arg("scale_out"), py::arg("scale_inv"), py::arg("amax"), py::arg("amax_record"), py::arg("stream"));
+  m.attr("fp8_act_gelu_tanh") = kActGeluTanh;
   m.def("fp8_dequantize",
         [](std::uintptr_t data, int fp8_dtype, int64_t n, std::uintptr_t scale_inv, std::uintptr_t out,
            int out_dtype, std::uintptr_t stream) {

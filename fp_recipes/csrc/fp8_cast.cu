@@ -49,7 +49,7 @@ __device__ __forceinline__ float resolve_scale(const ScaleSpec& spec) {
   return s;
 }
 
-template <typename T, bool kVec>
+template <typename T, bool kVec, typename Act = NoActivation>
 __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x, int64_t n,
                                                         uint32_t* __restrict__ amax_bits, float* record,
                                                         uint32_t* ws) {
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* __restrict__ x,
   int64_t t0, t1;
   block_tile_range((n + kTile - 1) / kTile, t0, t1);
   uint32_t key = 0;
-  for (int64_t t = t0; t < t1; ++t) amax_tile<T, kVec>(x, t * kTile, min(n, (t + 1) * kTile), key);
+  for (int64_t t = t0; t < t1; ++t) amax_tile<T, kVec, Act>(x, t * kTile, min(n, (t + 1) * kTile), key);
   flush_amax_record(key, amax_bits, record, ws);
 }
 
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) cast_kernel(const T* __restrict__ x,
 
 // Rowwise and/or transposed copies in one pass: one 64x64 tile (cast_transpose_tile) per block.
 // kBias: also the tile's column sums of a fused bias gradient into row blockIdx.y of partials (T, N).
-template <typename T, Fp8Fmt F, bool kAmax, bool kBias>
+template <typename T, Fp8Fmt F, bool kAmax, bool kBias, typename Act = NoActivation>
 __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __restrict__ x, int64_t M,
                                                                   int64_t N, ScaleSpec spec, bool vec_ok,
                                                                   uint8_t* __restrict__ out,
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const T* __res
                                                                   float* record, float* __restrict__ partials) {
   const float s = resolve_scale(spec);
   uint32_t key = 0;
-  cast_transpose_tile<T, F, kAmax, kBias>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s,
+  cast_transpose_tile<T, F, kAmax, kBias, false, Act>(x, M, N, int64_t(blockIdx.y) * kTR, int64_t(blockIdx.x) * kTC, s,
                                           vec_ok, M % 16 == 0, out, out_t, key,
                                           kBias ? partials + int64_t(blockIdx.y) * N : nullptr);
   if (kAmax) flush_amax_record(key, amax_bits, record);
@@ -561,7 +561,72 @@ void run_bias_reduce(const BiasGradOut& bias, int64_t rows, int64_t cols, cudaSt
   check_launch("bias_reduce_kernel");
 }
 
+// The fused activation's passes (launch_fp8_act_quantize): its amax over act(x), and its tiled cast of act(x).
+template <typename Act>
+void run_act_amax(const void* x, DType in_dtype, int64_t n, float* amax, cudaStream_t stream) {
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int64_t kTile = int64_t(kThreads) * kUnroll * Vec16<T>::kElems;
+    dispatch_bool(aligned16(x), [&](auto vec) {
+      auto kernel = amax_kernel<T, decltype(vec)::value, Act>;
+      kernel<<<persistent_grid(kernel, (n + kTile - 1) / kTile), kThreads, 0, stream>>>(
+          static_cast<const T*>(x), n, reinterpret_cast<uint32_t*>(amax), nullptr, nullptr);
+      check_launch("fp8 amax_kernel (activation)");
+    });
+  });
+}
+
+template <typename Act>
+void run_act_cast(const void* x, DType in_dtype, int64_t rows, int64_t cols, const ScaleSpec& spec, Fp8Fmt fmt,
+                  bool with_amax, void* out, void* out_t, float* amax, float* record, cudaStream_t stream) {
+  const int64_t gx = std::max<int64_t>(1, (cols + kTC - 1) / kTC);
+  const int64_t gy = std::max<int64_t>(1, (rows + kTR - 1) / kTR);
+  require(gy <= 65535 && gx <= 0x7FFFFFFF,
+          "fp8 cast of an activation supports at most 65535*64 rows, got " + std::to_string(rows));
+  dispatch_input(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const bool vec_ok = aligned16(x) && (out == nullptr || aligned16(out)) && (out_t == nullptr || aligned16(out_t)) &&
+                        cols % Vec16<T>::kElems == 0;
+    dispatch_fmt(fmt, [&](auto ftag) {
+      dispatch_bool(with_amax, [&](auto amax_tag) {
+        cast_transpose_kernel<T, decltype(ftag)::value, decltype(amax_tag)::value, false, Act>
+            <<<dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream>>>(
+                static_cast<const T*>(x), rows, cols, spec, vec_ok, static_cast<uint8_t*>(out),
+                static_cast<uint8_t*>(out_t), reinterpret_cast<uint32_t*>(amax), record, nullptr);
+        check_launch("fp8 cast_transpose_kernel (activation)");
+      });
+    });
+  });
+}
+
 }  // namespace
+
+void launch_fp8_act_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, int act, const float* scale,
+                             DType out_dtype, bool power_2_scale, float amax_epsilon, void* out, void* out_t,
+                             float* scale_out, float* scale_inv, float* amax, float* amax_record, cudaStream_t stream) {
+  require_input_dtype(in_dtype, "fp8_act_quantize input");
+  check_shape(rows, cols);
+  const Fp8Fmt fmt = fp8_fmt_of(out_dtype, "fp8_act_quantize output dtype");
+  require(act == kActGeluTanh, "fp8_act_quantize: act must be " + std::to_string(kActGeluTanh) +
+                                   " (GELU, tanh approximation), got " + std::to_string(act));
+  const bool current = scale == nullptr;
+  require(scale_inv != nullptr && amax != nullptr && (!current || scale_out != nullptr),
+          "fp8_act_quantize: null scale_inv/amax (or scale output, for current scaling)");
+  require(current || amax_record != nullptr, "fp8_act_quantize: delayed scaling records into amax_record");
+  zero_amax(amax, 1, stream);
+  const float fmt_max = fmt == Fp8Fmt::kE4M3 ? kE4M3Max : kE5M2Max;
+  const ScaleSpec spec = current ? ScaleSpec{nullptr, amax, fmt_max, amax_epsilon, power_2_scale ? 1 : 0, scale_out,
+                                             scale_inv}
+                                 : ScaleSpec{scale, nullptr, 0.0f, 0.0f, 0, nullptr, scale_inv};
+  if (rows * cols == 0) {  // nothing to cast: the scale outputs (and an empty record merge), as the plain casts
+    if (!current) run_amax(x, in_dtype, 0, amax, stream, 0, amax_record);
+    run_cast(x, in_dtype, 0, 0, spec, fmt, false, nullptr, nullptr, amax, stream);
+    return;
+  }
+  if (current) run_act_amax<GeluTanh>(x, in_dtype, rows * cols, amax, stream);
+  run_act_cast<GeluTanh>(x, in_dtype, rows, cols, spec, fmt, !current, out, out_t, amax,
+                         current ? nullptr : amax_record, stream);
+}
 
 void launch_fp8_amax(const void* x, DType in_dtype, int64_t n, float* amax_out, cudaStream_t stream) {
   require_input_dtype(in_dtype, "fp8_amax input");

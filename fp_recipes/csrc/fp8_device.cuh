@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <climits>
 #include <cstdint>
 #include <mutex>
@@ -77,6 +78,29 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
+
+// ---------------------------------------------------------------------------------------------
+// An activation applied to each loaded value of T before its amax and cast: the cast of a tensor that the
+// activation's kernel would have written in T (the fused producer of a layer's input). Each result is rounded
+// to T, as that kernel's output is.
+struct NoActivation {
+  template <typename T>
+  __device__ __forceinline__ static float apply(float f) { return f; }
+};
+
+// torch's F.gelu(x, approximate="tanh") on CUDA, operation for operation (aten's GeluCUDAKernelImpl: x^3 as two
+// products, x + kappa * x^3 as one FMA, which nvcc contracts it into there; this file is built with
+// -fmad=false, so the FMA is written out), then rounded to T.
+struct GeluTanh {
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) {
+    constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+    constexpr float kKappa = 0.044715f;
+    const float cube = __fmul_rn(__fmul_rn(x, x), x);
+    const float inner = __fmul_rn(kBeta, __fmaf_rn(kKappa, cube, x));
+    return to_f32(from_f32<T>(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)))));
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Block-wide max of unsigned keys; the result is valid in thread 0. Ends with a barrier so the
@@ -214,7 +238,7 @@ __device__ __forceinline__ void cast_tile(const T* __restrict__ x, uint8_t* __re
   }
 }
 
-template <typename T, bool kVec>
+template <typename T, bool kVec, typename Act = NoActivation>
 __device__ __forceinline__ void amax_tile(const T* __restrict__ x, int64_t ts, int64_t te, uint32_t& key) {
   constexpr int V = Vec16<T>::kElems;
   constexpr int64_t kTile = int64_t(kThreads) * kUnroll * V;
@@ -229,10 +253,11 @@ __device__ __forceinline__ void amax_tile(const T* __restrict__ x, int64_t ts, i
       float f[V];
       unpack16<T>(in[k], f);
 #pragma unroll
-      for (int j = 0; j < V; ++j) key = max(key, abs_key(f[j]));
+      for (int j = 0; j < V; ++j) key = max(key, abs_key(Act::template apply<T>(f[j])));
     }
   } else {
-    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads) key = max(key, abs_key(to_f32(x[i])));
+    for (int64_t i = ts + threadIdx.x; i < te; i += kThreads)
+      key = max(key, abs_key(Act::template apply<T>(to_f32(x[i]))));
   }
 }
 
@@ -285,7 +310,7 @@ __device__ __forceinline__ void bias_tile_sums(const float (*vals)[kTC + 1], int
 // (t_vec_ok: Mt % 16 == 0 and out_t aligned). The tile's rows past M are not staged as zeros (that cost
 // the FP16 multi kernel 8 registers): the stores mask them out. Without kPadT, Mt is not read and out_t
 // is the dense (N, M) of the single-tensor casts, stored exactly as before.
-template <typename T, Fp8Fmt F, bool kAmax, bool kBias = false, bool kPadT = false>
+template <typename T, Fp8Fmt F, bool kAmax, bool kBias = false, bool kPadT = false, typename Act = NoActivation>
 __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int64_t M, int64_t N, int64_t r0,
                                                     int64_t c0, float s, bool vec_ok, bool t_vec_ok,
                                                     uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
@@ -310,6 +335,8 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
       const int i = k * kThreads + threadIdx.x, r = i / kVPR, cv = i % kVPR;
       float f[V];
       unpack16<T>(in[k], f);
+#pragma unroll
+      for (int j = 0; j < V; ++j) f[j] = Act::template apply<T>(f[j]);
       if constexpr (kBias) {
 #pragma unroll
         for (int j = 0; j < V; ++j) vals[r][cv * V + j] = f[j];
@@ -340,7 +367,7 @@ __device__ __forceinline__ void cast_transpose_tile(const T* __restrict__ x, int
     for (int i = threadIdx.x; i < kTR * kTC; i += kThreads) {
       const int r = i / kTC, c = i % kTC;
       if (r0 + r < M && c0 + c < N) {
-        const float f = to_f32(x[(r0 + r) * N + c0 + c]);
+        const float f = Act::template apply<T>(to_f32(x[(r0 + r) * N + c0 + c]));
         if (kAmax) key = max(key, abs_key(f));
         const uint8_t b = encode_fp8<F>(__fmul_rn(f, s));
         tile[r][c] = b;

@@ -68,6 +68,17 @@ void launch_fp8_cast_from_amax(const void* x, DType in_dtype, int64_t rows, int6
                                float* scale_inv, const float* amax_in, cudaStream_t stream,
                                const BiasGradOut* bias = nullptr);
 
+// The cast of act(x) without act(x) in memory: each element of x goes through the activation `act` and is rounded to
+// x's dtype (the tensor torch's activation kernel writes), then cast as launch_fp8_quantize (scale given: delayed
+// scaling, the amax of act(x) written to amax[0] and max-merged into amax_record[0]) or as
+// launch_fp8_current_scaling_quantize (scale null: the amax pass and the scale over act(x), written to amax[0],
+// scale_out[0], scale_inv[0]) would cast that tensor. One tiled pass for the copies (either may be null), plus the
+// amax pass for current scaling; no bias gradient. act: kActGeluTanh (F.gelu(x, approximate="tanh")).
+constexpr int kActGeluTanh = 1;
+void launch_fp8_act_quantize(const void* x, DType in_dtype, int64_t rows, int64_t cols, int act, const float* scale,
+                             DType out_dtype, bool power_2_scale, float amax_epsilon, void* out, void* out_t,
+                             float* scale_out, float* scale_inv, float* amax, float* amax_record, cudaStream_t stream);
+
 // out = cast(RN(fp32(data) * scale_inv[0])) to out_dtype (fp32/fp16/bf16) over n elements.
 void launch_fp8_dequantize(const void* data, DType fp8_dtype, int64_t n, const float* scale_inv,
                            void* out, DType out_dtype, cudaStream_t stream);

@@ -315,10 +315,10 @@ class QuantizedModule(torch.nn.Module):
             x2 = pad_tokens(x2, qs.token_multiple)
         copy_policy = self.weight_columnwise_copy
         if _functorch_active():
-            y = QuantizedLinearFunction.apply(x2, weight, bias, qs, cache, mode, copy_policy)
+            y = QuantizedLinearFunction.apply(x2, weight, bias, qs, cache, mode, copy_policy, None)
         else:  # what Function.apply runs then (QuantizedLinearFunction defines no setup_context)
             y = _LINEAR_APPLY(_unwrap_if_dead(x2), _unwrap_if_dead(weight),
-                              None if bias is None else _unwrap_if_dead(bias), qs, cache, mode, copy_policy)
+                              None if bias is None else _unwrap_if_dead(bias), qs, cache, mode, copy_policy, None)
         if ndim != 2 or y.shape[0] != tokens:
             y = _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))
         return (y, ln_out) if norm else y

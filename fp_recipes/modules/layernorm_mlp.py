@@ -3,47 +3,27 @@ quantized modules this package already has.
 
 ``fc1`` is a :class:`LayerNormLinear` (the norm in high precision, its GEMM quantized as a ``layernorm_linear``),
 ``fc2`` a :class:`Linear`: every quantizer, cache, checkpoint, FSDP2 and torch.compile rule of those modules holds
-as it is, and a recipe that treats the two module kinds apart treats FC1 and FC2 apart. The activation runs between
-them in high precision with torch's own ops (its backward is autograd's), so outside autocast the module equals
-``norm -> torch.nn.Linear -> activation -> torch.nn.Linear`` exactly.
+as it is, and a recipe that treats the two module kinds apart treats FC1 and FC2 apart. An element-wise activation is
+applied by FC2 to its input (``Linear.forward_activation``): in its input's cast where the quantizer's kernel can
+(FP8 on CUDA, GELU: the activation's output is never written), else as torch's op before the cast; a gated one
+runs between the two modules. Either way outside autocast the module equals ``norm -> torch.nn.Linear ->
+activation -> torch.nn.Linear`` exactly, and inside it the three modules called in a row.
 
 TransformerEngine's flat parameter names (``layer_norm_weight``, ``fc1_weight``, ``fc2_bias`` ...) load into it:
 a TE checkpoint of the module maps onto ``fc1.*`` / ``fc2.*`` when loaded."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 
+from ..ops import activations
 from .layernorm_linear import LayerNormLinear
 from .linear import Linear
 
-__all__ = ["LayerNormMLP", "ACTIVATIONS"]
+__all__ = ["LayerNormMLP"]
 
-
-def _gated(act: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    def gated(h: torch.Tensor) -> torch.Tensor:
-        a, b = h.chunk(2, dim=-1)  # (TE and Megatron: the first half goes through the activation)
-        return act(a) * b
-    return gated
-
-
-def _gelu_tanh(h: torch.Tensor) -> torch.Tensor:
-    return F.gelu(h, approximate="tanh")
-
-
-#: activation name -> (function of FC1's output, whether it is gated: FC1 then has 2 x ffn outputs)
-ACTIVATIONS: Dict[str, Tuple[Callable[[torch.Tensor], torch.Tensor], bool]] = {
-    "gelu": (_gelu_tanh, False),  # TransformerEngine's "gelu" is the tanh approximation
-    "gelu_erf": (F.gelu, False),  # torch.nn.GELU()'s default, the exact one
-    "relu": (F.relu, False),
-    "silu": (F.silu, False),
-    "geglu": (_gated(_gelu_tanh), True),
-    "reglu": (_gated(F.relu), True),
-    "swiglu": (_gated(F.silu), True),
-}
 
 # TransformerEngine's flat names of the module's parameters -> this module's
 _TE_NAMES = {"layer_norm_weight": "fc1.layer_norm_weight", "layer_norm_bias": "fc1.layer_norm_bias",
@@ -53,7 +33,7 @@ _TE_NAMES = {"layer_norm_weight": "fc1.layer_norm_weight", "layer_norm_bias": "f
 class LayerNormMLP(torch.nn.Module):
     """``fc2(activation(fc1(norm(x))))``; returns ``(out, norm(x))`` when ``return_layernorm_output=True``.
 
-    ``activation``: one of :data:`ACTIVATIONS` — ``"gelu"`` is the tanh approximation (TransformerEngine's
+    ``activation``: one of ``ops.activations.NAMES`` — ``"gelu"`` is the tanh approximation (TransformerEngine's
     ``gelu``, ``F.gelu(approximate="tanh")``), ``"gelu_erf"`` the exact GELU (``torch.nn.GELU()``); the gated ones
     (``swiglu`` for Llama-style MLPs, ``geglu``, ``reglu``) give FC1 ``2 * ffn_hidden_size`` outputs and multiply
     the activated first half by the second. ``normalization``, ``eps``, ``zero_centered_gamma``: as for
@@ -64,10 +44,7 @@ class LayerNormMLP(torch.nn.Module):
                  return_layernorm_output: bool = False, params_dtype: Optional[torch.dtype] = None,
                  device=None) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"LayerNormMLP: activation={activation!r} is not supported; allowed: "
-                             f"{', '.join(ACTIVATIONS)} (gelu is the tanh approximation, TransformerEngine's "
-                             "'gelu'; gelu_erf is torch.nn.GELU()'s exact one)")
+        activations.check_name("LayerNormMLP", activation)
         if hidden_size <= 0 or ffn_hidden_size <= 0:
             raise ValueError(f"LayerNormMLP: hidden_size and ffn_hidden_size must be positive, got {hidden_size}, "
                              f"{ffn_hidden_size}")
@@ -75,7 +52,7 @@ class LayerNormMLP(torch.nn.Module):
         self.ffn_hidden_size = ffn_hidden_size
         self.activation = activation
         self.return_layernorm_output = return_layernorm_output
-        self._act, gated = ACTIVATIONS[activation]
+        gated = activation in activations.GATED
         self.fc1 = LayerNormLinear(hidden_size, ffn_hidden_size * (2 if gated else 1), bias=bias,
                                    normalization=normalization, eps=eps, zero_centered_gamma=zero_centered_gamma,
                                    return_layernorm_output=return_layernorm_output, params_dtype=params_dtype,
@@ -86,10 +63,15 @@ class LayerNormMLP(torch.nn.Module):
                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         """``is_first_microbatch``: as for :class:`Linear` (both GEMMs' quantized weight caches)."""
         h = self.fc1(x, is_first_microbatch)
+        ln_out = None
         if self.return_layernorm_output:
             h, ln_out = h
-            return self.fc2(self._act(h), is_first_microbatch), ln_out
-        return self.fc2(self._act(h), is_first_microbatch)
+        gated = activations.GATED.get(self.activation)
+        if gated is not None:
+            out = self.fc2(gated(h), is_first_microbatch)
+        else:  # FC2 takes FC1's output and applies the activation in its input's cast (Linear.forward_activation)
+            out = self.fc2.forward_activation(h, self.activation, is_first_microbatch)
+        return out if ln_out is None else (out, ln_out)
 
     def set_recipe(self, recipe, amax_reduction_group=None) -> "LayerNormMLP":
         """:meth:`QuantizedModule.set_recipe` on both GEMMs' modules."""

@@ -74,5 +74,19 @@ class Linear(QuantizedModule):
         cache, mode = self.weight_cache_for(is_first_microbatch)
         return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode, self.weight_columnwise_copy)
 
+    def forward_activation(self, x: torch.Tensor, activation: str,
+                           is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
+        """``self(activation(x))`` for an element-wise activation of :mod:`fp_recipes.ops.activations` (an MLP's
+        FC2 given FC1's output: :class:`LayerNormMLP`). Quantized, the activation is applied in the input's cast
+        where the quantizer's kernel can (FP8 on CUDA, GELU: its output never written), else by its own op before
+        the cast; the bytes and gradients are those of the activation's module followed by this layer."""
+        sets = self.gemm_quantizers()
+        self.check_input(x, sets)
+        if sets is None:
+            return quantized_linear(x, self.weight, self.bias, None, input_activation=activation)
+        cache, mode = self.weight_cache_for(is_first_microbatch)
+        return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode, self.weight_columnwise_copy,
+                                input_activation=activation)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

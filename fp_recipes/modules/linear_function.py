@@ -19,6 +19,7 @@ import torch
 
 from .. import ops
 from ..autocast import AutocastState
+from ..ops.activations import ELEMENTWISE as _ACTIVATIONS
 from ..gemm import gemm
 from ..quantizers.base import shallow_copy
 from ..quantizers.factory import make_quantizer
@@ -336,7 +337,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
     @torch_autocast_forward
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 qs: GemmQuantizers, cache: Optional[WeightCache] = None, mode: str = AUTO,
-                weight_copy: str = "auto") -> torch.Tensor:
+                weight_copy: str = "auto", activation: Optional[str] = None) -> torch.Tensor:
         m, k = x.shape
         n = weight.shape[0]
         group = qs.amax_reduction_group
@@ -345,13 +346,24 @@ class QuantizedLinearFunction(torch.autograd.Function):
         record = not qs.replay
         amp = ctx.amp_dtype
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)  # of the gradients
-        b = bias
-        if amp is not None:
-            x, b = amp_cast(x, amp), amp_cast(bias, amp)
         quantizers = qs.quantizers
         wq = quantizers[_WEIGHT]
         aq = quantizers[_ACTIVATION]
-        if m == 0 or aq is None:
+        pre = fused = None  # input_activation: the input before it (saved for its backward); applied in the cast?
+        if activation is not None:
+            pre = x
+            fused = m != 0 and aq is not None and qs.backward_override is None and (amp is None or x.dtype == amp) \
+                and aq.fuses_activation(activation, x)
+            if not fused:  # (the activation's own op, on the input as the caller holds it: then as without one)
+                x = _ACTIVATIONS[activation].forward(x)
+        b = bias
+        if amp is not None:
+            x, b = amp_cast(x, amp), amp_cast(bias, amp)
+        if fused:
+            qx = aq.quantize_activation(x, activation)
+            if record and aq.spec.scaling is ScalingKind.DELAYED:
+                reducer.record_forward(aq, group)
+        elif m == 0 or aq is None:
             qx = x
         else:
             spec = aq.spec
@@ -389,6 +401,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
         # Every tensor the backward reads goes through save_for_backward (the quantized operands as
         # their component tensors): freed after a backward that does not retain the graph, kept for
         # retain_graph=True, dropped and recomputed by activation checkpointing.
+        ctx.activation = activation
+        extra = () if pre is None else (pre,)  # (last: the backward takes it off first)
         if type(x_op).__name__ in _SPLIT_TYPES and type(w_op).__name__ in _SPLIT_TYPES:
             # (replay.pack for two quantized tensors that split themselves, inline; the same shells)
             xt, xs = x_op.split_saved()
@@ -396,11 +410,11 @@ class QuantizedLinearFunction(torch.autograd.Function):
             n_x = len(xt)
             ctx.shells = [("custom", xs, n_x), ("custom", ws, len(wt))]
             ctx.split_at = n_x
-            ctx.save_for_backward(*xt, *wt)
+            ctx.save_for_backward(*xt, *wt, *extra)
         else:
             tensors, ctx.shells = replay.pack((x_op, w_op))
             ctx.split_at = None
-            ctx.save_for_backward(*tensors)
+            ctx.save_for_backward(*tensors, *extra)
         return y
 
     @staticmethod
@@ -411,10 +425,13 @@ class QuantizedLinearFunction(torch.autograd.Function):
         in_dtype, w_dtype, b_dtype = ctx.dtypes
         x_dtype = ctx.compute_dtype
         n_x = ctx.split_at
+        saved = ctx.saved_tensors
+        activation, pre = ctx.activation, None
+        if activation is not None:
+            saved, pre = saved[:-1], saved[-1]
         if n_x is None:
-            x_op, w_op = replay.unpack(ctx.shells, ctx.saved_tensors)
+            x_op, w_op = replay.unpack(ctx.shells, saved)
         else:  # (replay.unpack of the two shells the forward made, inline)
-            saved = ctx.saved_tensors
             x_shell, w_shell = ctx.shells
             x_op = x_shell[1].with_saved_tensors(list(saved[:n_x]))
             w_op = w_shell[1].with_saved_tensors(list(saved[n_x:]))
@@ -430,7 +447,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dx = torch.zeros(0, k, dtype=in_dtype, device=dy.device) if need_dx else None
             dw = torch.zeros(n, k, dtype=w_dtype, device=dy.device) if need_dw else None
             db = torch.zeros(n, dtype=b_dtype, device=dy.device) if need_db else None
-            return dx, dw, db, None, None, None, None
+            return dx, dw, db, None, None, None, None, None
         gq = qs.quantizers[_GRAD_OUTPUT]
         if gq is None or not (need_dx or need_dw):
             qdy = dy
@@ -449,12 +466,14 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype)
             if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
                 dx = dx.to(in_dtype)
+            if activation is not None:  # through the activation: the backward autograd records for its op
+                dx = _ACTIVATIONS[activation].backward(dx, pre)
         if need_dw:
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db and db is None:
             # FP32 column sums of dy in the fixed order of ops.bias_grad (the order the fused casts use)
             db = ops.bias_grad(dy, b_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def start_backward(qs: GemmQuantizers, anchor: Optional[torch.Tensor] = None) -> None:
@@ -496,15 +515,24 @@ def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      qs: Optional[GemmQuantizers], weight_cache: Optional[WeightCache] = None,
-                     cache_mode: str = AUTO, weight_columnwise_copy: str = "auto") -> torch.Tensor:
+                     cache_mode: str = AUTO, weight_columnwise_copy: str = "auto",
+                     input_activation: Optional[str] = None) -> torch.Tensor:
     """``F.linear`` with the operands quantized by ``qs`` (None: exactly ``F.linear``).
 
     Any leading dims of ``x`` are flattened into tokens and restored; a token count that NVFP4 cannot
     block is zero-padded for the GEMMs and the padding sliced off again. This is the entry point for
     tensor-parallel wrappers: it communicates nothing. ``weight_cache``/``cache_mode``: reuse the
     quantized weight (``QuantizedModule.weight_cache_for``; None: quantize it).
-    ``weight_columnwise_copy``: where dgrad's copy of the weight comes from (``weight_columnwise.py``)."""
+    ``weight_columnwise_copy``: where dgrad's copy of the weight comes from (``weight_columnwise.py``).
+    ``input_activation``: ``F.linear(activation(x), ...)`` for an element-wise activation of ``ops.activations``
+    (an MLP's FC2 given FC1's output), applied in the input's cast where its quantizer can
+    (``Quantizer.fuses_activation``), else by its own op; the same bytes and gradients either way."""
+    if input_activation is not None and input_activation not in _ACTIVATIONS:
+        raise ValueError(f"linear: input_activation={input_activation!r} is not supported; allowed: "
+                         f"{', '.join(_ACTIVATIONS)} (element-wise; a gated one runs before the layer)")
     if qs is None:
+        if input_activation is not None:
+            x = _ACTIVATIONS[input_activation].forward(x)
         return torch.nn.functional.linear(x, weight, bias)
     if x.dtype not in _INPUT_DTYPES:
         check_input_dtype("linear", x)
@@ -516,7 +544,8 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
         x2 = pad_tokens(x2, qs.token_multiple)
     if weight_columnwise_copy not in COPY_POLICIES:
         check_policy(weight_columnwise_copy)
-    y = QuantizedLinearFunction.apply(x2, weight, bias, qs, weight_cache, cache_mode, weight_columnwise_copy)
+    y = QuantizedLinearFunction.apply(x2, weight, bias, qs, weight_cache, cache_mode, weight_columnwise_copy,
+                                      input_activation)
     if x.ndim == 2 and y.shape[0] == tokens:
         return y
     return _fresh_view(y[:tokens] if y.shape[0] != tokens else y, (*x.shape[:-1], weight.shape[0]))

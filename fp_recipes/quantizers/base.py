@@ -72,6 +72,19 @@ class Quantizer:
     def __call__(self, x: torch.Tensor) -> QuantizedTensor:
         return self.quantize(x)
 
+    def fuses_activation(self, activation: str, x: torch.Tensor) -> bool:
+        """Whether :meth:`quantize_activation` applies ``activation`` inside its own cast of ``x`` (the
+        activation's output then never written). False here: it quantizes the activation's output."""
+        return False
+
+    def quantize_activation(self, x: torch.Tensor, activation: str) -> QuantizedTensor:
+        """``quantize(activation(x))`` for an element-wise activation of :mod:`fp_recipes.ops.activations` (an
+        MLP's FC2 given FC1's output). Quantizers whose kernel can apply the activation in its pass override it
+        (the same bytes, the activation's output never written)."""
+        from ..ops.activations import ELEMENTWISE
+
+        return self.quantize(ELEMENTWISE[activation].forward(x))
+
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[QuantizedTensor, torch.Tensor]:
         """``quantize(x)`` and the bias gradient of ``x`` (a Linear's grad_output, 2-D), the column sums
         in :func:`fp_recipes.ops.bias_grad`'s order rounded to ``bias_dtype``. Quantizers whose cast can

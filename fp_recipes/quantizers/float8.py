@@ -323,7 +323,41 @@ class _ColumnwiseRecast:
         return _wrap(res._replace(data=None, scale_inv=scale_inv, amax=amax), x, self.fmt)
 
 
-class Float8Quantizer(_ColumnwiseRecast, Quantizer):
+_ACT_INPUTS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class _FusedActivation:
+    """What both per-tensor FP8 quantizers share for an input given before its activation (``quantized_linear``'s
+    ``input_activation``): eagerly on CUDA the cast kernel applies the activation (``ops/cuda_fp8_act.py``, the
+    activation's output never written), with the bytes of ``quantize(activation(x))``, which runs everywhere
+    else (another activation, a trace, a device where the fused cast failed its first-use check)."""
+
+    fmt: str
+    spec: QuantizerSpec
+
+    def _act_cast_args(self, x: torch.Tensor) -> Optional[dict]:
+        raise NotImplementedError
+
+    def fuses_activation(self, activation: str, x: torch.Tensor) -> bool:
+        if not (x.is_cuda and x.ndim == 2 and x.dtype in _ACT_INPUTS and x.is_contiguous()) \
+                or torch.compiler.is_compiling():
+            return False
+        from ..ops import cuda_fp8_act
+
+        return activation in cuda_fp8_act.ACT_CODES and cuda_fp8_act.available() and \
+            self._act_cast_args(x) is not None and cuda_fp8_act.fusion_ok(x.device, x.dtype, activation)
+
+    def quantize_activation(self, x: torch.Tensor, activation: str) -> Float8Tensor:
+        if not self.fuses_activation(activation, x):
+            return super().quantize_activation(x, activation)  # type: ignore[misc]
+        from ..ops import cuda_fp8_act
+
+        res = cuda_fp8_act.fp8_act_quantize(x, activation, self.fmt, self.spec.rowwise, self.spec.columnwise,
+                                            **self._act_cast_args(x))
+        return _wrap(res, x, self.fmt)
+
+
+class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
     """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
 
     State (FP32, mutated in place, never rebound, so modules can register them as buffers):
@@ -417,6 +451,14 @@ class Float8Quantizer(_ColumnwiseRecast, Quantizer):
 
     def quantize(self, x: torch.Tensor) -> Float8Tensor:
         return self._quantize(x, self.spec.rowwise, self.spec.columnwise)
+
+    def _act_cast_args(self, x: torch.Tensor) -> Optional[dict]:
+        """The fused activation cast's scale and history slot (the plain cast's own), or None where they are not
+        FP32 values on x's device."""
+        scale, slot = self.scale, self._slot0()
+        if scale.dtype != torch.float32 or scale.ndim != 0 or scale.device != x.device or slot.dtype != torch.float32:
+            return None
+        return {"scale": scale, "record": slot}
 
     def quantize_rowwise(self, x: torch.Tensor) -> Tuple[Float8Tensor, torch.Tensor]:
         """(eager) :meth:`quantize` making the rowwise copy alone, and a copy of the scale it used (the state's
@@ -534,7 +576,7 @@ def graph_amax(x: torch.Tensor) -> torch.Tensor:
     return (x.view(bits) & mask).amax().view(x.dtype).to(torch.float32)
 
 
-class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
+class Float8CurrentScalingQuantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
     """FP8 current scaling: the scale comes from this tensor's own amax (``ops.fp8_current_scaling_quantize``).
 
     ``quantize(x, amax=...)`` takes an amax computed elsewhere (e.g. MAX-reduced across ranks); the
@@ -557,6 +599,9 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, Quantizer):
     def scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
         return current_scale(amax, formats.FP8_MAX[self.fmt], use_power_2_scales=self.spec.use_power_2_scales,
                              amax_epsilon=self.spec.amax_epsilon)
+
+    def _act_cast_args(self, x: torch.Tensor) -> Optional[dict]:
+        return {"use_power_2_scales": self.spec.use_power_2_scales, "amax_epsilon": self.spec.amax_epsilon}
 
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
         x2 = checked_2d(x, "Float8CurrentScalingQuantizer.quantize")

@@ -1,0 +1,122 @@
+"""The FP8 cast of an activation's output without the output in memory (CUDA): ``launch_fp8_act_quantize``.
+
+An MLP's FC2 casts ``gelu(h)``, which torch's GELU kernel would write in BF16 and the cast read again. This kernel
+applies the activation to each element of ``h`` as torch's CUDA kernel computes it (the same operations, the
+result rounded to ``h``'s dtype) and casts that, in the tiled pass of the plain casts (plus the amax pass for
+current scaling): the bytes of ``fp8_quantize(F.gelu(h, approximate="tanh"))``, two passes over a BF16 tensor fewer.
+
+The twin is that composition itself: torch's GELU, then the plain cast. Reproducing torch's GELU depends on the
+operations torch's own build contracted, so the first fused cast per device and input dtype checks itself against
+the composition on a probe tensor (special values, every exponent); a mismatch warns once and the quantizer keeps
+the composition there (``fusion_ok``)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from . import backend
+from .cuda_fp8 import DTYPE_CODE, FP8_DTYPE, _launch, _stream
+from .ref_fp8 import FP8Quantized
+
+__all__ = ["ACT_CODES", "available", "fp8_act_quantize", "fusion_ok"]
+
+#: activation name (``ops.activations``) -> the kernel's code
+ACT_CODES = {"gelu": 1}
+
+
+def available() -> bool:
+    """Whether the loaded extension has the fused cast."""
+    ext = backend.extension()
+    return ext is not None and hasattr(ext, "fp8_act_quantize")
+
+
+def fp8_act_quantize(x: torch.Tensor, activation: str, fmt: str, rowwise: bool, columnwise: bool, *,
+                     scale: Optional[torch.Tensor] = None, record: Optional[torch.Tensor] = None,
+                     use_power_2_scales: bool = False, amax_epsilon: float = 0.0) -> FP8Quantized:
+    """The cast of ``activation(x)`` (2-D contiguous CUDA ``x``): delayed scaling with ``scale`` (FP32 0-dim; the
+    amax of ``activation(x)`` max-merged into ``record``, the history slot), else current scaling. The unwanted
+    copy is None. The caller checked the arguments (the quantizer's plain case: ``fusion_ok`` and its own checks)."""
+    m, n = x.shape
+    dev = x.device
+    dt = FP8_DTYPE[fmt]
+    data = torch.empty((m, n), dtype=dt, device=dev) if rowwise else None
+    data_t = torch.empty((n, m), dtype=dt, device=dev) if columnwise else None
+    current = scale is None
+    buf = torch.empty((3 if current else 2,), dtype=torch.float32, device=dev)  # [scale_inv, amax(, scale)]
+    scale_inv, amax = buf[0], buf[1]
+    scale_out = buf[2] if current else scale
+    empty = x.numel() == 0
+    _launch(dev, backend.extension().fp8_act_quantize, 0 if empty else x.data_ptr(), DTYPE_CODE[x.dtype], m, n,
+            ACT_CODES[activation], 0 if current else scale.data_ptr(), DTYPE_CODE[dt], bool(use_power_2_scales),
+            float(amax_epsilon), 0 if data is None or empty else data.data_ptr(),
+            0 if data_t is None or empty else data_t.data_ptr(), buf[2].data_ptr() if current else 0,
+            scale_inv.data_ptr(), amax.data_ptr(), 0 if current else record.data_ptr(), _stream(dev))
+    return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale_out)
+
+
+_CHECKED: Dict[Tuple[int, torch.dtype, str], bool] = {}
+_LOCK = threading.Lock()
+
+
+def fusion_ok(device: torch.device, dtype: torch.dtype, activation: str) -> bool:
+    """Whether the fused cast gives the composition's bytes on this device for this input dtype: checked once
+    (a probe of 1040 x 144 values: exponents -30..30, zeros, infinities, NaN, the GELU's steep region), both
+    scalings and formats, both copies; the one host read of a step that makes it (not while a CUDA graph is
+    captured: False there until an eager use has checked). False, with one warning, where it does not match."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, dtype, activation)
+    ok = _CHECKED.get(key)
+    if ok is not None:
+        return ok
+    if torch.cuda.is_current_stream_capturing():
+        return False  # (the check reads its result on the host: not inside a CUDA-graph capture; the next eager use)
+    with _LOCK:
+        ok = _CHECKED.get(key)
+        if ok is None:
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(0)  # (one read per device and dtype, not a step's)
+            try:
+                ok = _CHECKED[key] = _self_check(torch.device("cuda", index), dtype, activation)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+    return ok
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(20261127)
+    x = torch.randn(1040, 144, generator=g) * torch.exp2(torch.randint(-30, 30, (1040, 144), generator=g).float())
+    x[0, :64] = torch.linspace(-8, 8, 64)  # (the steep region and the tails)
+    x[1, :6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3e38])
+    return x.to(dtype).to(device)
+
+
+def _self_check(device: torch.device, dtype: torch.dtype, activation: str) -> bool:
+    from . import activations, cuda_fp8
+
+    act = activations.ELEMENTWISE[activation].forward
+    x = _probe(device, dtype)
+    with torch.cuda.device(device):
+        a = act(x)
+        for fmt in ("e4m3", "e5m2"):
+            scale = torch.tensor(0.75, device=device)
+            hist_got, hist_want = torch.zeros((), device=device), torch.zeros((), device=device)
+            got = fp8_act_quantize(x, activation, fmt, True, True, scale=scale, record=hist_got)
+            want = cuda_fp8.fp8_quantize_recording(a, scale, fmt, True, True, hist_want)
+            cur = fp8_act_quantize(x, activation, fmt, True, True)
+            cur_want = cuda_fp8.fp8_current_scaling_quantize(a, fmt, rowwise=True, columnwise=True)
+            pairs = [(got.data, want.data), (got.data_t, want.data_t), (got.amax, want.amax), (hist_got, hist_want),
+                     (got.scale_inv, want.scale_inv), (cur.data, cur_want.data), (cur.data_t, cur_want.data_t),
+                     (cur.amax, cur_want.amax), (cur.scale, cur_want.scale), (cur.scale_inv, cur_want.scale_inv)]
+            for i, (p, q) in enumerate(pairs):
+                if not torch.equal(p.view(torch.uint8) if p.element_size() == 1 else p.view(torch.int32),
+                                   q.view(torch.uint8) if q.element_size() == 1 else q.view(torch.int32)):
+                    warnings.warn(f"fp_recipes: the fused FP8 cast of {activation}(x) does not give the bytes of "
+                                  f"torch's {activation} then the cast on {torch.cuda.get_device_name(device)} for "
+                                  f"{str(dtype).replace('torch.', '')} input ({fmt}, output {i}); using the two "
+                                  "separately there", RuntimeWarning, stacklevel=3)
+                    return False
+    return True

@@ -1,0 +1,129 @@
+"""The fused FP8 cast of an activation's output (``ops/cuda_fp8_act.py``) against its twin, torch's activation then
+the plain cast, byte for byte: odd shapes and tails, one row, BF16/FP16/FP32 input, both scalings and formats,
+every copy choice, zeros, huge values, infinities and NaN. Then LayerNormMLP on CUDA against its three modules,
+with the fused cast taken, and the fallback when the first-use check fails. Needs a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp_recipes
+from fp_recipes import DelayedScaling, Float8CurrentScaling, LayerNormLinear, LayerNormMLP, Linear
+from fp_recipes.ops import cuda_fp8, cuda_fp8_act
+
+pytestmark = pytest.mark.cuda
+DEV = "cuda"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernel():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    assert cuda_fp8_act.available(), "fp_recipes._C has no fp8_act_quantize: rebuild the extension"
+
+
+def _x(shape, dtype, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-12, 12, shape, generator=g).float())
+    if x.numel() > 8:
+        x.view(-1)[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e30])
+    return x.to(dtype).to(DEV)
+
+
+def _bytes(t):
+    if t is None:
+        return None
+    return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int32)
+
+
+def _same(got, want, what):
+    for name in ("data", "data_t", "scale_inv", "amax", "scale"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), (what, name)
+        if a is not None:
+            assert torch.equal(_bytes(a), _bytes(b)), (what, name)
+
+
+def test_the_first_use_check_passes_here():
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert cuda_fp8_act.fusion_ok(torch.device(DEV), dtype, "gelu"), dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 16), (3, 7), (65, 1008), (257, 1040), (2048, 512)])
+def test_fused_cast_equals_the_activation_then_the_cast(dtype, shape):
+    x = _x(shape, dtype, sum(shape))
+    a = F.gelu(x, approximate="tanh")
+    for fmt in ("e4m3", "e5m2"):
+        for rowwise, columnwise in ((True, True), (True, False), (False, True)):
+            what = (dtype, shape, fmt, rowwise, columnwise)
+            scale = torch.tensor(0.375, device=DEV)
+            h_got, h_want = torch.full((), 0.5, device=DEV), torch.full((), 0.5, device=DEV)
+            got = cuda_fp8_act.fp8_act_quantize(x, "gelu", fmt, rowwise, columnwise, scale=scale, record=h_got)
+            want = cuda_fp8.fp8_quantize_recording(a, scale, fmt, rowwise, columnwise, h_want)
+            _same(got, want, ("delayed",) + what)
+            assert torch.equal(h_got, h_want), what
+            for pow2, eps in ((False, 0.0), (True, 1e-3)):
+                got = cuda_fp8_act.fp8_act_quantize(x, "gelu", fmt, rowwise, columnwise, use_power_2_scales=pow2,
+                                                    amax_epsilon=eps)
+                want = cuda_fp8.fp8_current_scaling_quantize(a, fmt, use_power_2_scales=pow2, amax_epsilon=eps,
+                                                             rowwise=rowwise, columnwise=columnwise)
+                _same(got, want, ("current", pow2) + what)
+
+
+def test_an_empty_input_gives_the_plain_casts_scales():
+    x = torch.empty(0, 64, device=DEV, dtype=torch.bfloat16)
+    got = cuda_fp8_act.fp8_act_quantize(x, "gelu", "e4m3", True, True)
+    want = cuda_fp8.fp8_current_scaling_quantize(x, "e4m3", rowwise=True, columnwise=True)
+    _same(got, want, "empty current")
+
+
+def _mlp_steps(recipe_factory, fused: bool, monkeypatch) -> list:
+    """A LayerNormMLP (gelu) trained 3 steps and its three modules trained the same way: outputs, gradients."""
+    torch.manual_seed(0)
+    mlp = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)
+    fc1 = LayerNormLinear(256, 512, params_dtype=torch.bfloat16, device=DEV)
+    fc2 = Linear(512, 256, params_dtype=torch.bfloat16, device=DEV)
+    fc1.load_state_dict(mlp.fc1.state_dict())
+    fc2.load_state_dict(mlp.fc2.state_dict())
+    assert cuda_fp8_act.fusion_ok(torch.device(DEV), torch.bfloat16, "gelu")  # (its probe casts, before counting)
+    calls = []
+    real = cuda_fp8_act.fp8_act_quantize
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_fp8_act, "fp8_act_quantize", counting)
+    if not fused:
+        monkeypatch.setitem(cuda_fp8_act._CHECKED, (torch.cuda.current_device(), torch.bfloat16, "gelu"), False)
+    r_mlp, r_ref = recipe_factory(), recipe_factory()
+    outs = []
+    for _ in range(3):
+        x = torch.randn(200, 256, device=DEV, dtype=torch.bfloat16)
+        dy = torch.randn(200, 256, device=DEV, dtype=torch.bfloat16)
+        for mods, run, recipe in ((mlp, mlp, r_mlp),
+                                  (None, lambda v: fc2(F.gelu(fc1(v), approximate="tanh")), r_ref)):
+            v = x.clone().requires_grad_(True)
+            with fp_recipes.autocast(recipe=recipe):
+                y = run(v)
+            y.backward(dy)
+            params = list(mlp.parameters()) if mods is not None else list(fc1.parameters()) + list(fc2.parameters())
+            outs.append([y.detach(), v.grad] + [p.grad.clone() for p in params])
+            for p in params:
+                p.grad = None
+    assert (len(calls) == 3) == fused, calls
+    return outs
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_layernorm_mlp_equals_its_modules_on_cuda(recipe, fused, monkeypatch):
+    factory = (lambda: DelayedScaling(amax_history_len=4)) if recipe == "delayed" else Float8CurrentScaling
+    outs = _mlp_steps(factory, fused, monkeypatch)
+    for step in range(3):
+        got, want = outs[2 * step], outs[2 * step + 1]
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (recipe, fused, step, i)
