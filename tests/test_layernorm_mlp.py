@@ -188,3 +188,29 @@ def test_bad_input_activation_is_clear():
 
     with pytest.raises(ValueError, match="input_activation='swiglu' is not supported; allowed: gelu, gelu_erf"):
         quantized_linear(torch.randn(4, 8), torch.randn(8, 8), None, None, input_activation="swiglu")
+
+
+@pytest.mark.skipif(not __import__("fp_recipes.modules.base", fromlist=["x"]).compile_supported(),
+                    reason="fp_recipes modules compile from torch 2.11")
+@pytest.mark.parametrize("name", ["delayed", "current"])
+def test_compiles_with_fullgraph_and_equals_eager(name):
+    """torch.compile (aot_eager: bit for bit) of a LayerNormMLP, its FC2 applying the activation in its input's
+    quantization: one graph, eager's outputs, gradients and scaling state after every step."""
+    mlp, fc1, fc2 = _pair("gelu")
+    twin = LayerNormMLP(64, 96, activation="gelu")
+    twin.load_state_dict(mlp.state_dict())
+    twin.fc1._sr_seed, twin.fc2._sr_seed = mlp.fc1._sr_seed, mlp.fc2._sr_seed
+    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
+    recipe, twin_recipe = RECIPES[name](), RECIPES[name]()
+    for step in range(3):
+        x, dy = torch.randn(32, 64), torch.randn(32, 64)
+        with fp_recipes.autocast(recipe=recipe):
+            got = _step(compiled, list(mlp.parameters()), x, dy)
+        with fp_recipes.autocast(recipe=twin_recipe):
+            want = _step(twin, list(twin.parameters()), x, dy)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (name, step, i)
+        for m in (mlp, twin):
+            m.zero_grad(set_to_none=True)
+    for key, value in twin.state_dict().items():
+        assert not torch.is_tensor(value) or torch.equal(mlp.state_dict()[key], value), key

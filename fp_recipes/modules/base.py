@@ -639,6 +639,21 @@ class QuantizedModule(torch.nn.Module):
         self._pending = None
 
 
+def _check_fused_activation(module: QuantizedModule) -> None:
+    """The fused activation cast's first-use check (ops/cuda_fp8_act.py) for each input dtype on the module's CUDA
+    device, which a trace cannot run: a traced FC2 (``Linear.forward_activation``) takes the fused op only where
+    it passed."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or not weight.is_cuda:
+        return
+    from ..ops import cuda_fp8_act
+
+    if cuda_fp8_act.available():
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for activation in cuda_fp8_act.ACT_CODES:
+                cuda_fp8_act.fusion_ok(weight.device, dtype, activation)
+
+
 def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, ready: bool = False) -> None:
     """Runs eagerly while torch.compile traces ``module``'s forward (marked as a constant function:
     torch.compile calls it with the real objects, guarding on their identity): build or find the
@@ -652,6 +667,7 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
     backend.registered_cuda_ops()
     load_cuda_casts()
     register_traced_kernels()  # (the graph's FP8 casts and GEMMs then run C++ kernels: no Python per op)
+    _check_fused_activation(module)
     sets = module._sets_for(recipe, module_mode)
     for qs in sets:
         register_traced(qs)

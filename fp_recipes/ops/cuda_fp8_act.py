@@ -19,10 +19,12 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from . import backend
-from .cuda_fp8 import DTYPE_CODE, FP8_DTYPE, _launch, _stream
+from .cuda_fp8 import DTYPE_CODE, FP8_DTYPE, _cast_fakes, _launch, _stream, _with_placeholders
+from .op_library import define_op, register_fake
 from .ref_fp8 import FP8Quantized
 
-__all__ = ["ACT_CODES", "available", "fp8_act_quantize", "fusion_ok"]
+__all__ = ["ACT_CODES", "available", "checked", "fp8_act_quantize", "fusion_ok", "delayed_act_cast_op",
+           "current_act_cast_op"]
 
 #: activation name (``ops.activations``) -> the kernel's code
 ACT_CODES = {"gelu": 1}
@@ -36,29 +38,76 @@ def available() -> bool:
 
 def fp8_act_quantize(x: torch.Tensor, activation: str, fmt: str, rowwise: bool, columnwise: bool, *,
                      scale: Optional[torch.Tensor] = None, record: Optional[torch.Tensor] = None,
-                     use_power_2_scales: bool = False, amax_epsilon: float = 0.0) -> FP8Quantized:
+                     use_power_2_scales: bool = False, amax_epsilon: float = 0.0,
+                     separate: bool = False) -> FP8Quantized:
     """The cast of ``activation(x)`` (2-D contiguous CUDA ``x``): delayed scaling with ``scale`` (FP32 0-dim; the
     amax of ``activation(x)`` max-merged into ``record``, the history slot), else current scaling. The unwanted
-    copy is None. The caller checked the arguments (the quantizer's plain case: ``fusion_ok`` and its own checks)."""
+    copy is None; the FP32 values are views of one allocation, or (``separate``: an op's outputs) each its own.
+    The caller checked the arguments (the quantizer's plain case: ``fusion_ok`` and its own checks)."""
     m, n = x.shape
     dev = x.device
     dt = FP8_DTYPE[fmt]
     data = torch.empty((m, n), dtype=dt, device=dev) if rowwise else None
     data_t = torch.empty((n, m), dtype=dt, device=dev) if columnwise else None
     current = scale is None
-    buf = torch.empty((3 if current else 2,), dtype=torch.float32, device=dev)  # [scale_inv, amax(, scale)]
-    scale_inv, amax = buf[0], buf[1]
-    scale_out = buf[2] if current else scale
+    if separate:
+        scale_inv, amax = torch.empty((), device=dev), torch.empty((), device=dev)
+        scale_out = torch.empty((), device=dev) if current else scale
+    else:
+        buf = torch.empty((3 if current else 2,), dtype=torch.float32, device=dev)  # [scale_inv, amax(, scale)]
+        scale_inv, amax = buf[0], buf[1]
+        scale_out = buf[2] if current else scale
     empty = x.numel() == 0
     _launch(dev, backend.extension().fp8_act_quantize, 0 if empty else x.data_ptr(), DTYPE_CODE[x.dtype], m, n,
             ACT_CODES[activation], 0 if current else scale.data_ptr(), DTYPE_CODE[dt], bool(use_power_2_scales),
             float(amax_epsilon), 0 if data is None or empty else data.data_ptr(),
-            0 if data_t is None or empty else data_t.data_ptr(), buf[2].data_ptr() if current else 0,
+            0 if data_t is None or empty else data_t.data_ptr(), scale_out.data_ptr() if current else 0,
             scale_inv.data_ptr(), amax.data_ptr(), 0 if current else record.data_ptr(), _stream(dev))
     return FP8Quantized(data=data, data_t=data_t, scale_inv=scale_inv, amax=amax, scale=scale_out)
 
 
+# ---- the same cast as ops a torch.compile graph calls (one per cast, as the plain casts' ops) -------------------
+
+def _delayed_act_cast_impl(x: torch.Tensor, scale: torch.Tensor, history: torch.Tensor, fmt: str, rowwise: bool,
+                           columnwise: bool, activation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                       torch.Tensor]:
+    """A delayed-scaling quantizer's traced cast of ``activation(x)`` (the amax recorded into ``history[0]``):
+    (data, data_t, scale_inv, amax), empty placeholders for unwanted copies."""
+    res = fp8_act_quantize(x, activation, fmt, rowwise, columnwise, scale=scale, record=history[0], separate=True)
+    return _with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax))
+
+
+def _current_act_cast_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, amax_epsilon: float, rowwise: bool,
+                           columnwise: bool, activation: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                       torch.Tensor, torch.Tensor]:
+    """A current-scaling quantizer's traced cast of ``activation(x)``: (data, data_t, scale_inv, amax, scale)."""
+    res = fp8_act_quantize(x, activation, fmt, rowwise, columnwise, use_power_2_scales=use_power_2_scales,
+                           amax_epsilon=amax_epsilon, separate=True)
+    return _with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax, res.scale))
+
+
+delayed_act_cast_op = define_op("fp8_delayed_act_cast", _delayed_act_cast_impl, mutates_args=("history",))
+current_act_cast_op = define_op("fp8_current_act_cast", _current_act_cast_impl)
+
+
+@register_fake(delayed_act_cast_op)
+def _(x, scale, history, fmt, rowwise, columnwise, activation):
+    return _cast_fakes(x, fmt, rowwise, columnwise)
+
+
+@register_fake(current_act_cast_op)
+def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, activation):
+    return (*_cast_fakes(x, fmt, rowwise, columnwise), x.new_empty((), dtype=torch.float32))
+
+
 _CHECKED: Dict[Tuple[int, torch.dtype, str], bool] = {}
+
+
+def checked(device: torch.device, dtype: torch.dtype, activation: str) -> bool:
+    """(traced code) Whether :func:`fusion_ok` has run and passed for these: a trace cannot run the check itself
+    (``modules/base.py`` runs it for every input dtype while preparing a trace); False where it has not."""
+    index = device.index if device.index is not None else 0
+    return _CHECKED.get((index, dtype, activation)) is True
 _LOCK = threading.Lock()
 
 

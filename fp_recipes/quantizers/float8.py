@@ -335,21 +335,32 @@ class _FusedActivation:
     fmt: str
     spec: QuantizerSpec
 
-    def _act_cast_args(self, x: torch.Tensor) -> Optional[dict]:
+    def _act_state_ok(self, x: torch.Tensor) -> bool:
+        """The scaling state the fused cast reads is FP32 on x's device."""
+        raise NotImplementedError
+
+    def _act_cast_args(self, x: torch.Tensor) -> dict:
+        raise NotImplementedError
+
+    def _traced_act_cast(self, x: torch.Tensor, activation: str) -> tuple:
         raise NotImplementedError
 
     def fuses_activation(self, activation: str, x: torch.Tensor) -> bool:
-        if not (x.is_cuda and x.ndim == 2 and x.dtype in _ACT_INPUTS and x.is_contiguous()) \
-                or torch.compiler.is_compiling():
+        if not (x.is_cuda and x.ndim == 2 and x.dtype in _ACT_INPUTS and x.is_contiguous()):
             return False
         from ..ops import cuda_fp8_act
 
-        return activation in cuda_fp8_act.ACT_CODES and cuda_fp8_act.available() and \
-            self._act_cast_args(x) is not None and cuda_fp8_act.fusion_ok(x.device, x.dtype, activation)
+        if activation not in cuda_fp8_act.ACT_CODES or not cuda_fp8_act.available() or not self._act_state_ok(x):
+            return False
+        if torch.compiler.is_compiling():  # (the first-use check ran while the trace was prepared, or it is off)
+            return cuda_fp8_act.checked(x.device, x.dtype, activation)
+        return cuda_fp8_act.fusion_ok(x.device, x.dtype, activation)
 
     def quantize_activation(self, x: torch.Tensor, activation: str) -> Float8Tensor:
         if not self.fuses_activation(activation, x):
             return super().quantize_activation(x, activation)  # type: ignore[misc]
+        if torch.compiler.is_compiling():  # one op, as the plain traced casts
+            return _wrap_traced(self._traced_act_cast(x, activation), x, self.fmt, self.spec)
         from ..ops import cuda_fp8_act
 
         res = cuda_fp8_act.fp8_act_quantize(x, activation, self.fmt, self.spec.rowwise, self.spec.columnwise,
@@ -452,13 +463,19 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
     def quantize(self, x: torch.Tensor) -> Float8Tensor:
         return self._quantize(x, self.spec.rowwise, self.spec.columnwise)
 
-    def _act_cast_args(self, x: torch.Tensor) -> Optional[dict]:
-        """The fused activation cast's scale and history slot (the plain cast's own), or None where they are not
-        FP32 values on x's device."""
-        scale, slot = self.scale, self._slot0()
-        if scale.dtype != torch.float32 or scale.ndim != 0 or scale.device != x.device or slot.dtype != torch.float32:
-            return None
-        return {"scale": scale, "record": slot}
+    def _act_state_ok(self, x: torch.Tensor) -> bool:
+        s, h = self.scale, self.amax_history
+        return s.dtype == torch.float32 and s.ndim == 0 and s.device == x.device and h.dtype == torch.float32
+
+    def _act_cast_args(self, x: torch.Tensor) -> dict:
+        return {"scale": self.scale, "record": self._slot0()}  # (the plain cast's own scale and history slot)
+
+    def _traced_act_cast(self, x: torch.Tensor, activation: str) -> tuple:
+        from ..ops import cuda_fp8_act
+
+        s = self.spec
+        return cuda_fp8_act.delayed_act_cast_op(x, self.scale, self.amax_history, self.fmt, s.rowwise, s.columnwise,
+                                                activation)
 
     def quantize_rowwise(self, x: torch.Tensor) -> Tuple[Float8Tensor, torch.Tensor]:
         """(eager) :meth:`quantize` making the rowwise copy alone, and a copy of the scale it used (the state's
@@ -600,8 +617,18 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, _FusedActivation, Quantiz
         return current_scale(amax, formats.FP8_MAX[self.fmt], use_power_2_scales=self.spec.use_power_2_scales,
                              amax_epsilon=self.spec.amax_epsilon)
 
-    def _act_cast_args(self, x: torch.Tensor) -> Optional[dict]:
+    def _act_state_ok(self, x: torch.Tensor) -> bool:
+        return True
+
+    def _act_cast_args(self, x: torch.Tensor) -> dict:
         return {"use_power_2_scales": self.spec.use_power_2_scales, "amax_epsilon": self.spec.amax_epsilon}
+
+    def _traced_act_cast(self, x: torch.Tensor, activation: str) -> tuple:
+        from ..ops import cuda_fp8_act
+
+        s = self.spec
+        return cuda_fp8_act.current_act_cast_op(x, self.fmt, s.use_power_2_scales, s.amax_epsilon, s.rowwise,
+                                                s.columnwise, activation)
 
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> Float8Tensor:
         x2 = checked_2d(x, "Float8CurrentScalingQuantizer.quantize")
