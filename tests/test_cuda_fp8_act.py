@@ -127,3 +127,36 @@ def test_layernorm_mlp_equals_its_modules_on_cuda(recipe, fused, monkeypatch):
         got, want = outs[2 * step], outs[2 * step + 1]
         for i, (a, b) in enumerate(zip(got, want)):
             assert torch.equal(a, b), (recipe, fused, step, i)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_compiled_layernorm_mlp_takes_the_fused_op_and_equals_eager(recipe):
+    """Under torch.compile (aot_eager: bit for bit) FC2's input cast is the fused op, and the steps equal eager's."""
+    from fp_recipes.modules.base import compile_supported
+
+    if not compile_supported():
+        pytest.skip("fp_recipes modules compile from torch 2.11")
+    factory = (lambda: DelayedScaling(amax_history_len=4)) if recipe == "delayed" else Float8CurrentScaling
+    torch.manual_seed(0)
+    mlp = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)
+    twin = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)
+    twin.load_state_dict(mlp.state_dict())
+    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
+    r_c, r_e = factory(), factory()
+    op = "fp_recipes::fp8_delayed_act_cast" if recipe == "delayed" else "fp_recipes::fp8_current_act_cast"
+    for step in range(3):
+        x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
+        dy = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
+        outs = []
+        for run, mod, r in ((compiled, mlp, r_c), (twin, twin, r_e)):
+            v = x.clone().requires_grad_(True)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                with fp_recipes.autocast(recipe=r):
+                    y = run(v)
+                y.backward(dy)
+            if mod is mlp:
+                assert any(e.name == op for e in prof.events()), f"{op} did not run"
+            outs.append([y.detach(), v.grad] + [p.grad.clone() for p in mod.parameters()])
+            mod.zero_grad(set_to_none=True)
+        for i, (a, b) in enumerate(zip(*outs)):
+            assert torch.equal(a, b), (recipe, step, i)
