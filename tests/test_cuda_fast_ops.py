@@ -156,7 +156,7 @@ def _traced_op_outputs(dtype) -> list:
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
-def test_traced_ops_equal_the_python_path(fast, python_path, dtype):
+def test_traced_ops_equal_the_python_path(fast, python_path, dtype, monkeypatch):
     """A torch.compile graph calls the casts and the GEMM as ops; their implementations take the C++ host path
     (fp8_cast_op, fp8_linear_gemm): the same outputs and history records as the Python branch, and no two outputs
     of one op share storage (an op's outputs must not alias)."""
@@ -170,9 +170,19 @@ def test_traced_ops_equal_the_python_path(fast, python_path, dtype):
     one_op = torch.ops.fp_recipes.fp8_delayed_cast_dbias.default(x, scale, hist, "e4m3", True, True, torch.bfloat16)
     storages = [t.untyped_storage().data_ptr() for t in one_op if t.numel()]
     assert len(set(storages)) == len(storages)
+    python_casts = []  # the Python branch's delayed casts: none through the C++ kernels, every one after python_path
+    real = cuda_fp8.fp8_quantize_recording
+
+    def counting(*args, **kwargs):
+        python_casts.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_fp8, "fp8_quantize_recording", counting)
     got = _traced_op_outputs(dtype)
+    assert not python_casts, "a traced delayed cast ran the Python branch with the C++ kernels registered"
     python_path()
     want = _traced_op_outputs(dtype)
+    assert python_casts, "python_path() left the traced ops on their C++ kernels"
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         same(a, b, f"traced op output {i}")

@@ -73,6 +73,22 @@ def test_fused_cast_equals_the_activation_then_the_cast(dtype, shape):
                 _same(got, want, ("current", pow2) + what)
 
 
+def test_op_outputs_are_fp32_whatever_the_default_dtype(monkeypatch):
+    """The traced ops' FP32 values are FP32 under another default dtype (they are allocated one by one there)."""
+    x = _x((64, 96), torch.bfloat16, 7)
+    hist = torch.zeros(4, device=DEV)
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = torch.ops.fp_recipes.fp8_delayed_act_cast.default(x, torch.tensor(0.5, device=DEV, dtype=torch.float32),
+                                                                hist, "e4m3", True, True, "gelu")
+        cur = torch.ops.fp_recipes.fp8_current_act_cast.default(x, "e4m3", False, 0.0, True, True, "gelu")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert [t.dtype for t in out[2:]] == [torch.float32] * 2 and [t.dtype for t in cur[2:]] == [torch.float32] * 3
+    want = cuda_fp8.fp8_current_scaling_quantize(F.gelu(x, approximate="tanh"), "e4m3", rowwise=True, columnwise=True)
+    assert torch.equal(cur[0].view(torch.uint8), want.data.view(torch.uint8))
+
+
 def test_an_empty_input_gives_the_plain_casts_scales():
     x = torch.empty(0, 64, device=DEV, dtype=torch.bfloat16)
     got = cuda_fp8_act.fp8_act_quantize(x, "gelu", "e4m3", True, True)

@@ -214,3 +214,55 @@ def test_compiles_with_fullgraph_and_equals_eager(name):
             m.zero_grad(set_to_none=True)
     for key, value in twin.state_dict().items():
         assert not torch.is_tensor(value) or torch.equal(mlp.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("name", ["delayed", "current", "nvfp4"])
+def test_activation_checkpointing_changes_nothing(name):
+    """Inside torch.utils.checkpoint (non-reentrant, as training jobs wrap blocks) the steps equal the uncheckpointed
+    ones: outputs, gradients and the delayed-scaling state (the recompute records nothing twice)."""
+    from torch.utils.checkpoint import checkpoint
+
+    mlp, _, _ = _pair("gelu")
+    twin = LayerNormMLP(64, 96, activation="gelu")
+    twin.load_state_dict(mlp.state_dict())
+    twin.fc1._sr_seed, twin.fc2._sr_seed = mlp.fc1._sr_seed, mlp.fc2._sr_seed
+    r_ckpt, r_plain = RECIPES[name](), RECIPES[name]()
+    torch.manual_seed(5)
+    for step in range(3):
+        x, dy = torch.randn(32, 64), torch.randn(32, 64)
+        with fp_recipes.autocast(recipe=r_ckpt):
+            got = _step(lambda v: checkpoint(mlp, v, use_reentrant=False), list(mlp.parameters()), x, dy)
+        with fp_recipes.autocast(recipe=r_plain):
+            want = _step(twin, list(twin.parameters()), x, dy)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (name, step, i)
+        for m in (mlp, twin):
+            m.zero_grad(set_to_none=True)
+    for key, value in twin.state_dict().items():
+        assert not torch.is_tensor(value) or torch.equal(mlp.state_dict()[key], value), key
+
+
+def test_two_threads_each_get_their_own_recipe():
+    """Two threads stepping their own LayerNormMLP, one under FP8 and one with quantization off (a rollout thread
+    beside a training thread): each result equals the same work done alone."""
+    from _threads import run_in_threads
+
+    torch.manual_seed(6)
+    a, b = LayerNormMLP(64, 96), LayerNormMLP(64, 96)
+    a_ref, b_ref = LayerNormMLP(64, 96), LayerNormMLP(64, 96)
+    a_ref.load_state_dict(a.state_dict())
+    b_ref.load_state_dict(b.state_dict())
+    x = torch.randn(32, 64)
+    with fp_recipes.autocast(recipe=Float8CurrentScaling()):
+        want_a = a_ref(x)
+    want_b = b_ref(x)
+
+    def run(mod, quantized):
+        out = None
+        for _ in range(20):
+            with fp_recipes.autocast(enabled=quantized, recipe=Float8CurrentScaling()):
+                out = mod(x)
+        return out
+
+    got_a, got_b = run_in_threads(run, [(a, True), (b, False)])
+    assert torch.equal(got_a, want_a) and torch.equal(got_b, want_b)

@@ -640,11 +640,11 @@ class QuantizedModule(torch.nn.Module):
 
 
 def _check_fused_activation(module: QuantizedModule) -> None:
-    """The fused activation cast's first-use check (ops/cuda_fp8_act.py) for each input dtype on the module's CUDA
-    device, which a trace cannot run: a traced FC2 (``Linear.forward_activation``) takes the fused op only where
-    it passed."""
+    """The fused activation cast's first-use check (ops/cuda_fp8_act.py) for each input dtype on a ``Linear``'s
+    CUDA device, which a trace cannot run: a traced FC2 (``Linear.forward_activation``) takes the fused op only
+    where it passed. (Once per process and device: the results are kept.)"""
     weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or not weight.is_cuda:
+    if module.module_kind is not ModuleKind.LINEAR or not isinstance(weight, torch.Tensor) or not weight.is_cuda:
         return
     from ..ops import cuda_fp8_act
 

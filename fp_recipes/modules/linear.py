@@ -67,12 +67,7 @@ class Linear(QuantizedModule):
         y = self._linear_shortcut(x, is_first_microbatch)
         if y is not None:
             return y
-        sets = self.gemm_quantizers()
-        self.check_input(x, sets)
-        if sets is None:
-            return quantized_linear(x, self.weight, self.bias, None)
-        cache, mode = self.weight_cache_for(is_first_microbatch)
-        return quantized_linear(x, self.weight, self.bias, sets[0], cache, mode, self.weight_columnwise_copy)
+        return self._forward(x, is_first_microbatch, None)
 
     def forward_activation(self, x: torch.Tensor, activation: str,
                            is_first_microbatch: Optional[bool] = None) -> torch.Tensor:
@@ -80,6 +75,10 @@ class Linear(QuantizedModule):
         FC2 given FC1's output: :class:`LayerNormMLP`). Quantized, the activation is applied in the input's cast
         where the quantizer's kernel can (FP8 on CUDA, GELU: its output never written), else by its own op before
         the cast; the bytes and gradients are those of the activation's module followed by this layer."""
+        return self._forward(x, is_first_microbatch, activation)
+
+    def _forward(self, x: torch.Tensor, is_first_microbatch: Optional[bool], activation: Optional[str]) -> torch.Tensor:
+        """The general path (the shortcut's conditions failed, or an input activation)."""
         sets = self.gemm_quantizers()
         self.check_input(x, sets)
         if sets is None:

@@ -51,8 +51,9 @@ def fp8_act_quantize(x: torch.Tensor, activation: str, fmt: str, rowwise: bool, 
     data_t = torch.empty((n, m), dtype=dt, device=dev) if columnwise else None
     current = scale is None
     if separate:
-        scale_inv, amax = torch.empty((), device=dev), torch.empty((), device=dev)
-        scale_out = torch.empty((), device=dev) if current else scale
+        f32 = {"dtype": torch.float32, "device": dev}
+        scale_inv, amax = torch.empty((), **f32), torch.empty((), **f32)
+        scale_out = torch.empty((), **f32) if current else scale
     else:
         buf = torch.empty((3 if current else 2,), dtype=torch.float32, device=dev)  # [scale_inv, amax(, scale)]
         scale_inv, amax = buf[0], buf[1]
@@ -101,14 +102,17 @@ def _(x, fmt, use_power_2_scales, amax_epsilon, rowwise, columnwise, activation)
 
 
 _CHECKED: Dict[Tuple[int, torch.dtype, str], bool] = {}
+_LOCK = threading.Lock()
+
+
+def _key(device: torch.device, dtype: torch.dtype, activation: str) -> Tuple[int, torch.dtype, str]:
+    return (device.index if device.index is not None else torch.cuda.current_device(), dtype, activation)
 
 
 def checked(device: torch.device, dtype: torch.dtype, activation: str) -> bool:
     """(traced code) Whether :func:`fusion_ok` has run and passed for these: a trace cannot run the check itself
     (``modules/base.py`` runs it for every input dtype while preparing a trace); False where it has not."""
-    index = device.index if device.index is not None else 0
-    return _CHECKED.get((index, dtype, activation)) is True
-_LOCK = threading.Lock()
+    return _CHECKED.get(_key(device, dtype, activation)) is True
 
 
 def fusion_ok(device: torch.device, dtype: torch.dtype, activation: str) -> bool:
@@ -116,8 +120,7 @@ def fusion_ok(device: torch.device, dtype: torch.dtype, activation: str) -> bool
     (a probe of 1040 x 144 values: exponents -30..30, zeros, infinities, NaN, the GELU's steep region), both
     scalings and formats, both copies; the one host read of a step that makes it (not while a CUDA graph is
     captured: False there until an eager use has checked). False, with one warning, where it does not match."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, dtype, activation)
+    key = _key(device, dtype, activation)
     ok = _CHECKED.get(key)
     if ok is not None:
         return ok
@@ -129,7 +132,7 @@ def fusion_ok(device: torch.device, dtype: torch.dtype, activation: str) -> bool
             mode = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode(0)  # (one read per device and dtype, not a step's)
             try:
-                ok = _CHECKED[key] = _self_check(torch.device("cuda", index), dtype, activation)
+                ok = _CHECKED[key] = _self_check(torch.device("cuda", key[0]), dtype, activation)
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
     return ok
@@ -141,6 +144,11 @@ def _probe(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     x[0, :64] = torch.linspace(-8, 8, 64)  # (the steep region and the tails)
     x[1, :6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3e38])
     return x.to(dtype).to(device)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers (NaN payloads compared, -0 apart from +0)."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int32)
 
 
 def _self_check(device: torch.device, dtype: torch.dtype, activation: str) -> bool:
@@ -161,8 +169,7 @@ def _self_check(device: torch.device, dtype: torch.dtype, activation: str) -> bo
                      (got.scale_inv, want.scale_inv), (cur.data, cur_want.data), (cur.data_t, cur_want.data_t),
                      (cur.amax, cur_want.amax), (cur.scale, cur_want.scale), (cur.scale_inv, cur_want.scale_inv)]
             for i, (p, q) in enumerate(pairs):
-                if not torch.equal(p.view(torch.uint8) if p.element_size() == 1 else p.view(torch.int32),
-                                   q.view(torch.uint8) if q.element_size() == 1 else q.view(torch.int32)):
+                if not torch.equal(_bits(p), _bits(q)):
                     warnings.warn(f"fp_recipes: the fused FP8 cast of {activation}(x) does not give the bytes of "
                                   f"torch's {activation} then the cast on {torch.cuda.get_device_name(device)} for "
                                   f"{str(dtype).replace('torch.', '')} input ({fmt}, output {i}); using the two "
