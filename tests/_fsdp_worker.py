@@ -101,7 +101,8 @@ class Block(torch.nn.Module):
         self.ckpt = ckpt
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.nn.functional.gelu(self.ln_fc1(x)))
+        # FC2 applies the GELU to its input (LayerNormMLP's path: Linear.forward_activation), exactly F.gelu then FC2
+        return x + self.fc2.forward_activation(self.ln_fc1(x), "gelu_erf")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ckpt:
