@@ -20,6 +20,7 @@ import sys
 import traceback
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -102,6 +103,23 @@ def run_fp8(table: Table, quick: bool, compile_: bool) -> None:
         table.add("fp8 current scaling pow2+colwise", "fp_recipes", s, 4 * n,
                   measure(lambda x, sc: cu.fp8_current_scaling_quantize(x, "e4m3", use_power_2_scales=True,
                                                                           columnwise=True), args, iters=iters))
+        # an MLP's FC2 input: GELU then the cast (torch's GELU writes BF16, the cast reads it) against the fused
+        # cast of gelu(x) (ops/cuda_fp8_act.py); bytes: x read, both FP8 copies written (+ the amax pass for current)
+        from fp_recipes.ops import cuda_fp8_act as act
+
+        if act.available():
+            hist = torch.zeros((), device="cuda")
+            table.add("fp8 row+col of gelu(x) (delayed)", "fp_recipes fused", s, 4 * n,
+                      measure(lambda x, sc: act.fp8_act_quantize(x, "gelu", "e4m3", True, True, scale=sc, record=hist),
+                              args, iters=iters))
+            table.add("fp8 row+col of gelu(x) (delayed)", "torch gelu, then the cast", s, 4 * n,
+                      measure(lambda x, sc: cu.fp8_quantize(F.gelu(x, approximate="tanh"), sc, "e4m3", columnwise=True),
+                              args, iters=iters))
+            table.add("fp8 row+col of gelu(x) (current)", "fp_recipes fused", s, 4 * n,
+                      measure(lambda x, sc: act.fp8_act_quantize(x, "gelu", "e4m3", True, True), args, iters=iters))
+            table.add("fp8 row+col of gelu(x) (current)", "torch gelu, then the cast", s, 4 * n,
+                      measure(lambda x, sc: cu.fp8_current_scaling_quantize(F.gelu(x, approximate="tanh"), "e4m3",
+                                                                            columnwise=True), args, iters=iters))
         # the grad_output casts of a Linear with a bias: the bias gradient fused into the cast's pass,
         # against the same cast followed by the standalone kernel and by torch's column sum
         table.add("fp8 cast+amax row+col + dbias (delayed)", "fp_recipes fused", s, 4 * n,
