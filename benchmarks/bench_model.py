@@ -64,9 +64,11 @@ def recipes() -> Dict[str, Any]:
 class Block(torch.nn.Module):
     """Pre-norm transformer block; ``quantized`` picks fp_recipes modules (else plain torch ones)."""
 
-    def __init__(self, hidden: int, ffn: int, quantized: bool, device, dtype=torch.bfloat16) -> None:
+    def __init__(self, hidden: int, ffn: int, quantized: bool, device, dtype=torch.bfloat16,
+                 fused_activation: bool = False) -> None:
         super().__init__()
         kw = dict(device=device)
+        self.fused_activation = fused_activation and quantized
         self.heads = hidden // HEAD_DIM
         if quantized:
             self.qkv = LayerNormLinear(hidden, 3 * hidden, bias=True, params_dtype=dtype, **kw)
@@ -89,7 +91,7 @@ class Block(torch.nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(tokens, hidden))
         h = self.fc1(x if self.norm2 is None else self.norm2(x))
-        if FUSED_ACTIVATION[0] and self.norm2 is None:  # (fp_recipes.LayerNormMLP's FC2)
+        if self.fused_activation:  # (fp_recipes.LayerNormMLP's FC2)
             return x + self.fc2.forward_activation(h, "gelu")
         return x + self.fc2(F.gelu(h, approximate="tanh"))
 
@@ -104,14 +106,17 @@ CACHE_WEIGHTS = [False]
 #: every fp_recipes module's ``weight_columnwise_copy`` (docs/modules.md): "auto" (the default) recasts the
 #: columnwise copy of a weight with more outputs than tokens in the backward; --weight-copy save/recast for an A/B
 WEIGHT_COPY = ["auto"]
-#: --fused-activation: the fp_recipes rows' FC2 takes FC1's output and applies the GELU in its input's cast
-#: (``Linear.forward_activation``, what ``LayerNormMLP`` does; FP8 on CUDA never writes the GELU's output)
+#: --fused-activation: each FP8 row (eager and compiled) again with FC2 taking FC1's output and applying the GELU
+#: in its input's cast (``Linear.forward_activation``, what ``LayerNormMLP`` does; FP8 on CUDA never writes the
+#: GELU's output), measured in the same process as the default rows
 FUSED_ACTIVATION = [False]
 
 
-def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda") -> torch.nn.Module:
+def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda",
+          fused_activation: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block(hidden, ffn, quantized, device) for _ in range(layers)])
+    model = torch.nn.Sequential(*[Block(hidden, ffn, quantized, device, fused_activation=fused_activation)
+                                  for _ in range(layers)])
     for m in model.modules():
         if isinstance(m, QuantizedModule):
             m.cache_quantized_weights = CACHE_WEIGHTS[0]
@@ -216,6 +221,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
 
             add(f"{name} (Python host path)", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True), x, dy, recipe), host_path=python_host_path)
+        if FUSED_ACTIVATION[0] and name.startswith("FP8"):
+            add(f"{name} (fused GELU)", lambda recipe=recipe: make_step(
+                build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
     from fp_recipes.modules.base import compile_supported
     if compiled and not compile_supported():
         print(f"  fp_recipes torch.compile rows skipped: they need torch >= 2.13 (this is {torch.__version__})")
@@ -226,6 +234,10 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             if name.startswith("FP8"):
                 add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
                     m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
+                if FUSED_ACTIVATION[0]:
+                    add(f"{name} torch.compile (fused GELU)", lambda recipe=recipe: (lambda m: make_step(
+                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(
+                        build(hidden, ffn, layers, True, fused_activation=True)))
                 if python_host:
                     from _host_path import python_host_path
 
@@ -339,8 +351,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--weight-copy", choices=("auto", "save", "recast"), default="auto",
                    help="every module's weight_columnwise_copy (docs/modules.md; default auto)")
     p.add_argument("--fused-activation", action="store_true",
-                   help="the fp_recipes rows apply the MLP's GELU in FC2's input cast (LayerNormMLP's path) instead "
-                   "of torch's GELU before FC2")
+                   help="add each FP8 row (eager and compiled) again with the MLP's GELU applied in FC2's input "
+                   "cast (LayerNormMLP's path) instead of torch's GELU before FC2, in the same process")
     p.add_argument("--python-host-rows", action="store_true",
                    help="add each FP8 row (eager and compiled; --linear too) again with the Python host path "
                    "(FP_RECIPES_TORCH_OPS=off: Python casts and GEMMs, the traced ops' Python implementations), "

@@ -26,9 +26,10 @@ stage() { echo; echo "== $* ($(date +%T))"; }
   python3 -m fp_recipes doctor 2>&1 | grep -E "host path"
   if [ -n "${TESTS-tests}" ]; then
     stage "pytest -m cuda ${TESTS-tests}"
-    timeout "${LIM_TEST:-240}" python3 -m pytest -q -m cuda -p no:cacheprovider --tb=short --durations=8 \
-        ${TESTS-tests} > "$OUT/pytest.txt" 2>&1
-    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -n 30; tail -n 3 "$OUT/pytest.txt"
+    # SIGABRT at the limit: faulthandler writes every thread's stack to pytest.txt (a hang shows where it is)
+    timeout -s ABRT -k 15 "${LIM_TEST:-240}" python3 -X faulthandler -m pytest -q -m cuda -p no:cacheprovider \
+        --tb=short --durations=8 ${TESTS-tests} > "$OUT/pytest.txt" 2>&1
+    echo "pytest rc=$? ($(date +%T))"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -n 30; tail -n 3 "$OUT/pytest.txt"
   fi
   if [ -n "${LINEAR:-}" ]; then
     stage "bench_model --linear ${LINEAR_FLAGS:-}"

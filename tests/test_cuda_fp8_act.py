@@ -64,7 +64,7 @@ def test_fused_cast_equals_the_activation_then_the_cast(dtype, shape):
             got = cuda_fp8_act.fp8_act_quantize(x, "gelu", fmt, rowwise, columnwise, scale=scale, record=h_got)
             want = cuda_fp8.fp8_quantize_recording(a, scale, fmt, rowwise, columnwise, h_want)
             _same(got, want, ("delayed",) + what)
-            assert torch.equal(h_got, h_want), what
+            assert torch.equal(_bytes(h_got), _bytes(h_want)), what  # bits: NaN inputs record NaN
             for pow2, eps in ((False, 0.0), (True, 1e-3)):
                 got = cuda_fp8_act.fp8_act_quantize(x, "gelu", fmt, rowwise, columnwise, use_power_2_scales=pow2,
                                                     amax_epsilon=eps)
