@@ -170,6 +170,25 @@ def test_input_activation_equals_the_activation_then_the_layer(name, amp):
         ref.zero_grad(set_to_none=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_in_place_activation_backward_equals_autograds(dtype):
+    """``Activation.backward_`` (the Linear's backward writes the input's gradient over its dgrad output) gives the
+    bits of the backward autograd records for the op, in the given tensor: zeros, ties at relu's 0, infinities, NaN."""
+    from fp_recipes.ops.activations import ELEMENTWISE
+
+    x = torch.randn(37, 65) * 4
+    x.view(-1)[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e30])
+    x = x.to(dtype)
+    for name, act in ELEMENTWISE.items():
+        v = x.clone().requires_grad_(True)
+        dy = torch.randn(37, 65).to(dtype)
+        act.forward(v).backward(dy)
+        out = dy.clone()
+        got = act.backward_(out, x)
+        assert got.data_ptr() == out.data_ptr(), name
+        assert torch.equal(got.view(torch.uint8), v.grad.view(torch.uint8)), (name, dtype)
+
+
 def test_a_quantizer_fuses_no_activation_off_cuda():
     from fp_recipes.quantizers import make_quantizer
     from fp_recipes.quantizers.roles import ModuleKind, QuantizerRole, TensorKind

@@ -466,8 +466,10 @@ class QuantizedLinearFunction(torch.autograd.Function):
             dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype)
             if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
                 dx = dx.to(in_dtype)
-            if activation is not None:  # through the activation: the backward autograd records for its op
-                dx = _ACTIVATIONS[activation].backward(dx, pre)
+            if activation is not None:  # through the activation: the backward autograd records for its op,
+                # written over the dgrad output (ours alone): this backward still holds the saved operands, so a
+                # second tensor of dx's size here would raise the step's peak above the unfused modules'
+                dx = _ACTIVATIONS[activation].backward_(dx, pre)
         if need_dw:
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db and db is None:

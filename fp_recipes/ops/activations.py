@@ -21,6 +21,9 @@ class Activation(NamedTuple):
     forward: Callable[[torch.Tensor], torch.Tensor]
     # (dy, x) -> dx: the ATen backward autograd records for ``forward``
     backward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # (dy, x) -> dx written over dy: the same kernel with ``dy`` as its output (element-wise, so each element is
+    # read before it is written); for a caller that owns ``dy``, saving a tensor of its size at the backward's peak
+    backward_: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -36,10 +39,15 @@ def _gated(act: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tenso
 
 #: the element-wise activations (``gelu`` is the tanh approximation, TransformerEngine's ``gelu``)
 ELEMENTWISE: Dict[str, Activation] = {
-    "gelu": Activation(_gelu_tanh, lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="tanh")),
-    "gelu_erf": Activation(F.gelu, lambda dy, x: torch.ops.aten.gelu_backward(dy, x)),
-    "relu": Activation(F.relu, lambda dy, x: torch.ops.aten.threshold_backward(dy, x, 0)),
-    "silu": Activation(F.silu, lambda dy, x: torch.ops.aten.silu_backward(dy, x)),
+    "gelu": Activation(_gelu_tanh, lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="tanh"),
+                       lambda dy, x: torch.ops.aten.gelu_backward.grad_input(dy, x, approximate="tanh",
+                                                                             grad_input=dy)),
+    "gelu_erf": Activation(F.gelu, lambda dy, x: torch.ops.aten.gelu_backward(dy, x),
+                           lambda dy, x: torch.ops.aten.gelu_backward.grad_input(dy, x, grad_input=dy)),
+    "relu": Activation(F.relu, lambda dy, x: torch.ops.aten.threshold_backward(dy, x, 0),
+                       lambda dy, x: torch.ops.aten.threshold_backward.grad_input(dy, x, 0, grad_input=dy)),
+    "silu": Activation(F.silu, lambda dy, x: torch.ops.aten.silu_backward(dy, x),
+                       lambda dy, x: torch.ops.aten.silu_backward.grad_input(dy, x, grad_input=dy)),
 }
 
 #: the gated ones: FC1 has twice the outputs; the activated first half times the second
