@@ -95,8 +95,41 @@ def main():
     count += delayed_update(dev)
     count += bias_grads(dev)
     count += planned_and_from_amax(dev)
+    count += fused_activation(dev)
     torch.cuda.synchronize()
     print(f"sanitize_fp8: {count} kernel calls, all bytes equal to the reference")
+
+
+def fused_activation(dev):
+    """The cast of gelu(x) (ops/cuda_fp8_act.py: the amax and tiled passes with the activation prologue) against
+    torch's GELU then the plain cast: one row, tails, a misaligned base, 16-bit and FP32 input, both scalings."""
+    import torch.nn.functional as F
+
+    from fp_recipes.ops import cuda_fp8_act as act
+
+    count = 0
+    flat = (torch.randn(67 * 131 + 1, device=dev) * 4).to(torch.bfloat16)
+    inputs = [(torch.randn(1, 1, device=dev) * 3).to(torch.bfloat16), flat[1:].reshape(67, 131).clone(),
+              flat[1:].reshape(67, 131), (torch.randn(129, 8192 + 64, device=dev) * 8).to(torch.float16),
+              torch.randn(33, 70, device=dev) * 5]
+    inputs[1].view(-1)[7] = float("nan")
+    for x in inputs:
+        a = F.gelu(x, approximate="tanh")
+        for rowwise, columnwise in ((True, True), (False, True), (True, False)):
+            hist_got, hist_want = torch.zeros((), device=dev), torch.zeros((), device=dev)
+            s = torch.tensor(0.37, device=dev)
+            got = act.fp8_act_quantize(x, "gelu", "e4m3", rowwise, columnwise, scale=s, record=hist_got)
+            want = cu.fp8_quantize_recording(a, s, "e4m3", rowwise, columnwise, hist_want)
+            for f in ("data", "data_t", "scale_inv", "amax"):
+                same(getattr(got, f), getattr(want, f), f"gelu delayed {tuple(x.shape)} {x.dtype} {f}")
+            same(hist_got, hist_want, "gelu delayed record")
+            got = act.fp8_act_quantize(x, "gelu", "e5m2", rowwise, columnwise, use_power_2_scales=True)
+            want = cu.fp8_current_scaling_quantize(a, "e5m2", use_power_2_scales=True, rowwise=rowwise,
+                                                   columnwise=columnwise)
+            for f in ("data", "data_t", "scale_inv", "amax", "scale"):
+                same(getattr(got, f), getattr(want, f), f"gelu current {tuple(x.shape)} {x.dtype} {f}")
+            count += 2
+    return count
 
 
 def planned_and_from_amax(dev):
