@@ -121,6 +121,50 @@ def test_casts_equal_the_python_path(fast, python_path, dtype):
         same(a, b, f"history {i}")
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_activation_casts_equal_the_python_path(fast, python_path, dtype):
+    """The cast of gelu(x) (ops/cuda_fp8_act.py) through the C++ call and through Python, eager and as the traced
+    ops: the same bytes and history records, each copy choice, both scalings and formats."""
+    from fp_recipes.ops import cuda_fp8_act
+
+    assert fast.fp8_cast_acts
+    gemm_fp8.register_traced_kernels()
+    ops = torch.ops.fp_recipes
+    python_launches = []
+    real = cuda_fp8_act._launch
+
+    def counting(*args, **kwargs):
+        python_launches.append(1)
+        return real(*args, **kwargs)
+
+    def run():
+        outs = []
+        for j, shape in enumerate(((1, 16), (65, 64), (257, 1008), (3, 7))):
+            x = make(shape, dtype, 20 + j)
+            for rw, cw in ((True, False), (True, True), (False, True)):
+                scale, hist = torch.tensor(0.8125, device=DEV), torch.full((), 0.25, device=DEV)
+                r = cuda_fp8_act.fp8_act_quantize(x, "gelu", "e5m2", rw, cw, scale=scale, record=hist)
+                outs += [r.data, r.data_t, r.scale_inv, r.amax, r.scale, hist]
+                r = cuda_fp8_act.fp8_act_quantize(x, "gelu", "e4m3", rw, cw, use_power_2_scales=j % 2 == 0,
+                                                  amax_epsilon=1e-12)
+                outs += [r.data, r.data_t, r.scale_inv, r.amax, r.scale]
+                hist = torch.zeros(4, device=DEV)
+                outs += list(ops.fp8_delayed_act_cast.default(x, scale, hist, "e4m3", rw, cw, "gelu")) + [hist]
+                outs += list(ops.fp8_current_act_cast.default(x, "e5m2", True, 0.0, rw, cw, "gelu"))
+        return outs
+
+    import unittest.mock as mock
+    with mock.patch.object(cuda_fp8_act, "_launch", counting):
+        got = run()
+        assert not python_launches, "an activation cast took the Python launch with the C++ host path on"
+        python_path()
+        want = run()
+        assert python_launches, "python_path() left the activation casts on the C++ host path"
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        same(a, b, f"activation cast output {i}")
+
+
 def test_cast_declines_what_python_declines(fast):
     plan = cuda_fp8.CastPlan("e4m3", True, True, True)
     x = make((64, 96), torch.bfloat16, 1)
@@ -164,7 +208,8 @@ def test_traced_ops_equal_the_python_path(fast, python_path, dtype, monkeypatch)
         pytest.skip(f"cuBLASLt: {cublaslt.status()}")
     assert set(gemm_fp8.register_traced_kernels()) == {"fp8_delayed_cast", "fp8_delayed_cast_dbias", "fp8_mm",
                                                        "fp8_delayed_rowwise_cast", "fp8_current_scaling_quantize",
-                                                       "fp8_current_cast_dbias"}
+                                                       "fp8_current_cast_dbias", "fp8_delayed_act_cast",
+                                                       "fp8_current_act_cast"}
     x = make((96, 64), dtype, 4)
     scale, hist = torch.tensor(0.5, device=DEV), torch.zeros(4, device=DEV)
     one_op = torch.ops.fp_recipes.fp8_delayed_cast_dbias.default(x, scale, hist, "e4m3", True, True, torch.bfloat16)

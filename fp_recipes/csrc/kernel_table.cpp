@@ -192,9 +192,18 @@ const char* delayed_update(const void* table, int64_t count, int64_t length, flo
   });
 }
 
+const char* act_cast(const void* x, int in_dtype, int64_t rows, int64_t cols, int act, const float* scale,
+                     int out_dtype, bool power_2, float amax_epsilon, void* out, void* out_t, float* scale_out,
+                     float* scale_inv, float* amax, float* amax_record, void* stream) {
+  return guarded([&] {
+    launch_fp8_act_quantize(x, code(in_dtype), rows, cols, act, scale, code(out_dtype), power_2, amax_epsilon, out,
+                            out_t, scale_out, scale_inv, amax, amax_record, static_cast<cudaStream_t>(stream));
+  });
+}
+
 const KernelTable g_table{kKernelTableVersion, static_cast<int>(sizeof(KernelTable)), cast_delayed, cast_current,
                           gemm, capturing, nv_amax, nv_row_amax, nv_quantize, nv_decode_units, bf16_gemm,
-                          nv_row_epilogue, delayed_update};
+                          nv_row_epilogue, delayed_update, act_cast};
 
 }  // namespace
 

@@ -12,7 +12,8 @@
 
 namespace fp_recipes {
 
-constexpr int kKernelTableVersion = 2;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update
+constexpr int kKernelTableVersion = 3;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update;
+                                        // 3: the FP8 cast of an activation of x
 
 // One NVFP4 quantize launch (nvfp4_kernels.h QuantizeArgs, C types; null pointers: absent).
 struct Nvfp4QuantizeCall {
@@ -92,6 +93,12 @@ struct KernelTable {
   // history pointers, the count scale pointers, then the flags pointer (null: none).
   const char* (*delayed_update)(const void* table, int64_t count, int64_t length, float fmt_max, int margin,
                                 bool algo_max, void* stream);
+
+  // Version 3: the FP8 cast of act(x) (launch_fp8_act_quantize): scale null -> current scaling (scale_out written),
+  // else delayed scaling (amax_record max-merged); act: fp8_kernels.h kActGeluTanh.
+  const char* (*fp8_act_cast)(const void* x, int in_dtype, int64_t rows, int64_t cols, int act, const float* scale,
+                              int out_dtype, bool power_2, float amax_epsilon, void* out, void* out_t,
+                              float* scale_out, float* scale_inv, float* amax, float* amax_record, void* stream);
 };
 
 }  // namespace fp_recipes

@@ -116,9 +116,11 @@ def register_traced_kernels() -> list:
         fast = _extension.fast_ops()
         names: list = []
         if fast is not None and hasattr(fast, "register_traced_ops"):
-            from ..ops import cuda_fp8
+            from ..ops import cuda_fp8, cuda_fp8_act
 
             impls = cuda_fp8.traced_cast_impls()
+            if getattr(fast, "fp8_cast_acts", False):  # (a module built with the activation casts)
+                impls.update(cuda_fp8_act.traced_cast_impls())
             if (_FAST_GEMM[0] if _FAST_GEMM else _fast_gemm()) is not None:
                 impls["fp8_mm"] = _fp8_mm  # (with cuBLASLt's single GEMM: the C++ call's plan)
             names = list(fast.register_traced_ops(impls, cublaslt.WORKSPACE_BYTES))

@@ -18,13 +18,14 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .. import _extension
 from . import backend
 from .cuda_fp8 import DTYPE_CODE, FP8_DTYPE, _cast_fakes, _launch, _stream, _with_placeholders
 from .op_library import define_op, register_fake
 from .ref_fp8 import FP8Quantized
 
 __all__ = ["ACT_CODES", "available", "checked", "fp8_act_quantize", "fusion_ok", "delayed_act_cast_op",
-           "current_act_cast_op"]
+           "current_act_cast_op", "traced_cast_impls"]
 
 #: activation name (``ops.activations``) -> the kernel's code
 ACT_CODES = {"gelu": 1}
@@ -44,12 +45,19 @@ def fp8_act_quantize(x: torch.Tensor, activation: str, fmt: str, rowwise: bool, 
     amax of ``activation(x)`` max-merged into ``record``, the history slot), else current scaling. The unwanted
     copy is None; the FP32 values are views of one allocation, or (``separate``: an op's outputs) each its own.
     The caller checked the arguments (the quantizer's plain case: ``fusion_ok`` and its own checks)."""
+    current = scale is None
+    if not separate and x.numel():  # the torch-linked host path: one C++ call, the same launch (FP_RECIPES_TORCH_OPS)
+        fast = _extension.fast_ops()
+        if fast is not None and getattr(fast, "fp8_cast_acts", False):
+            out = fast.fp8_cast(x, 3 if fmt == "e4m3" else 4, rowwise, columnwise, current, bool(use_power_2_scales),
+                                float(amax_epsilon), scale, record, None, ACT_CODES[activation])
+            if out is not None:
+                return FP8Quantized(data=out[0], data_t=out[1], scale_inv=out[2], amax=out[3], scale=out[4])
     m, n = x.shape
     dev = x.device
     dt = FP8_DTYPE[fmt]
     data = torch.empty((m, n), dtype=dt, device=dev) if rowwise else None
     data_t = torch.empty((n, m), dtype=dt, device=dev) if columnwise else None
-    current = scale is None
     if separate:
         f32 = {"dtype": torch.float32, "device": dev}
         scale_inv, amax = torch.empty((), **f32), torch.empty((), **f32)
@@ -85,6 +93,12 @@ def _current_act_cast_impl(x: torch.Tensor, fmt: str, use_power_2_scales: bool, 
     res = fp8_act_quantize(x, activation, fmt, rowwise, columnwise, use_power_2_scales=use_power_2_scales,
                            amax_epsilon=amax_epsilon, separate=True)
     return _with_placeholders(x, fmt, (res.data, res.data_t, res.scale_inv, res.amax, res.scale))
+
+
+def traced_cast_impls() -> dict:
+    """The ops' Python implementations by name, for ``_torch_ops.register_traced_ops`` (as
+    ``cuda_fp8.traced_cast_impls``): C++ CUDA kernels make the launch, these run where the C++ call declines."""
+    return {"fp8_delayed_act_cast": _delayed_act_cast_impl, "fp8_current_act_cast": _current_act_cast_impl}
 
 
 delayed_act_cast_op = define_op("fp8_delayed_act_cast", _delayed_act_cast_impl, mutates_args=("history",))

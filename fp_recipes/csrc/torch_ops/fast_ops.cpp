@@ -147,13 +147,14 @@ struct Fp8CastOut {
 // An FP8 quantizer's cast of a contiguous 2-D x: the launches of ops/cuda_fp8.py's planned and traced casts.
 // separate: each FP32 value its own allocation (a custom op's outputs must not alias one another); else views of one
 // allocation ([scale_inv, amax, scale] for current scaling, [scale_inv, amax] for delayed).
+// act: 0, or the activation applied to x in the cast (ops/cuda_fp8_act.py ACT_CODES; no bias gradient then).
 Fp8CastOut cast_fp8(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
                     double eps, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& record,
-                    c10::optional<at::ScalarType> bias_dtype, bool separate) {
+                    c10::optional<at::ScalarType> bias_dtype, bool separate, int act = 0) {
   Fp8CastOut o;
   if (x.dim() != 2 || !is_float_input(x.scalar_type()) || x.numel() == 0 || !x.is_contiguous() ||
       !on_current_device(x) || (bias_dtype.has_value() && !is_float_input(*bias_dtype)) ||
-      (!current && (!scale.has_value() || !record.has_value())))
+      (!current && (!scale.has_value() || !record.has_value())) || (act != 0 && bias_dtype.has_value()))
     return o;
   if (out_code != 3 && out_code != 4)
     throw std::invalid_argument("fp_recipes._torch_ops.fp8_cast: out_code must be 3 (e4m3) or 4 (e5m2), got " +
@@ -190,7 +191,12 @@ Fp8CastOut cast_fp8(const at::Tensor& x, int out_code, bool rowwise, bool column
   }
   float* scale_inv_ptr = o.scale_inv.data_ptr<float>();
   float* amax_ptr = o.amax.data_ptr<float>();
-  if (current) {
+  if (act != 0) {
+    check(t.fp8_act_cast(x.data_ptr(), in_code, m, n, act, current ? nullptr : scale->data_ptr<float>(), out_code,
+                         pow2, static_cast<float>(eps), data_ptr, data_t_ptr,
+                         current ? o.scale.data_ptr<float>() : nullptr, scale_inv_ptr, amax_ptr,
+                         current ? nullptr : record->data_ptr<float>(), stream));
+  } else if (current) {
     check(t.fp8_cast_current(x.data_ptr(), in_code, m, n, out_code, pow2, static_cast<float>(eps), data_ptr,
                              data_t_ptr, o.scale.data_ptr<float>(), scale_inv_ptr, amax_ptr, partials_ptr, db_ptr,
                              db_code, amax_workspace(x.device(), stream), stream));
@@ -207,8 +213,9 @@ Fp8CastOut cast_fp8(const at::Tensor& x, int out_code, bool rowwise, bool column
 // [, db]), an unwanted copy None, the FP32 values as views of one allocation; None where the Python path runs.
 py::object fp8_cast(const at::Tensor& x, int out_code, bool rowwise, bool columnwise, bool current, bool pow2,
                     double eps, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& record,
-                    c10::optional<at::ScalarType> bias_dtype) {
-  const Fp8CastOut o = cast_fp8(x, out_code, rowwise, columnwise, current, pow2, eps, scale, record, bias_dtype, false);
+                    c10::optional<at::ScalarType> bias_dtype, int act) {
+  const Fp8CastOut o =
+      cast_fp8(x, out_code, rowwise, columnwise, current, pow2, eps, scale, record, bias_dtype, false, act);
   if (!o.ok) return py::none();
   py::object none = py::none();
   auto opt = [&](const at::Tensor& v) -> py::object { return v.defined() ? py::cast(v) : none; };
@@ -307,20 +314,24 @@ Out python_impl(const char* op, const Args&... args) {
 
 int fmt_code(c10::string_view fmt) { return fmt == "e4m3" ? 3 : fmt == "e5m2" ? 4 : -1; }
 
-// The Python implementations' plain-argument case (ops/cuda_fp8.py _delayed_cast and _cast_input): else they run.
+// ops/cuda_fp8_act.py ACT_CODES; -1: not one the kernel applies (the Python implementation runs)
+int act_code(c10::string_view activation) { return activation == "gelu" ? 1 : -1; }
+
+// The Python implementations' plain-argument case (ops/cuda_fp8.py _delayed_cast and _cast_input, cuda_fp8_act.py's
+// ops with act > 0): else they run.
 Fp8CastOut op_delayed(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& history, int code, bool rowwise,
-                      bool columnwise, c10::optional<at::ScalarType> bias_dtype) {
-  if (!g_ops_enabled || code < 0 || !(rowwise || columnwise) || scale.scalar_type() != at::kFloat || scale.dim() != 0 ||
-      scale.device() != x.device() || history.scalar_type() != at::kFloat || history.device() != x.device() ||
-      !history.is_contiguous() || history.numel() == 0)
+                      bool columnwise, c10::optional<at::ScalarType> bias_dtype, int act = 0) {
+  if (!g_ops_enabled || code < 0 || act < 0 || !(rowwise || columnwise) || scale.scalar_type() != at::kFloat ||
+      scale.dim() != 0 || scale.device() != x.device() || history.scalar_type() != at::kFloat ||
+      history.device() != x.device() || !history.is_contiguous() || history.numel() == 0)
     return {};
-  return cast_fp8(x, code, rowwise, columnwise, false, false, 0.0, scale, history, bias_dtype, true);
+  return cast_fp8(x, code, rowwise, columnwise, false, false, 0.0, scale, history, bias_dtype, true, act);
 }
 
 Fp8CastOut op_current(const at::Tensor& x, int code, bool pow2, double eps, bool rowwise, bool columnwise,
-                      c10::optional<at::ScalarType> bias_dtype) {
-  if (!g_ops_enabled || code < 0 || !(rowwise || columnwise) || !(eps >= 0.0)) return {};
-  return cast_fp8(x, code, rowwise, columnwise, true, pow2, eps, c10::nullopt, c10::nullopt, bias_dtype, true);
+                      c10::optional<at::ScalarType> bias_dtype, int act = 0) {
+  if (!g_ops_enabled || code < 0 || act < 0 || !(rowwise || columnwise) || !(eps >= 0.0)) return {};
+  return cast_fp8(x, code, rowwise, columnwise, true, pow2, eps, c10::nullopt, c10::nullopt, bias_dtype, true, act);
 }
 
 Tensors4 op_fp8_delayed_cast(const at::Tensor& x, const at::Tensor& scale, at::Tensor& history, c10::string_view fmt,
@@ -367,6 +378,26 @@ Tensors5 op_fp8_current_cast_dbias(const at::Tensor& x, c10::string_view fmt, bo
   return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax, o.db};
 }
 
+Tensors4 op_fp8_delayed_act_cast(const at::Tensor& x, const at::Tensor& scale, at::Tensor& history,
+                                 c10::string_view fmt, bool rowwise, bool columnwise, c10::string_view activation) {
+  const int code = fmt_code(fmt);
+  const Fp8CastOut o = op_delayed(x, scale, history, code, rowwise, columnwise, c10::nullopt, act_code(activation));
+  if (!o.ok)
+    return python_impl<Tensors4>("fp8_delayed_act_cast", x, scale, history, std::string(fmt), rowwise, columnwise,
+                                 std::string(activation));
+  return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax};
+}
+
+Tensors5 op_fp8_current_act_cast(const at::Tensor& x, c10::string_view fmt, bool pow2, double eps, bool rowwise,
+                                 bool columnwise, c10::string_view activation) {
+  const int code = fmt_code(fmt);
+  const Fp8CastOut o = op_current(x, code, pow2, eps, rowwise, columnwise, c10::nullopt, act_code(activation));
+  if (!o.ok)
+    return python_impl<Tensors5>("fp8_current_act_cast", x, std::string(fmt), pow2, eps, rowwise, columnwise,
+                                 std::string(activation));
+  return {copy_or_placeholder(o.data, x, code), copy_or_placeholder(o.data_t, x, code), o.scale_inv, o.amax, o.scale};
+}
+
 at::Tensor op_fp8_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
                      at::ScalarType out_dtype, const c10::optional<at::Tensor>& bias, bool use_fast_accum) {
   if (g_ops_enabled) {
@@ -399,6 +430,8 @@ std::vector<std::string> register_traced_ops(const py::dict& python_impls, int64
   reg("fp8_current_scaling_quantize", TORCH_FN(op_fp8_current_scaling_quantize));
   reg("fp8_current_cast_dbias", TORCH_FN(op_fp8_current_cast_dbias));
   reg("fp8_mm", TORCH_FN(op_fp8_mm));
+  reg("fp8_delayed_act_cast", TORCH_FN(op_fp8_delayed_act_cast));
+  reg("fp8_current_act_cast", TORCH_FN(op_fp8_current_act_cast));
   return done;
 }
 
@@ -683,10 +716,12 @@ struct Nvfp4Launch {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp_recipes' torch-linked host fast path of the eager FP8 casts and GEMMs (use fp_recipes.ops)";
   m.def("init", &init, py::arg("table"), "Take fp_recipes._C.kernel_table(); call once before the others.");
+  m.attr("fp8_cast_acts") = true;  // fp8_cast takes act, and register_traced_ops the activation casts' ops
   m.def("fp8_cast", &fp8_cast, py::arg("x"), py::arg("out_code"), py::arg("rowwise"), py::arg("columnwise"),
         py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
-        py::arg("bias_dtype"),
-        "(data, data_t, scale_inv, amax, scale[, db]) of an FP8 quantizer's cast of a contiguous 2-D CUDA x, or None.");
+        py::arg("bias_dtype"), py::arg("act") = 0,
+        "(data, data_t, scale_inv, amax, scale[, db]) of an FP8 quantizer's cast of a contiguous 2-D CUDA x (of act(x) "
+        "for act > 0: ops/cuda_fp8_act.py ACT_CODES, no bias gradient), or None.");
   m.def("fp8_cast_op", &fp8_cast_op, py::arg("x"), py::arg("out_code"), py::arg("rowwise"), py::arg("columnwise"),
         py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
         py::arg("bias_dtype"),
