@@ -96,8 +96,10 @@ def test_an_empty_input_gives_the_plain_casts_scales():
     _same(got, want, "empty current")
 
 
-def _mlp_steps(recipe_factory, fused: bool, monkeypatch) -> list:
-    """A LayerNormMLP (gelu) trained 3 steps and its three modules trained the same way: outputs, gradients."""
+def _mlp_steps(recipe_factory, fused: bool, monkeypatch, fail_check: bool = True) -> list:
+    """A LayerNormMLP (gelu) trained 3 steps and its three modules trained the same way: outputs, gradients.
+    ``fused``: whether FC2's cast is expected to be the fused one; not ``fused`` and ``fail_check``: the first-use
+    check is made to fail (the fallback)."""
     torch.manual_seed(0)
     mlp = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)
     fc1 = LayerNormLinear(256, 512, params_dtype=torch.bfloat16, device=DEV)
@@ -113,7 +115,7 @@ def _mlp_steps(recipe_factory, fused: bool, monkeypatch) -> list:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cuda_fp8_act, "fp8_act_quantize", counting)
-    if not fused:
+    if not fused and fail_check:
         monkeypatch.setitem(cuda_fp8_act._CHECKED, (torch.cuda.current_device(), torch.bfloat16, "gelu"), False)
     r_mlp, r_ref = recipe_factory(), recipe_factory()
     outs = []
@@ -134,10 +136,19 @@ def _mlp_steps(recipe_factory, fused: bool, monkeypatch) -> list:
     return outs
 
 
+def _opt_in_current(monkeypatch):
+    """Current scaling takes the fused cast only when asked (``fuse_activation``: its two passes are compute-bound)."""
+    from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
+
+    monkeypatch.setattr(Float8CurrentScalingQuantizer, "fuse_activation", True)
+
+
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_layernorm_mlp_equals_its_modules_on_cuda(recipe, fused, monkeypatch):
     factory = (lambda: DelayedScaling(amax_history_len=4)) if recipe == "delayed" else Float8CurrentScaling
+    if recipe == "current":
+        _opt_in_current(monkeypatch)
     outs = _mlp_steps(factory, fused, monkeypatch)
     for step in range(3):
         got, want = outs[2 * step], outs[2 * step + 1]
@@ -145,14 +156,28 @@ def test_layernorm_mlp_equals_its_modules_on_cuda(recipe, fused, monkeypatch):
             assert torch.equal(a, b), (recipe, fused, step, i)
 
 
+def test_current_scaling_takes_the_composition_by_default(monkeypatch):
+    """Without the opt-in, a current-scaling LayerNormMLP makes no fused cast (torch's GELU, then the plain cast) and
+    gives what its three modules give."""
+    from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
+
+    assert Float8CurrentScalingQuantizer.fuse_activation is False
+    outs = _mlp_steps(Float8CurrentScaling, False, monkeypatch, fail_check=False)  # (asserts no fused call)
+    for step in range(3):
+        for i, (a, b) in enumerate(zip(outs[2 * step], outs[2 * step + 1])):
+            assert torch.equal(a, b), (step, i)
+
+
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
-def test_compiled_layernorm_mlp_takes_the_fused_op_and_equals_eager(recipe):
+def test_compiled_layernorm_mlp_takes_the_fused_op_and_equals_eager(recipe, monkeypatch):
     """Under torch.compile (aot_eager: bit for bit) FC2's input cast is the fused op, and the steps equal eager's."""
     from fp_recipes.modules.base import compile_supported
 
     if not compile_supported():
         pytest.skip("fp_recipes modules compile from torch 2.11")
     factory = (lambda: DelayedScaling(amax_history_len=4)) if recipe == "delayed" else Float8CurrentScaling
+    if recipe == "current":
+        _opt_in_current(monkeypatch)
     torch.manual_seed(0)
     mlp = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)
     twin = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)

@@ -334,6 +334,14 @@ class _FusedActivation:
 
     fmt: str
     spec: QuantizerSpec
+    #: whether this quantizer takes the fused cast where it can (else ``quantize(activation(x))``: the same bytes).
+    #: Delayed scaling: yes, one pass over x instead of the activation's write and the cast's read (model stack at
+    #: hidden 2048 on an H100: 16.40 -> 16.12 ms eager, 15.24 -> 14.69 compiled). Current scaling: no by default,
+    #: as its amax pass and its cast pass would each evaluate the activation (``tanhf``) on every element, which
+    #: makes both passes compute-bound: measured slower than torch's GELU then the cast at hidden 4096 (24.43 ->
+    #: 25.20 ms per step on an H100; benchmarks/RESULTS.md session 30). A class attribute: set it on the class or
+    #: on one quantizer.
+    fuse_activation: bool = True
 
     def _act_state_ok(self, x: torch.Tensor) -> bool:
         """The scaling state the fused cast reads is FP32 on x's device."""
@@ -346,7 +354,8 @@ class _FusedActivation:
         raise NotImplementedError
 
     def fuses_activation(self, activation: str, x: torch.Tensor) -> bool:
-        if not (x.is_cuda and x.ndim == 2 and x.dtype in _ACT_INPUTS and x.is_contiguous()):
+        if not (self.fuse_activation and x.is_cuda and x.ndim == 2 and x.dtype in _ACT_INPUTS and
+                x.is_contiguous()):
             return False
         from ..ops import cuda_fp8_act
 
@@ -605,6 +614,7 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, _FusedActivation, Quantiz
     #: amax into the kernel that produced ``x`` instead of an amax pass of its own. Off until measured on a GPU
     #: (``benchmarks/bench_model.py --fp8-compile-visible-amax`` runs the compiled rows with it).
     compile_visible_amax: bool = False
+    fuse_activation = False  # (see _FusedActivation: both passes would evaluate the activation)
 
     def __init__(self, spec: QuantizerSpec) -> None:
         super().__init__(spec)
