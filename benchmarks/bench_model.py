@@ -107,8 +107,9 @@ CACHE_WEIGHTS = [False]
 #: columnwise copy of a weight with more outputs than tokens in the backward; --weight-copy save/recast for an A/B
 WEIGHT_COPY = ["auto"]
 #: --fused-activation: the FP8 delayed rows (eager and compiled) again with FC2 taking FC1's output and applying the
-#: GELU in its input's cast (current scaling's quantizer takes the composition by default: quantizers/float8.py) (``Linear.forward_activation``, what ``LayerNormMLP`` does; FP8 on CUDA never writes the
-#: GELU's output), measured in the same process as the default rows
+#: GELU in its input's cast (``Linear.forward_activation``, what ``LayerNormMLP`` does; FP8 delayed scaling on CUDA
+#: never writes the GELU's output; current scaling's quantizer takes the composition by default, quantizers/
+#: float8.py), measured in the same process as the default rows
 FUSED_ACTIVATION = [False]
 
 
