@@ -139,3 +139,28 @@ def test_traced_kernels_are_registered_once_with_the_ops_python_implementations(
     fast = _RecordingOps()
     assert "fp8_mm" not in _register_with(monkeypatch, fast, gemm_path=None)  # no C++ GEMM path: Python's op
     assert _register_with(monkeypatch, None, gemm_path=None) == []  # FP_RECIPES_TORCH_OPS=off or not built
+
+
+def test_a_module_with_the_activation_casts_registers_their_ops_too(monkeypatch):
+    """A module built with the activation casts (``fp8_cast_acts``, kernel table v3) also gets the fused GELU casts'
+    ops (``ops/cuda_fp8_act.py``), each with its Python implementation, arguments in the schema's order; the
+    module built here has them."""
+    from fp_recipes.ops import cuda_fp8_act
+
+    fast = _RecordingOps()
+    fast.fp8_cast_acts = True
+    names = _register_with(monkeypatch, fast, gemm_path=fast)
+    assert {"fp8_delayed_act_cast", "fp8_current_act_cast"} <= set(names)
+    (impls, _), = fast.calls
+    assert impls["fp8_delayed_act_cast"] is cuda_fp8_act._delayed_act_cast_impl
+    assert impls["fp8_current_act_cast"] is cuda_fp8_act._current_act_cast_impl
+    for name in ("fp8_delayed_act_cast", "fp8_current_act_cast"):
+        schema = getattr(torch.ops.fp_recipes, name).default._schema
+        assert [a.name for a in schema.arguments] == list(inspect.signature(impls[name]).parameters), name
+
+
+def test_the_built_module_has_the_activation_casts():
+    """Where the torch-linked module is built, it is version 3's: fp8_cast takes ``act`` and says so."""
+    mod = pytest.importorskip("fp_recipes._torch_ops")
+    assert mod.fp8_cast_acts is True
+    assert "act" in mod.fp8_cast.__doc__
