@@ -612,7 +612,7 @@ class Float8CurrentScalingQuantizer(_ColumnwiseRecast, _FusedActivation, Quantiz
     #: Under torch.compile on CUDA, compute the amax in the graph (:func:`graph_amax`) and cast with the op that
     #: takes it (the kernel derives the scale from it: the same bytes as eager), so that Inductor can fuse the
     #: amax into the kernel that produced ``x`` instead of an amax pass of its own. Off: measured slower (compiled
-    #: current scaling at hidden 2048 on an H100, 15.76 -> 16.40 ms per step; benchmarks/RESULTS.md session 26);
+    #: current scaling at hidden 2048 on an H100, 15.76 -> 16.40 ms per step; benchmarks/RESULTS.md session 27);
     #: ``benchmarks/bench_model.py --fp8-compile-visible-amax`` runs the compiled rows with it.
     compile_visible_amax: bool = False
     fuse_activation = False  # (see _FusedActivation: both passes would evaluate the activation)
