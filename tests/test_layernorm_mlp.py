@@ -215,16 +215,21 @@ def test_bad_input_activation_is_clear():
 def test_compiles_with_fullgraph_and_equals_eager(name):
     """torch.compile (aot_eager: bit for bit) of a LayerNormMLP, its FC2 applying the activation in its input's
     quantization: one graph, eager's outputs, gradients and scaling state after every step."""
-    mlp, fc1, fc2 = _pair("gelu")
+    mlp, _, _ = _pair("gelu")
+    _equals_a_plain_twin(name, mlp, torch.compile(mlp, fullgraph=True, backend="aot_eager"))
+
+
+def _equals_a_plain_twin(name: str, mlp: LayerNormMLP, run) -> None:
+    """Three steps of ``run`` (``mlp`` compiled, checkpointed, ...) against an uncompiled twin of ``mlp`` under its own
+    recipe: outputs and gradients equal bit for bit at every step, and the scaling state equal after them."""
     twin = LayerNormMLP(64, 96, activation="gelu")
     twin.load_state_dict(mlp.state_dict())
     twin.fc1._sr_seed, twin.fc2._sr_seed = mlp.fc1._sr_seed, mlp.fc2._sr_seed
-    compiled = torch.compile(mlp, fullgraph=True, backend="aot_eager")
     recipe, twin_recipe = RECIPES[name](), RECIPES[name]()
     for step in range(3):
         x, dy = torch.randn(32, 64), torch.randn(32, 64)
         with fp_recipes.autocast(recipe=recipe):
-            got = _step(compiled, list(mlp.parameters()), x, dy)
+            got = _step(run, list(mlp.parameters()), x, dy)
         with fp_recipes.autocast(recipe=twin_recipe):
             want = _step(twin, list(twin.parameters()), x, dy)
         for i, (a, b) in enumerate(zip(got, want)):
@@ -242,23 +247,8 @@ def test_activation_checkpointing_changes_nothing(name):
     from torch.utils.checkpoint import checkpoint
 
     mlp, _, _ = _pair("gelu")
-    twin = LayerNormMLP(64, 96, activation="gelu")
-    twin.load_state_dict(mlp.state_dict())
-    twin.fc1._sr_seed, twin.fc2._sr_seed = mlp.fc1._sr_seed, mlp.fc2._sr_seed
-    r_ckpt, r_plain = RECIPES[name](), RECIPES[name]()
     torch.manual_seed(5)
-    for step in range(3):
-        x, dy = torch.randn(32, 64), torch.randn(32, 64)
-        with fp_recipes.autocast(recipe=r_ckpt):
-            got = _step(lambda v: checkpoint(mlp, v, use_reentrant=False), list(mlp.parameters()), x, dy)
-        with fp_recipes.autocast(recipe=r_plain):
-            want = _step(twin, list(twin.parameters()), x, dy)
-        for i, (a, b) in enumerate(zip(got, want)):
-            assert torch.equal(a, b), (name, step, i)
-        for m in (mlp, twin):
-            m.zero_grad(set_to_none=True)
-    for key, value in twin.state_dict().items():
-        assert not torch.is_tensor(value) or torch.equal(mlp.state_dict()[key], value), key
+    _equals_a_plain_twin(name, mlp, lambda v: checkpoint(mlp, v, use_reentrant=False))
 
 
 def test_two_threads_each_get_their_own_recipe():
