@@ -20,7 +20,7 @@ import torch
 
 from .. import _extension
 from . import backend
-from .cuda_fp8 import DTYPE_CODE, FP8_DTYPE, _cast_fakes, _launch, _stream, _with_placeholders
+from .cuda_fp8 import _OUT_CODE, DTYPE_CODE, FP8_DTYPE, _cast_fakes, _launch, _stream, _with_placeholders
 from .op_library import define_op, register_fake
 from .ref_fp8 import FP8Quantized
 
@@ -49,7 +49,7 @@ def fp8_act_quantize(x: torch.Tensor, activation: str, fmt: str, rowwise: bool, 
     if not separate and x.numel():  # the torch-linked host path: one C++ call, the same launch (FP_RECIPES_TORCH_OPS)
         fast = _extension.fast_ops()
         if fast is not None and getattr(fast, "fp8_cast_acts", False):
-            out = fast.fp8_cast(x, 3 if fmt == "e4m3" else 4, rowwise, columnwise, current, bool(use_power_2_scales),
+            out = fast.fp8_cast(x, _OUT_CODE[fmt], rowwise, columnwise, current, bool(use_power_2_scales),
                                 float(amax_epsilon), scale, record, None, ACT_CODES[activation])
             if out is not None:
                 return FP8Quantized(data=out[0], data_t=out[1], scale_inv=out[2], amax=out[3], scale=out[4])
