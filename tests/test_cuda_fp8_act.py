@@ -201,3 +201,62 @@ def test_compiled_layernorm_mlp_takes_the_fused_op_and_equals_eager(recipe, monk
             mod.zero_grad(set_to_none=True)
         for i, (a, b) in enumerate(zip(*outs)):
             assert torch.equal(a, b), (recipe, step, i)
+
+
+
+def _mlp_case(seed: int, steps: int = 3) -> tuple:
+    """A delayed-scaling LayerNormMLP (gelu, BF16, CUDA) and ``steps`` (x, dy) pairs, made from ``seed`` on the calling
+    thread (the global RNG is not shared with other threads' work)."""
+    torch.manual_seed(seed)
+    mlp = LayerNormMLP(256, 512, params_dtype=torch.bfloat16, device=DEV)
+    data = [(torch.randn(192, 256, device=DEV, dtype=torch.bfloat16),
+             torch.randn(192, 256, device=DEV, dtype=torch.bfloat16)) for _ in range(steps)]
+    return mlp, data
+
+
+def _mlp_run(mlp: LayerNormMLP, data: list, wrap) -> list:
+    """``mlp`` trained on ``data`` with ``wrap(mlp)`` as its forward under its own recipe: each step's output, input
+    gradient and parameter gradients, then the scaling state."""
+    recipe = DelayedScaling(amax_history_len=4)
+    run = wrap(mlp)
+    outs = []
+    for x, dy in data:
+        x = x.clone().requires_grad_(True)
+        with fp_recipes.autocast(recipe=recipe):
+            y = run(x)
+        y.backward(dy)
+        outs += [y.detach(), x.grad] + [p.grad.clone() for p in mlp.parameters()]
+        mlp.zero_grad(set_to_none=True)
+    return outs + [v for v in mlp.state_dict().values() if torch.is_tensor(v)]
+
+
+def test_fused_mlp_under_checkpointing_and_from_two_threads_equals_plain_steps(monkeypatch):
+    """As a training job runs it: inside torch.utils.checkpoint (the forward recomputed in the backward) and from two
+    threads at once (each its own module and recipe), the fused path's steps equal the plain eager ones, bit for
+    bit, scaling state included."""
+    from torch.utils.checkpoint import checkpoint
+
+    from _threads import run_in_threads
+
+    assert cuda_fp8_act.fusion_ok(torch.device(DEV), torch.bfloat16, "gelu")
+    calls = []
+    real = cuda_fp8_act.fp8_act_quantize
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_fp8_act, "fp8_act_quantize", counting)
+    plain = _mlp_run(*_mlp_case(1), lambda m: m)
+    assert len(calls) == 3, calls  # (the fused cast, once per step)
+    ckpt = _mlp_run(*_mlp_case(1), lambda m: (lambda v: checkpoint(m, v, use_reentrant=False)))
+    assert len(calls) >= 6, calls
+    for i, (a, b) in enumerate(zip(ckpt, plain)):
+        assert torch.equal(a, b), ("checkpointed", i)
+    cases = [_mlp_case(2), _mlp_case(3)]
+    alone = [_mlp_run(*_mlp_case(seed), lambda m: m) for seed in (2, 3)]
+    threaded = run_in_threads(lambda mlp, data: _mlp_run(mlp, data, lambda m: m), cases)
+    for t, (got, want) in enumerate(zip(threaded, alone)):
+        assert len(got) == len(want)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), ("thread", t, i)
