@@ -447,6 +447,55 @@ def test_fp8_cast_writes_amax_over_garbage(cu, use_ws):
         assert torch.equal(_ws_words(), torch.zeros(4, dtype=torch.int32)), "workspace not re-zeroed"
 
 
+@pytest.mark.parametrize("shape,kind", [((8192, 8192), "spike"), ((4160, 4096), "nan"), ((64, 131072), "spike"),
+                                        ((1, 1 << 20), "spike"), ((4097, 63), "spike")])
+def test_casts_amax_over_many_blocks(cu, shape, kind):
+    """The amax over many blocks (8192^2 with both copies: 16384 tiles, one block each), one element holding the
+    maximum (or a NaN) at a random place, repeated on one stream: the delayed casts (atomics into the memset
+    amax, the history merged per block) give the reference's amax and history, current scaling (the amax pass
+    through the stream's workspace, then the cast) the reference's bytes; the workspace ends zeroed."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=gen) * 0.01).to(torch.bfloat16).to(DEV)
+    scale = torch.tensor(3.0, device=DEV)
+    for trial in range(3):
+        flat = x.view(-1)
+        flat.mul_(0.5)
+        i = int(torch.randint(flat.numel(), (1,), generator=gen))
+        flat[i] = float("nan") if kind == "nan" else 7.5 + trial
+        want = ref_fp8.fp8_amax(x)
+        for rw, cw in ((True, False), (True, True), (False, True)):
+            hist = torch.zeros((), device=DEV)
+            got = cu.fp8_quantize_recording(x, scale, "e4m3", rw, cw, hist)
+            assert_same(got.amax, want, f"amax {shape} trial {trial} rw={rw} cw={cw}")
+            assert_same(hist, want, f"history {shape} trial {trial} rw={rw} cw={cw}")
+            got = cu.fp8_current_scaling_quantize(x, "e5m2", rowwise=rw, columnwise=cw)
+            ref = ref_fp8.fp8_current_scaling_quantize(x, "e5m2", rowwise=rw, columnwise=cw)
+            for f in ("data", "data_t", "scale_inv", "amax", "scale"):
+                assert_same(getattr(got, f), getattr(ref, f), f"current {f} {shape} trial {trial} rw={rw} cw={cw}")
+    torch.cuda.synchronize()
+    assert torch.equal(_ws_words(), torch.zeros(4, dtype=torch.int32)), "workspace not re-zeroed"
+
+
+def test_current_casts_on_two_streams(cu):
+    """Two streams casting at once, each with its own amax workspace (ops/workspace.py): every result is the
+    reference's (a shared workspace would mix the streams' maxima or re-zero one mid-reduction)."""
+    xs = [make_input((2048, 4096), torch.bfloat16, "normal", seed=s) * (s + 1) for s in range(4)]
+    wants = [ref_fp8.fp8_current_scaling_quantize(x, "e4m3", columnwise=True) for x in xs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for rep in range(5):
+        for i, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                outs[i].append(cu.fp8_current_scaling_quantize(xs[(rep + 2 * i) % 4], "e4m3", columnwise=True))
+    torch.cuda.synchronize()
+    for i in range(2):
+        for rep, got in enumerate(outs[i]):
+            want = wants[(rep + 2 * i) % 4]
+            for f in ("data", "data_t", "scale_inv", "amax", "scale"):
+                assert_same(getattr(got, f), getattr(want, f), f"stream {i} rep {rep} {f}")
+
+
 def test_fp8_casts_inside_cuda_graph(cu):
     """Casts captured on a stream without a workspace (the memset path) and on one with a workspace made
     before the capture both replay to the reference's bytes as the input changes."""
