@@ -1,0 +1,344 @@
+// v3 of the prototype (NOT WORKING: "illegal instruction" at its first bulk tensor copy on an H200; see README.md): the
+// packed tiles through the bulk tensor copy engine into a staging ring. Kept for the next attempt.
+// Prototype (issue 13): the emulated NVFP4 GEMM with the E2M1 x E4M3 decode inside the GEMM's mainloop, so that no
+// 16-bit operand is ever written to device memory. C[M, N] = RN_bf16(alpha * sum_k A[m, k] B[n, k]) for NVFP4 A
+// (M, K) and B (N, K), each as packed E2M1 codes (rows, K/2 bytes, low nibble first) and E4M3 block scales
+// (rows, K/16), alpha an FP32 device value (the product of the global factors, gemm/nvfp4_emulated.py).
+//
+// Why FP16 operands: code x scale has at most 6 significant bits and lies in [2^-10, 2688] (nvfp4_device.cuh), so it
+// is exact in FP16 as in BF16, and an FP16 wgmma runs at the BF16 rate. The decode then uses the hardware
+// E4M3 -> FP16 conversion: an E2M1 code s e1 e0 m placed as the E4M3 byte s 0 e1 e0 m 0 0 is the code's value
+// times 2^-6 (subnormals included), and the block scale enters as E4M3 -> FP16 times 2^6; the FP16 product of the
+// two is exact. The sum is FP32 (wgmma), then alpha and one rounding to BF16, as cuBLASLt does in the unit path.
+//
+// Structure (sm_90a): a CTA computes a 128 x 256 tile of C with three warpgroups. Warpgroup 0 is the producer.
+// Its thread 0 keeps the bulk tensor copy engine (TMA) kPacked - 1 K steps ahead: per 64-wide K step one 2-D copy
+// each of the packed codes (128 rows of A x 32 bytes, 256 rows of B) and of the scales (16-byte boxes, of which a
+// step uses 4 bytes a row) into a ring of kPacked staging slots, completing on the slot's mbarrier. Per step the
+// warpgroup reads its slot (6 x 16 bytes and 6 x 2 bytes a thread, conflict-free), decodes to FP16 and stores to
+// shared memory in the 128-byte swizzled K-major layout wgmma reads, then signals the stage full (mbarrier).
+// Warpgroups 1 and 2 each issue four wgmma m64n256k16 per stage on their 64 rows, keep one stage's wgmmas in
+// flight, and signal the stage before it empty. 3 decoded stages of 48 KB, 4 staging slots of 18 KB.
+// (v0, decode_gemm_cvt.cu, loaded the packed bytes with plain loads one step ahead: 366-415 TFLOP/s on an H200;
+// Nsight Compute: L1TEX 82 % busy, two thirds of the stalls on those loads, 16 cache lines per warp load.)
+//
+// Limits of the prototype: M % 128 == 0, N % 256 == 0, K % 64 == 0, 16-byte aligned data; no bias, no row-scaled
+// operands (the library's path keeps them).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "wgmma_m64n256.cuh"
+
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 3, kPacked = 4;
+constexpr int kThreads = 384;
+constexpr int kABytes = kBM * kBK * 2;             // 16 KB
+constexpr int kBBytes = kBN * kBK * 2;             // 32 KB
+constexpr int kStageBytes = kABytes + kBBytes;     // 48 KB
+constexpr int kJobs = (kBM + kBN) * 2 / 128;       // (row, 32-code half) pairs per producer thread per stage: 6
+constexpr int kDataBytes = (kBM + kBN) * kBK / 2;  // one step's packed codes: 12 KB (A rows first)
+constexpr int kScaleBytes = (kBM + kBN) * 16;      // one step's scale boxes: 16 bytes a row, 6 KB
+constexpr int kSlotBytes = kDataBytes + kScaleBytes;
+constexpr int kSmem = kStages * kStageBytes + kPacked * kSlotBytes + 1024 + 2 * (kStages + kPacked) * 8;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One 2-D box of a tensor map into shared memory, completing `bar`'s transaction count.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (the tile base is
+// 1024-byte aligned; a 16-wide K slice starts 32 bytes further into each 128-byte row).
+__device__ __forceinline__ uint64_t make_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+__device__ __forceinline__ __half2 e4m3x2_to_h2(uint32_t two_bytes) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3);
+  return *reinterpret_cast<const __half2*>(&r);
+}
+
+// 8 codes (4 packed bytes, low nibble first) times the block scale (sf2: the FP16 scale times 2^6, in both halves)
+// -> 8 FP16 values in out[0..3] (element 2i in the low half of out[i]).
+__device__ __forceinline__ void decode8(uint32_t w, __half2 sf2, uint32_t* out) {
+  const uint32_t lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // codes 0, 2, 4, 6 as E4M3 bytes
+  const uint32_t hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);         // codes 1, 3, 5, 7
+  const uint32_t p0 = __byte_perm(lo, hi, 0x5140);                            // codes 0 1 2 3
+  const uint32_t p1 = __byte_perm(lo, hi, 0x7362);                            // codes 4 5 6 7
+  out[0] = h2_bits(__hmul2(e4m3x2_to_h2(p0 & 0xFFFFu), sf2));
+  out[1] = h2_bits(__hmul2(e4m3x2_to_h2(p0 >> 16), sf2));
+  out[2] = h2_bits(__hmul2(e4m3x2_to_h2(p1 & 0xFFFFu), sf2));
+  out[3] = h2_bits(__hmul2(e4m3x2_to_h2(p1 >> 16), sf2));
+}
+
+__device__ __forceinline__ __half2 scale2(uint32_t code) {
+  const __half_raw r = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  const __half s = __hmul(*reinterpret_cast<const __half*>(&r), __float2half(64.0f));
+  return __half2half2(s);
+}
+
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
+// In device memory: a kernel parameter's address is not 64-byte aligned where the copy engine needs it (a
+// __grid_constant__ struct of tensor maps gave "illegal instruction" on the H200: its maps sat 48 bytes past a
+// 64-byte boundary of the parameter window).
+struct Maps {
+  CUtensorMap a_data, a_scale, b_data, b_scale;
+};
+
+struct Prefetch {
+  uint4 q[kJobs];
+  uint32_t s[kJobs];
+};
+
+// Job j of producer thread t: pair g = j * 128 + t; g < 256: A row g / 2, else B row (g - 256) / 2; half g % 2
+// (codes [32 * half, 32 * half + 32) of the 64-wide K step). Consecutive threads read consecutive 16 bytes.
+__device__ __forceinline__ void job_of(int j, int t, bool& is_a, int& row, int& half) {
+  const int g = j * 128 + t;
+  is_a = g < 2 * kBM;
+  row = is_a ? g >> 1 : (g - 2 * kBM) >> 1;
+  half = g & 1;
+}
+
+// This thread's packed codes and scales of one step from its staging slot (A rows, then B rows; 32 bytes of codes
+// and a 16-byte scale box row each).
+__device__ __forceinline__ void read_slot(Prefetch& p, uint32_t slot, int t) {
+#pragma unroll
+  for (int j = 0; j < kJobs; ++j) {
+    bool is_a;
+    int row, half;
+    job_of(j, t, is_a, row, half);
+    const uint32_t r = static_cast<uint32_t>(is_a ? row : kBM + row);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(p.q[j].x), "=r"(p.q[j].y), "=r"(p.q[j].z), "=r"(p.q[j].w)
+                 : "r"(slot + r * 32u + static_cast<uint32_t>(half) * 16u));
+    uint16_t sc;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(sc) : "r"(slot + kDataBytes + r * 16u + static_cast<uint32_t>(half) * 2u));
+    p.s[j] = sc;
+  }
+}
+
+__device__ __forceinline__ void store_step(const Prefetch& p, uint32_t stage, int t) {
+#pragma unroll
+  for (int j = 0; j < kJobs; ++j) {
+    bool is_a;
+    int row, half;
+    job_of(j, t, is_a, row, half);
+    const uint32_t base = stage + (is_a ? 0u : static_cast<uint32_t>(kABytes)) + static_cast<uint32_t>(row) * 128u;
+    const uint32_t words[4] = {p.q[j].x, p.q[j].y, p.q[j].z, p.q[j].w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const __half2 sf2 = scale2(q < 2 ? (p.s[j] & 0xFFu) : (p.s[j] >> 8));
+      uint32_t v[4];
+      decode8(words[q], sf2, v);
+      const uint32_t chunk = static_cast<uint32_t>(half * 4 + q) ^ static_cast<uint32_t>(row & 7);
+      st_shared_v4(base + chunk * 16u, v);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_gemm_kernel(const Maps* __restrict__ mp, const float* __restrict__ alpha,
+                       __nv_bfloat16* __restrict__ out, int M, int N, int K) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t tiles = (raw + 1023u) & ~1023u;  // 1024-byte aligned stages
+  const uint32_t slots = tiles + kStages * kStageBytes;  // (1024-aligned: kStageBytes is a multiple of 1024)
+  const uint32_t bars = slots + kPacked * kSlotBytes;
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (kStages + s); };
+  auto landed = [&](int p) { return bars + 8u * (2 * kStages + p); };
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const Maps& maps = *mp;
+  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
+  const int steps = K / kBK;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 128);
+      mbar_init(empty(s), 2);
+    }
+    for (int p = 0; p < kPacked; ++p) mbar_init(landed(p), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    // thread 0: the copies of step k into slot k % kPacked (the slot's previous step was read by every producer
+    // thread before the producer_sync that preceded this call)
+    auto issue = [&](int k) {
+      const int p = k % kPacked;
+      const uint32_t slot = slots + p * kSlotBytes;
+      mbar_arrive_expect_tx(landed(p), kSlotBytes);
+      tma_load_2d(slot, &maps.a_data, k * 32, m0, landed(p));
+      tma_load_2d(slot + kBM * 32, &maps.b_data, k * 32, n0, landed(p));
+      tma_load_2d(slot + kDataBytes, &maps.a_scale, k * 4, m0, landed(p));
+      tma_load_2d(slot + kDataBytes + kBM * 16, &maps.b_scale, k * 4, n0, landed(p));
+    };
+    if (t == 0) {
+      // the maps were written through the generic proxy (a host-to-device copy): acquire them for the copy engine
+      for (const CUtensorMap* m : {&maps.a_data, &maps.a_scale, &maps.b_data, &maps.b_scale}) {
+        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(m))
+                     : "memory");
+      }
+      for (int k = 0; k < kPacked - 1 && k < steps; ++k) issue(k);
+    }
+    Prefetch cur;
+    for (int kt = 0; kt < steps; ++kt) {
+      if (t == 0 && kt + kPacked - 1 < steps) issue(kt + kPacked - 1);
+      const int p = kt % kPacked;
+      mbar_wait(landed(p), (kt / kPacked) & 1);
+      read_slot(cur, slots + p * kSlotBytes, t);
+      producer_sync();  // every producer thread has read slot p: it may be refilled
+      const int s = kt % kStages;
+      if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);
+      store_step(cur, tiles + s * kStageBytes, t);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbar_arrive(full(s));
+    }
+    return;
+  }
+
+  // consumers: warpgroup c (0, 1) owns rows [64 c, 64 c + 64) of the tile
+  const int c = wg - 1;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < steps; ++kt) {
+    const int s = kt % kStages;
+    mbar_wait(full(s), (kt / kStages) & 1);
+    const uint32_t sa = tiles + s * kStageBytes + static_cast<uint32_t>(c) * 64u * 128u;
+    const uint32_t sb = tiles + s * kStageBytes + kABytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      wgmma_m64n256k16_f16(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's wgmmas are done: release its buffers
+    if (kt > 0 && t == 0) mbar_arrive(empty((kt - 1) % kStages));
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+
+  const float al = __ldg(alpha);
+  const int warp = t / 32, lane = t % 32;
+  const int64_t row = m0 + c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int col = n0 + j * 8 + (lane % 4) * 2;
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(__fmul_rn(acc[4 * j], al), __fmul_rn(acc[4 * j + 1], al));
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(__fmul_rn(acc[4 * j + 2], al), __fmul_rn(acc[4 * j + 3], al));
+    *reinterpret_cast<__nv_bfloat162*>(out + row * N + col) = lo;
+    *reinterpret_cast<__nv_bfloat162*>(out + (row + 8) * N + col) = hi;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }
+  return fn;
+}
+
+// A (rows, cols) uint8 row-major tensor (cols bytes a row) read in (box_rows, box_cols) boxes.
+bool byte_map(CUtensorMap* map, const void* base, int rows, int cols, int box_rows, int box_cols) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// 0 on success, else a CUDA error code (or -1: unsupported shape / alignment, -2: no tensor-map encoder).
+extern "C" int nvfp4_decode_gemm(const void* a_data, const void* a_scale, const void* b_data, const void* b_scale,
+                                 const float* alpha, void* out, int M, int N, int K, void* stream) {
+  if (M % kBM || N % kBN || K % 256 || M <= 0 || N <= 0 || K <= 0) return -1;  // K % 256: 16-byte scale rows
+  if ((reinterpret_cast<uintptr_t>(a_data) | reinterpret_cast<uintptr_t>(b_data) |
+       reinterpret_cast<uintptr_t>(a_scale) | reinterpret_cast<uintptr_t>(b_scale)) & 15u)
+    return -1;
+  if (encode_fn() == nullptr) return -2;
+  static bool configured = false;
+  if (!configured) {
+    const cudaError_t e = cudaFuncSetAttribute(decode_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    configured = true;
+  }
+  static Maps host_maps;  // (prototype: one call at a time; a library would keep one per operand pair)
+  static Maps* dev_maps = nullptr;
+  if (dev_maps == nullptr) {
+    const cudaError_t e = cudaMalloc(&dev_maps, sizeof(Maps));
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
+  if (!byte_map(&host_maps.a_data, a_data, M, K / 2, kBM, 32) ||
+      !byte_map(&host_maps.b_data, b_data, N, K / 2, kBN, 32) ||
+      !byte_map(&host_maps.a_scale, a_scale, M, K / 16, kBM, 16) ||
+      !byte_map(&host_maps.b_scale, b_scale, N, K / 16, kBN, 16))
+    return -3;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const cudaError_t e = cudaMemcpyAsync(dev_maps, &host_maps, sizeof(Maps), cudaMemcpyHostToDevice, st);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  decode_gemm_kernel<<<dim3(N / kBN, M / kBM), kThreads, kSmem, st>>>(dev_maps, alpha,
+                                                                       static_cast<__nv_bfloat16*>(out), M, N, K);
+  return static_cast<int>(cudaGetLastError());
+}
