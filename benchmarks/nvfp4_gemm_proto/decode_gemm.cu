@@ -56,25 +56,18 @@ __device__ __forceinline__ const Operand& job_row(int j, int t, const Operand& a
   return is_a ? a : b;
 }
 
-__device__ __forceinline__ void load_step(Prefetch& p, const Operand& a, const Operand& b, int m0, int n0, int K,
-                                          int kt, int t) {
+// Each job's 16 bytes of step or block `index`: the codes of K step `index` (kScales false: 16 of a row's 32 bytes,
+// by half) or the scales of the block of four steps `index` (kScales true: a row's 16 scale bytes).
+template <bool kScales>
+__device__ __forceinline__ void load_jobs(uint4 (&v)[kJobs], const Operand& a, const Operand& b, int m0, int n0,
+                                          int K, int index, int t) {
 #pragma unroll
   for (int j = 0; j < kJobs; ++j) {
     int64_t r;
     int half;
     const Operand& o = job_row(j, t, a, b, m0, n0, r, half);
-    p.q[j] = __ldg(reinterpret_cast<const uint4*>(o.data + r * (K / 2) + kt * 32 + half * 16));
-  }
-}
-
-__device__ __forceinline__ void load_scales(Scales& sc, const Operand& a, const Operand& b, int m0, int n0, int K,
-                                            int block, int t) {
-#pragma unroll
-  for (int j = 0; j < kJobs; ++j) {
-    int64_t r;
-    int half;
-    const Operand& o = job_row(j, t, a, b, m0, n0, r, half);
-    sc.v[j] = __ldg(reinterpret_cast<const uint4*>(o.scale + r * (K / 16) + block * 16));
+    const uint8_t* src = kScales ? o.scale + r * (K / 16) + index * 16 : o.data + r * (K / 2) + index * 32 + half * 16;
+    v[j] = __ldg(reinterpret_cast<const uint4*>(src));
   }
 }
 
@@ -112,26 +105,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int steps = K / kBK;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full(s), 128);
-      mbar_init(empty(s), 2);
-    }
-  }
+  if (threadIdx.x == 0) init_stage_barriers<kStages>(full, empty);
   __syncthreads();
 
   if (wg == 0) {  // producer
     Prefetch cur, nxt;
     Scales sc, sc_next;
     const int blocks = steps / 4;
-    load_step(cur, a, b, m0, n0, K, 0, t);
-    load_scales(sc, a, b, m0, n0, K, 0, t);
-    if (blocks > 1) load_scales(sc_next, a, b, m0, n0, K, 1, t);
+    load_jobs<false>(cur.q, a, b, m0, n0, K, 0, t);
+    load_jobs<true>(sc.v, a, b, m0, n0, K, 0, t);
+    if (blocks > 1) load_jobs<true>(sc_next.v, a, b, m0, n0, K, 1, t);
     for (int kt = 0; kt < steps; ++kt) {
-      if (kt + 1 < steps) load_step(nxt, a, b, m0, n0, K, kt + 1, t);
+      if (kt + 1 < steps) load_jobs<false>(nxt.q, a, b, m0, n0, K, kt + 1, t);
       if (kt > 0 && kt % 4 == 0) {  // a new block of four steps: its scales arrived during the last block
         sc = sc_next;
-        if (kt / 4 + 1 < blocks) load_scales(sc_next, a, b, m0, n0, K, kt / 4 + 1, t);
+        if (kt / 4 + 1 < blocks) load_jobs<true>(sc_next.v, a, b, m0, n0, K, kt / 4 + 1, t);
       }
       const int s = kt % kStages;
       if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);

@@ -120,10 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int steps = K / kBK;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full(s), 128);
-      mbar_init(empty(s), 2);
-    }
+    init_stage_barriers<kStages>(full, empty);
     for (int p = 0; p < kPacked; ++p) mbar_init(landed(p), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }

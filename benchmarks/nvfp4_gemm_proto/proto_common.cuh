@@ -92,6 +92,16 @@ __device__ __forceinline__ void job_of(int j, int t, bool& is_a, int& row, int& 
   half = g & 1;
 }
 
+// The decoded stages' mbarriers: full(s) completes when the producer warpgroup's 128 threads have stored stage s,
+// empty(s) when both consumer warpgroups have finished reading it. (One thread, before the CTA's first barrier.)
+template <int kStages, typename Full, typename Empty>
+__device__ __forceinline__ void init_stage_barriers(Full full, Empty empty) {
+  for (int s = 0; s < kStages; ++s) {
+    mbar_init(full(s), 128);
+    mbar_init(empty(s), 2);
+  }
+}
+
 // Consumer warpgroup c (0, 1) of a CTA: rows [64 c, 64 c + 64) of the 128 x 256 tile, over `steps` K steps of the
 // kStages-deep ring of decoded stages at `tiles` (full(s) / empty(s): the stages' mbarrier addresses), then
 // out = RN_bf16(alpha * acc) with direct stores.
