@@ -1,4 +1,4 @@
-// v3 of the prototype (NOT WORKING: "illegal instruction" at its first bulk tensor copy on an H200; see README.md): the
+// v3 of the prototype (runs since session 32; slower than v4, see README.md): the
 // packed tiles through the bulk tensor copy engine into a staging ring. Kept for the next attempt.
 // Prototype (issue 13): the emulated NVFP4 GEMM with the E2M1 x E4M3 decode inside the GEMM's mainloop, so that no
 // 16-bit operand is ever written to device memory. C[M, N] = RN_bf16(alpha * sum_k A[m, k] B[n, k]) for NVFP4 A
@@ -55,9 +55,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 }
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 
-// In device memory: a kernel parameter's address is not 64-byte aligned where the copy engine needs it (a
-// __grid_constant__ struct of tensor maps gave "illegal instruction" on the H200: its maps sat 48 bytes past a
-// 64-byte boundary of the parameter window).
+// The four maps, encoded on the host and passed as separate __grid_constant__ kernel parameters.
 struct Maps {
   CUtensorMap a_data, a_scale, b_data, b_scale;
 };
@@ -69,7 +67,7 @@ struct Prefetch {
 
 // This thread's packed codes and scales of one step from its staging slot (A rows, then B rows; 32 bytes of codes
 // and a 16-byte scale box row each).
-__device__ __forceinline__ void read_slot(Prefetch& p, uint32_t slot, int t) {
+__device__ __forceinline__ void read_slot(Prefetch& p, uint32_t slot, int t, int k) {
 #pragma unroll
   for (int j = 0; j < kJobs; ++j) {
     bool is_a;
@@ -80,7 +78,7 @@ __device__ __forceinline__ void read_slot(Prefetch& p, uint32_t slot, int t) {
                  : "=r"(p.q[j].x), "=r"(p.q[j].y), "=r"(p.q[j].z), "=r"(p.q[j].w)
                  : "r"(slot + r * 32u + static_cast<uint32_t>(half) * 16u));
     uint16_t sc;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(sc) : "r"(slot + kDataBytes + r * 16u + static_cast<uint32_t>(half) * 2u));
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(sc) : "r"(slot + kDataBytes + r * 16u + static_cast<uint32_t>(k & 3) * 4u + static_cast<uint32_t>(half) * 2u));
     p.s[j] = sc;
   }
 }
@@ -105,8 +103,9 @@ __device__ __forceinline__ void store_step(const Prefetch& p, uint32_t stage, in
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_gemm_kernel(const Maps* __restrict__ mp, const float* __restrict__ alpha,
-                       __nv_bfloat16* __restrict__ out, int M, int N, int K) {
+    decode_gemm_kernel(const __grid_constant__ CUtensorMap map_a_data, const __grid_constant__ CUtensorMap map_b_data,
+                       const __grid_constant__ CUtensorMap map_a_scale, const __grid_constant__ CUtensorMap map_b_scale,
+                       const float* __restrict__ alpha, __nv_bfloat16* __restrict__ out, int M, int N, int K) {
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t tiles = (raw + 1023u) & ~1023u;  // 1024-byte aligned stages
@@ -116,7 +115,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty = [&](int s) { return bars + 8u * (kStages + s); };
   auto landed = [&](int p) { return bars + 8u * (2 * kStages + p); };
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const Maps& maps = *mp;
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int steps = K / kBK;
   if (threadIdx.x == 0) {
@@ -133,17 +131,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int p = k % kPacked;
       const uint32_t slot = slots + p * kSlotBytes;
       mbar_arrive_expect_tx(landed(p), kSlotBytes);
-      tma_load_2d(slot, &maps.a_data, k * 32, m0, landed(p));
-      tma_load_2d(slot + kBM * 32, &maps.b_data, k * 32, n0, landed(p));
-      tma_load_2d(slot + kDataBytes, &maps.a_scale, k * 4, m0, landed(p));
-      tma_load_2d(slot + kDataBytes + kBM * 16, &maps.b_scale, k * 4, n0, landed(p));
+      tma_load_2d(slot, &map_a_data, k * 32, m0, landed(p));
+      tma_load_2d(slot + kBM * 32, &map_b_data, k * 32, n0, landed(p));
+      // (a box's first byte must be 16-byte aligned: the 16-byte scale box of the four steps k belongs to)
+      tma_load_2d(slot + kDataBytes, &map_a_scale, (k >> 2) * 16, m0, landed(p));
+      tma_load_2d(slot + kDataBytes + kBM * 16, &map_b_scale, (k >> 2) * 16, n0, landed(p));
     };
     if (t == 0) {
-      // the maps were written through the generic proxy (a host-to-device copy): acquire them for the copy engine
-      for (const CUtensorMap* m : {&maps.a_data, &maps.a_scale, &maps.b_data, &maps.b_scale}) {
-        asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(m))
-                     : "memory");
-      }
       for (int k = 0; k < kPacked - 1 && k < steps; ++k) issue(k);
     }
     Prefetch cur;
@@ -151,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t == 0 && kt + kPacked - 1 < steps) issue(kt + kPacked - 1);
       const int p = kt % kPacked;
       mbar_wait(landed(p), (kt / kPacked) & 1);
-      read_slot(cur, slots + p * kSlotBytes, t);
+      read_slot(cur, slots + p * kSlotBytes, t, kt);
       producer_sync();  // every producer thread has read slot p: it may be refilled
       const int s = kt % kStages;
       if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);
@@ -205,21 +199,15 @@ extern "C" int nvfp4_decode_gemm(const void* a_data, const void* a_scale, const 
     if (e != cudaSuccess) return static_cast<int>(e);
     configured = true;
   }
-  static Maps host_maps;  // (prototype: one call at a time; a library would keep one per operand pair)
-  static Maps* dev_maps = nullptr;
-  if (dev_maps == nullptr) {
-    const cudaError_t e = cudaMalloc(&dev_maps, sizeof(Maps));
-    if (e != cudaSuccess) return static_cast<int>(e);
-  }
+  Maps host_maps;
   if (!byte_map(&host_maps.a_data, a_data, M, K / 2, kBM, 32) ||
       !byte_map(&host_maps.b_data, b_data, N, K / 2, kBN, 32) ||
       !byte_map(&host_maps.a_scale, a_scale, M, K / 16, kBM, 16) ||
       !byte_map(&host_maps.b_scale, b_scale, N, K / 16, kBN, 16))
     return -3;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const cudaError_t e = cudaMemcpyAsync(dev_maps, &host_maps, sizeof(Maps), cudaMemcpyHostToDevice, st);
-  if (e != cudaSuccess) return static_cast<int>(e);
-  decode_gemm_kernel<<<dim3(N / kBN, M / kBM), kThreads, kSmem, st>>>(dev_maps, alpha,
-                                                                       static_cast<__nv_bfloat16*>(out), M, N, K);
+  decode_gemm_kernel<<<dim3(N / kBN, M / kBM), kThreads, kSmem, st>>>(
+      host_maps.a_data, host_maps.b_data, host_maps.a_scale, host_maps.b_scale, alpha, static_cast<__nv_bfloat16*>(out),
+      M, N, K);
   return static_cast<int>(cudaGetLastError());
 }
