@@ -24,13 +24,10 @@
 //
 // Limits of the prototype: M % 128 == 0, N % 256 == 0, K % 64 == 0, 16-byte aligned data; no bias, no row-scaled
 // operands (the library's path keeps them).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "proto_common.cuh"
+#include "proto_tma.cuh"
 
 namespace {
 
@@ -42,17 +39,6 @@ constexpr int kScaleBytes = (kBM + kBN) * 16;      // one step's scale boxes: 16
 constexpr int kSlotBytes = kDataBytes + kScaleBytes;
 constexpr int kSmem = kStages * kStageBytes + kPacked * kSlotBytes + 1024 + 2 * (kStages + kPacked) * 8;
 
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One 2-D box of a tensor map into shared memory, completing `bar`'s transaction count.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 
 // The four maps, encoded on the host and passed as separate __grid_constant__ kernel parameters.
@@ -157,33 +143,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   proto::consume<kStages>(tiles, full, empty, wg - 1, t, m0, n0, N, steps, alpha, out);
-}
-
-}  // namespace
-
-namespace {
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  if (fn == nullptr) {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }
-  return fn;
-}
-
-// A (rows, cols) uint8 row-major tensor (cols bytes a row) read in (box_rows, box_cols) boxes.
-bool byte_map(CUtensorMap* map, const void* base, int rows, int cols, int box_rows, int box_cols) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  return encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, elem,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace

@@ -72,6 +72,18 @@ __device__ __forceinline__ void decode8(uint32_t w, __half2 sf2, uint32_t* out) 
   out[3] = h2_bits(__hmul2(e4m3x2_to_h2(p1 >> 16), sf2));
 }
 
+// decode8 without the two byte permutes: out[0] = codes (0, 2), out[1] = (4, 6), out[2] = (1, 3), out[3] = (5, 7).
+// Usable wherever both operands of the GEMM are decoded by it and mapped to K positions the same way (v5): the K order
+// of a sum does not change its terms. 11 integer-pipe instructions per 8 codes instead of 13.
+__device__ __forceinline__ void decode8_pairs(uint32_t w, __half2 sf2, uint32_t* out) {
+  const uint32_t lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // codes 0, 2, 4, 6 as E4M3 bytes
+  const uint32_t hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);         // codes 1, 3, 5, 7
+  out[0] = h2_bits(__hmul2(e4m3x2_to_h2(lo & 0xFFFFu), sf2));
+  out[1] = h2_bits(__hmul2(e4m3x2_to_h2(lo >> 16), sf2));
+  out[2] = h2_bits(__hmul2(e4m3x2_to_h2(hi & 0xFFFFu), sf2));
+  out[3] = h2_bits(__hmul2(e4m3x2_to_h2(hi >> 16), sf2));
+}
+
 __device__ __forceinline__ __half2 scale2(uint32_t code) {
   const __half_raw r = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
   const __half s = __hmul(*reinterpret_cast<const __half*>(&r), __float2half(64.0f));

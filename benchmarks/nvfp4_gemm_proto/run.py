@@ -30,16 +30,17 @@ ITERS = [0]
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
 
-#: variant name -> source file (each defines the same C entry point)
+#: variant name -> (source file, extra nvcc flags); each defines the same C entry point
 #: (v0 and v2, measured against these in session 31, are in git history: commit b1a6d45)
-VARIANTS = {"v4": "decode_gemm.cu", "tma": "decode_gemm_tma.cu"}
+VARIANTS = {"v4": ("decode_gemm.cu", []), "tma": ("decode_gemm_tma.cu", []), "rs": ("decode_gemm_rs.cu", []),
+            "rs6": ("decode_gemm_rs.cu", ["-DRS_STAGES=6"]), "rs_prmt": ("decode_gemm_rs.cu", ["-DRS_PRMT=1"])}
 
 
 def build(out_dir: str, variant: str) -> ctypes.CDLL:
     so = os.path.join(out_dir, f"libdecode_gemm_{variant}.so")
     nvcc = os.environ.get("NVCC", "nvcc")
     cmd = [nvcc, "-shared", "-O3", "-lineinfo", "-std=c++17", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a",
-           "-Xptxas", "-v", os.path.join(HERE, VARIANTS[variant]), "-o", so]
+           "-Xptxas", "-v", *VARIANTS[variant][1], os.path.join(HERE, VARIANTS[variant][0]), "-o", so]
     res = subprocess.run(cmd, capture_output=True, text=True)
     print(variant + ": " + " ".join(l.strip() for l in res.stderr.splitlines()
                                    if "registers" in l or "spill" in l or "error" in l.lower()))
@@ -130,7 +131,9 @@ def main() -> None:
                 o = out.double()
                 rel = float(((o - ref)[fin]).norm() / ref[fin].norm())
                 nan_same = bool(torch.equal(torch.isnan(out), torch.isnan(lib_out)))
-                ob, lb = out.view(torch.int16).int(), lib_out.view(torch.int16).int()
+                # BF16 bits as integers in value order (-0 and +0 both 0), so a sign change near zero counts its ulps
+                ob, lb = (torch.where(x < 0, -(x & 0x7FFF), x) for x in (out.view(torch.int16).int(),
+                                                                       lib_out.view(torch.int16).int()))
                 ulps = int(((ob - lb).abs())[fin & torch.isfinite(lib_out.float())].max()) if fin.any() else 0
                 results[f"{check} {name}"] = dict(rel_err=rel, rel_err_library=rel_lib, max_ulps_vs_library=ulps,
                                                   nan_same=nan_same, unwritten=unwritten)

@@ -1,0 +1,281 @@
+// v5 of the prototype: the decode spread over all three warpgroups, A from registers (issue 13; README.md).
+//
+// C[M, N] = RN_bf16(alpha * sum_k A[m, k] B[n, k]) for NVFP4 A (M, K) and B (N, K) as in decode_gemm.cu (v4): packed
+// E2M1 codes (rows, K/2 bytes, low nibble first), E4M3 block scales (rows, K/16), FP16 unit values (exact), FP32 sums.
+//
+// Why: v3/v4's single producer warpgroup decodes every operand element, one warp per scheduler, and its dependent
+// chains (load, shift, convert, multiply, store) set the pace at ~2.7x the MMA time per K step. Here the decode of a
+// step is split evenly over the 12 warps: the two consumer warpgroups decode their own rows of A straight into the
+// wgmma A-fragment registers (RS form: no shared-memory stores or reads of A), the producer warpgroup decodes B into
+// shared memory. CTA tile 256 (M) x 128 (N), K step 64: 256 rows of A over 8 consumer warps and 128 rows of B over 4
+// producer warps, 2048 elements a warp a step either way.
+//
+// The K order inside each 64-wide step is permuted, the same way for A and B, so that every thread's fragment
+// values are 16 consecutive codes (one 8-byte shared load a row, one block scale): physical code p = 16 b + 4 j + i
+// (b: 16-code scale block 0..3, j: 16-wide wgmma K slice 0..3, i: 0..3) sits at logical K position
+// 16 j + 2 b + (i & 1) + 8 (i >> 1), which is where the m64k16 A fragment of the thread with lane % 4 == b holds it.
+// A sum over K does not depend on the order its terms are named in; the tensor cores' FP32 accumulation order
+// within a K slice may differ from the library path's (a GEMM tolerance, not bytes).
+//
+// Structure (sm_90a), 384 threads: warpgroup 0 is the producer (setmaxnreg 56): its thread 0 keeps the bulk tensor
+// copy engine kPacked - 1 steps ahead, copying each step's packed codes of A (256 x 32 bytes) and B (128 x 32) and
+// the 16-byte scale boxes of the four steps they belong to into a staging slot; each producer thread decodes one B
+// row (64 codes) into the 128-byte swizzled K-major layout of a B stage. Warpgroups 1 and 2 (setmaxnreg 224) own
+// 128 rows of A each (two m64 blocks): per step they read their packed A rows from the slot, decode the fragments
+// (double-buffered in registers: the previous step's wgmmas still read theirs), wait for the B stage, and issue
+// 2 x 4 wgmma m64n128k16 (A from registers). Epilogue: alpha, one rounding to BF16, direct stores.
+//
+// Limits: M % 256 == 0, N % 128 == 0, K % 256 == 0, 16-byte aligned codes and scales; no bias or row-scaled operands.
+#include <cstdint>
+
+#include "proto_common.cuh"
+#include "proto_tma.cuh"
+#include "wgmma_m64n128_rs.cuh"
+
+namespace {
+
+using namespace proto;
+
+constexpr int kTM = 256, kTN = 128;                 // CTA tile (kBK = 64 from proto_common)
+#ifndef RS_STAGES
+#define RS_STAGES 4
+#endif
+constexpr int kStages = RS_STAGES, kPacked = 6;
+constexpr int kBStageBytes = kTN * kBK * 2;         // decoded B: 16 KB
+constexpr int kAData = kTM * 32, kBData = kTN * 32;  // packed codes of a step: 8 KB, 4 KB
+constexpr int kAScale = kTM * 16, kBScale = kTN * 16;  // 16-byte scale boxes: 4 KB, 2 KB
+constexpr int kSlotBytes = kAData + kBData + kAScale + kBScale;  // 18 KB
+constexpr int kBars = 2 * kStages + 2 * kPacked;
+constexpr int kSmem = kStages * kBStageBytes + kPacked * kSlotBytes + 1024 + kBars * 8;
+// setmaxnreg moves registers between the warpgroups within what the CTA got at launch (168 a thread under
+// __launch_bounds__(384, 1)): a consumer's increase waits until the producer's decrease has freed enough, so asking
+// for more than the pool holds hangs the kernel (the first form, 64 / 224, did).
+constexpr int kLaunchRegs = 168, kProducerRegs = 56, kConsumerRegs = 224;
+static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kLaunchRegs, "setmaxnreg beyond the CTA's registers");
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// The decode of 8 codes both operands use (RS_PRMT=1: decode8, the codes in order; else decode8_pairs). Which physical
+// codes a fragment register holds follows from it; A and B agree because both take it.
+__device__ __forceinline__ void decode8_rs(uint32_t w, __half2 sf2, uint32_t* out) {
+#if RS_PRMT
+  decode8(w, sf2, out);
+#else
+  decode8_pairs(w, sf2, out);
+#endif
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void ld_shared_v2(uint32_t addr, uint32_t& a, uint32_t& b) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "r"(addr));
+}
+__device__ __forceinline__ void ld_shared_v4(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+
+// One consumer thread's A fragments of one step: frag[mb][j] is the m64k16 fragment of M block mb, K slice j.
+struct Frags {
+  uint32_t r[2][4][4];
+};
+
+// Rows 128 c + 64 mb + 16 w + g (+ 8) of the slot's packed A, this thread's 16 codes (bytes 8 b .. 8 b + 7, b =
+// lane % 4) and their block scale, decoded into the fragment registers of the four K slices.
+__device__ __forceinline__ void decode_a(Frags& f, uint32_t slot, int c, int warp, int lane, int kt) {
+  const int g = lane >> 2, b = lane & 3;
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const uint32_t row = static_cast<uint32_t>(128 * c + 64 * mb + 16 * warp + g + 8 * rr);
+      uint32_t w0, w1;
+      ld_shared_v2(slot + row * 32u + static_cast<uint32_t>(b) * 8u, w0, w1);
+      const uint32_t sw = ld_shared_u32(slot + kAData + kBData + row * 16u + static_cast<uint32_t>(kt & 3) * 4u);
+      const __half2 sf2 = scale2((sw >> (8 * b)) & 0xFFu);
+      uint32_t d0[4], d1[4];
+      decode8_rs(w0, sf2, d0);  // codes 16 b + 0..7: slices 0 (d0[0] lo, d0[1] hi) and 1 (d0[2], d0[3])
+      decode8_rs(w1, sf2, d1);  // codes 16 b + 8..15: slices 2 and 3
+      // fragment registers: 0 row g lo, 1 row g + 8 lo, 2 row g hi, 3 row g + 8 hi
+      f.r[mb][0][rr] = d0[0];
+      f.r[mb][0][2 + rr] = d0[1];
+      f.r[mb][1][rr] = d0[2];
+      f.r[mb][1][2 + rr] = d0[3];
+      f.r[mb][2][rr] = d1[0];
+      f.r[mb][2][2 + rr] = d1[1];
+      f.r[mb][3][rr] = d1[2];
+      f.r[mb][3][2 + rr] = d1[3];
+    }
+  }
+}
+
+// Producer thread t: B row t of the slot (64 codes, 4 scale blocks) decoded into the B stage at the permuted K
+// positions, 128-byte swizzled K-major. Slice j's logical positions 0..7 hold the (i = 0, 1) pairs of blocks 0..3,
+// positions 8..15 the (i = 2, 3) pairs: 16-byte chunk 2 j + h of the row is [block 0..3's pair (j, h)].
+__device__ __forceinline__ void decode_b(uint32_t slot, uint32_t stage, int t, int kt) {
+  const uint32_t row = static_cast<uint32_t>(t);
+  uint32_t w[8];
+  uint32_t lo[4], hi[4];
+  ld_shared_v4(slot + kAData + row * 32u, lo);
+  ld_shared_v4(slot + kAData + row * 32u + 16u, hi);
+  w[0] = lo[0], w[1] = lo[1], w[2] = lo[2], w[3] = lo[3], w[4] = hi[0], w[5] = hi[1], w[6] = hi[2], w[7] = hi[3];
+  const uint32_t sw = ld_shared_u32(slot + kAData + kBData + kAScale + row * 16u + static_cast<uint32_t>(kt & 3) * 4u);
+  const uint32_t base = stage + row * 128u, sw7 = row & 7u;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // half 0: slices 0, 1 (each block's first word), half 1: slices 2, 3
+    uint32_t d[4][4];                     // d[block][q]: q = 2 (j - 2 half) + h
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) decode8_rs(w[2 * blk + half], scale2((sw >> (8 * blk)) & 0xFFu), d[blk]);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t chunk = static_cast<uint32_t>(4 * half + q);
+      const uint32_t v[4] = {d[0][q], d[1][q], d[2][q], d[3][q]};
+      st_shared_v4(base + ((chunk ^ sw7) * 16u), v);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_gemm_rs_kernel(const __grid_constant__ CUtensorMap map_a_data, const __grid_constant__ CUtensorMap map_b_data,
+                          const __grid_constant__ CUtensorMap map_a_scale,
+                          const __grid_constant__ CUtensorMap map_b_scale, const float* __restrict__ alpha,
+                          __nv_bfloat16* __restrict__ out, int M, int N, int K) {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t stages = (raw + 1023u) & ~1023u;           // decoded B stages, 1024-byte aligned
+  const uint32_t slots = stages + kStages * kBStageBytes;   // staging slots (1024-aligned)
+  const uint32_t bars = slots + kPacked * kSlotBytes;
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (kStages + s); };
+  auto landed = [&](int p) { return bars + 8u * (2 * kStages + p); };
+  auto freed = [&](int p) { return bars + 8u * (2 * kStages + kPacked + p); };
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int m0 = blockIdx.y * kTM, n0 = blockIdx.x * kTN;
+  const int steps = K / kBK;
+  if (threadIdx.x == 0) {
+    init_stage_barriers<kStages>(full, empty);
+    for (int p = 0; p < kPacked; ++p) {
+      mbar_init(landed(p), 1);
+      mbar_init(freed(p), kThreads);  // every thread has read its part of the slot
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    setmaxnreg_dec<kProducerRegs>();
+    auto issue = [&](int k) {
+      const int p = k % kPacked;
+      if (k >= kPacked) mbar_wait(freed(p), ((k / kPacked) + 1) & 1);
+      const uint32_t slot = slots + p * kSlotBytes;
+      mbar_arrive_expect_tx(landed(p), kSlotBytes);
+      tma_load_2d(slot, &map_a_data, k * 32, m0, landed(p));
+      tma_load_2d(slot + kAData, &map_b_data, k * 32, n0, landed(p));
+      tma_load_2d(slot + kAData + kBData, &map_a_scale, (k >> 2) * 16, m0, landed(p));
+      tma_load_2d(slot + kAData + kBData + kAScale, &map_b_scale, (k >> 2) * 16, n0, landed(p));
+    };
+    if (t == 0)
+      for (int k = 0; k < kPacked - 1 && k < steps; ++k) issue(k);
+    for (int kt = 0; kt < steps; ++kt) {
+      if (t == 0 && kt + kPacked - 1 < steps) issue(kt + kPacked - 1);
+      const int p = kt % kPacked, s = kt % kStages;
+      mbar_wait(landed(p), (kt / kPacked) & 1);
+      if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);
+      decode_b(slots + p * kSlotBytes, stages + s * kBStageBytes, t, kt);
+      mbar_arrive(freed(p));
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbar_arrive(full(s));
+    }
+    return;
+  }
+
+  setmaxnreg_inc<kConsumerRegs>();
+  const int c = wg - 1, warp = t / 32, lane = t % 32;
+  float acc[2][64];
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[mb][i] = 0.0f;
+  Frags f[2];
+  // one step: decode A into f[buf], wait for B, issue 8 wgmmas, release the previous step's B stage
+  auto step = [&](int kt, Frags& fr) {
+    const int p = kt % kPacked, s = kt % kStages;
+    mbar_wait(landed(p), (kt / kPacked) & 1);
+    decode_a(fr, slots + p * kSlotBytes, c, warp, lane, kt);
+    mbar_arrive(freed(p));
+    mbar_wait(full(s), (kt / kStages) & 1);
+    const uint32_t sb = stages + s * kBStageBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int mb = 0; mb < 2; ++mb) wgmma_m64n128k16_f16_rs(acc[mb], fr.r[mb][j], make_desc(sb + j * 32), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous step's wgmmas are done: its B stage and fragment registers are free
+    if (kt > 0 && t == 0) mbar_arrive(empty((kt - 1) % kStages));
+  };
+  int kt = 0;
+  for (; kt + 1 < steps; kt += 2) {
+    step(kt, f[0]);
+    step(kt + 1, f[1]);
+  }
+  if (kt < steps) step(kt, f[0]);
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[mb][i])::"memory");
+
+  const float al = __ldg(alpha);
+  const int g = lane / 4, b = lane % 4;
+#pragma unroll
+  for (int mb = 0; mb < 2; ++mb) {
+    const int64_t row = m0 + 128 * c + 64 * mb + 16 * warp + g;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int col = n0 + j * 8 + b * 2;
+      const float* a4 = &acc[mb][4 * j];
+      *reinterpret_cast<__nv_bfloat162*>(out + row * N + col) =
+          __floats2bfloat162_rn(__fmul_rn(a4[0], al), __fmul_rn(a4[1], al));
+      *reinterpret_cast<__nv_bfloat162*>(out + (row + 8) * N + col) =
+          __floats2bfloat162_rn(__fmul_rn(a4[2], al), __fmul_rn(a4[3], al));
+    }
+  }
+}
+
+}  // namespace
+
+// 0 on success, else a CUDA error code (or -1: unsupported shape / alignment, -2: no tensor-map encoder, -3: a map
+// could not be encoded).
+extern "C" int nvfp4_decode_gemm(const void* a_data, const void* a_scale, const void* b_data, const void* b_scale,
+                                 const float* alpha, void* out, int M, int N, int K, void* stream) {
+  if (M <= 0 || N <= 0 || K <= 0 || M % kTM || N % kTN || K % 256) return -1;
+  if (((reinterpret_cast<uintptr_t>(a_data) | reinterpret_cast<uintptr_t>(b_data) |
+        reinterpret_cast<uintptr_t>(a_scale) | reinterpret_cast<uintptr_t>(b_scale)) & 15u) != 0)
+    return -1;
+  if (encode_fn() == nullptr) return -2;
+  static bool configured = false;
+  if (!configured) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(decode_gemm_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    configured = true;
+  }
+  CUtensorMap ad, bd, as, bs;
+  if (!byte_map(&ad, a_data, M, K / 2, kTM, 32) || !byte_map(&bd, b_data, N, K / 2, kTN, 32) ||
+      !byte_map(&as, a_scale, M, K / 16, kTM, 16) || !byte_map(&bs, b_scale, N, K / 16, kTN, 16))
+    return -3;
+  decode_gemm_rs_kernel<<<dim3(N / kTN, M / kTM), kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+      ad, bd, as, bs, alpha, static_cast<__nv_bfloat16*>(out), M, N, K);
+  return static_cast<int>(cudaGetLastError());
+}
