@@ -18,8 +18,9 @@
 // within a K slice may differ from the library path's (a GEMM tolerance, not bytes).
 //
 // Structure (sm_90a), 384 threads: warpgroup 0 is the producer (setmaxnreg 56): its thread 0 keeps the bulk tensor
-// copy engine kPacked - 1 steps ahead, copying each step's packed codes of A (256 x 32 bytes) and B (128 x 32) and
-// the 16-byte scale boxes of the four steps they belong to into a staging slot; each producer thread decodes one B
+// copy engine kAhead steps ahead of the producer's decode, copying each step's packed codes of A (256 x 32 bytes)
+// and B (128 x 32) and the 16-byte scale boxes of the four steps they belong to into a staging slot (kPacked slots:
+// enough that an issue never waits for a reader, see RS_COUPLED); each producer thread decodes one B
 // row (64 codes) into the 128-byte swizzled K-major layout of a B stage. Warpgroups 1 and 2 (setmaxnreg 224) own
 // 128 rows of A each (two m64 blocks): per step they read their packed A rows from the slot, decode the fragments
 // (double-buffered in registers: the previous step's wgmmas still read theirs), wait for the B stage, and issue
@@ -40,7 +41,17 @@ constexpr int kTM = 256, kTN = 128;                 // CTA tile (kBK = 64 from p
 #ifndef RS_STAGES
 #define RS_STAGES 4
 #endif
-constexpr int kStages = RS_STAGES, kPacked = 6;
+// RS_COUPLED=1: session 32 run 4-5's schedule. Its TMA issue for step kt + 5 (6 slots) waited until every thread had
+// read step kt - 1's slot, consumers included, so producer warp 0 could not run more than about a step ahead of the
+// consumers' A decode. The default keeps the copy engine kAhead steps ahead of the producer's decode and issues after
+// the producer's wait for B stage kt - kStages: the slot it refills last held step kt + kAhead - kPacked <= kt -
+// kStages, whose wgmmas are done, so every thread has read it and the issue never waits.
+#ifndef RS_COUPLED
+#define RS_COUPLED 0
+#endif
+constexpr int kStages = RS_STAGES;
+constexpr int kAhead = RS_COUPLED ? 5 : 3;
+constexpr int kPacked = RS_COUPLED ? 6 : kAhead + kStages;
 constexpr int kBStageBytes = kTN * kBK * 2;         // decoded B: 16 KB
 constexpr int kAData = kTM * 32, kBData = kTN * 32;  // packed codes of a step: 8 KB, 4 KB
 constexpr int kAScale = kTM * 16, kBScale = kTN * 16;  // 16-byte scale boxes: 4 KB, 2 KB
@@ -52,6 +63,8 @@ constexpr int kSmem = kStages * kBStageBytes + kPacked * kSlotBytes + 1024 + kBa
 // for more than the pool holds hangs the kernel (the first form, 64 / 224, did).
 constexpr int kLaunchRegs = 168, kProducerRegs = 56, kConsumerRegs = 224;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kLaunchRegs, "setmaxnreg beyond the CTA's registers");
+static_assert(kSmem <= 232448, "more shared memory than a Hopper block can have (227 KB)");
+static_assert(RS_COUPLED || kAhead + kStages <= kPacked, "a TMA issue could wait on a slot a consumer still reads");
 
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -62,13 +75,27 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
-// The decode of 8 codes both operands use (RS_PRMT=1: decode8, the codes in order; else decode8_pairs). Which physical
-// codes a fragment register holds follows from it; A and B agree because both take it.
+// The decode of 8 codes both operands use (RS_DECODE 0: decode8, the codes in order; 1 (default): decode8_pairs;
+// 2: decode8_int, the unit values times 2^-7). Which physical codes a fragment register holds follows from it; A and
+// B agree because both take it.
+#ifndef RS_DECODE
+#define RS_DECODE 1
+#endif
+// RS_ABLATE (timing experiments; the outputs are wrong): 1 leaves out B's decode (the producer stores the packed
+// words), 2 leaves out A's (the consumers hand the packed words to the wgmmas). Which one moves the time says which
+// side limits a step.
+#ifndef RS_ABLATE
+#define RS_ABLATE 0
+#endif
+constexpr int kScaleMul = RS_DECODE == 2 ? 128 : 64;
+constexpr float kAlphaMul = RS_DECODE == 2 ? 16384.0f : 1.0f;  // undoes the operands' 2^-7 each (exact)
 __device__ __forceinline__ void decode8_rs(uint32_t w, __half2 sf2, uint32_t* out) {
-#if RS_PRMT
+#if RS_DECODE == 0
   decode8(w, sf2, out);
-#else
+#elif RS_DECODE == 1
   decode8_pairs(w, sf2, out);
+#else
+  decode8_int(w, sf2, out);
 #endif
 }
 
@@ -101,10 +128,15 @@ __device__ __forceinline__ void decode_a(Frags& f, uint32_t slot, int c, int war
       uint32_t w0, w1;
       ld_shared_v2(slot + row * 32u + static_cast<uint32_t>(b) * 8u, w0, w1);
       const uint32_t sw = ld_shared_u32(slot + kAData + kBData + row * 16u + static_cast<uint32_t>(kt & 3) * 4u);
-      const __half2 sf2 = scale2((sw >> (8 * b)) & 0xFFu);
+      const __half2 sf2 = scale2<kScaleMul>((sw >> (8 * b)) & 0xFFu);
       uint32_t d0[4], d1[4];
+#if RS_ABLATE == 2  // timing experiment only (wrong results): A's decode left out
+      d0[0] = d0[1] = d0[2] = d0[3] = w0 ^ h2_bits(sf2);
+      d1[0] = d1[1] = d1[2] = d1[3] = w1;
+#else
       decode8_rs(w0, sf2, d0);  // codes 16 b + 0..7: slices 0 (d0[0] lo, d0[1] hi) and 1 (d0[2], d0[3])
       decode8_rs(w1, sf2, d1);  // codes 16 b + 8..15: slices 2 and 3
+#endif
       // fragment registers: 0 row g lo, 1 row g + 8 lo, 2 row g hi, 3 row g + 8 hi
       f.r[mb][0][rr] = d0[0];
       f.r[mb][0][2 + rr] = d0[1];
@@ -134,7 +166,13 @@ __device__ __forceinline__ void decode_b(uint32_t slot, uint32_t stage, int t, i
   for (int half = 0; half < 2; ++half) {  // half 0: slices 0, 1 (each block's first word), half 1: slices 2, 3
     uint32_t d[4][4];                     // d[block][q]: q = 2 (j - 2 half) + h
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk) decode8_rs(w[2 * blk + half], scale2((sw >> (8 * blk)) & 0xFFu), d[blk]);
+    for (int blk = 0; blk < 4; ++blk) {
+#if RS_ABLATE == 1  // timing experiment only (wrong results): B's decode left out, the raw words stored
+      d[blk][0] = d[blk][1] = d[blk][2] = d[blk][3] = w[2 * blk + half] ^ (sw >> (8 * blk));
+#else
+      decode8_rs(w[2 * blk + half], scale2<kScaleMul>((sw >> (8 * blk)) & 0xFFu), d[blk]);
+#endif
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint32_t chunk = static_cast<uint32_t>(4 * half + q);
@@ -184,12 +222,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_2d(slot + kAData + kBData + kAScale, &map_b_scale, (k >> 2) * 16, n0, landed(p));
     };
     if (t == 0)
-      for (int k = 0; k < kPacked - 1 && k < steps; ++k) issue(k);
+      for (int k = 0; k < kAhead && k < steps; ++k) issue(k);
     for (int kt = 0; kt < steps; ++kt) {
-      if (t == 0 && kt + kPacked - 1 < steps) issue(kt + kPacked - 1);
       const int p = kt % kPacked, s = kt % kStages;
-      mbar_wait(landed(p), (kt / kPacked) & 1);
+      if (RS_COUPLED && t == 0 && kt + kAhead < steps) issue(kt + kAhead);
       if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);
+      if (!RS_COUPLED && t == 0 && kt + kAhead < steps) issue(kt + kAhead);
+      mbar_wait(landed(p), (kt / kPacked) & 1);
       decode_b(slots + p * kSlotBytes, stages + s * kBStageBytes, t, kt);
       mbar_arrive(freed(p));
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -236,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[mb][i])::"memory");
 
-  const float al = __ldg(alpha);
+  const float al = __ldg(alpha) * kAlphaMul;
   const int g = lane / 4, b = lane % 4;
 #pragma unroll
   for (int mb = 0; mb < 2; ++mb) {

@@ -2,7 +2,7 @@
 # One device call for the prototype: build + check + time the variants ($VARIANTS), then Nsight Compute on one
 # variant's 4096^3 launch ($NCU_VARIANT) and compute-sanitizer memcheck of one variant on a small shape ($SAN_VARIANT) (both only after a
 # clean run.py).
-# Usage (after `source .device/setup.sh`): VARIANTS=v4,rs [NCU_VARIANT=rs] [SAN_VARIANT=rs] bash benchmarks/nvfp4_gemm_proto/device_run.sh
+# Usage (after `source .device/setup.sh`): VARIANTS=v4,rs [NCU_VARIANT=rs [NCU_SOURCE=1]] [SAN_VARIANT=rs] bash benchmarks/nvfp4_gemm_proto/device_run.sh
 # Each step runs under a time limit (LIM_RUN, LIM_NCU, LIM_SAN seconds): a kernel that hangs costs the limit, not the call.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +25,14 @@ smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue
     python3 "$HERE/run.py" --variants "$V" --shapes 4096x4096x4096 --iters 1 > "$O/ncu_$V.txt" 2>&1
   echo "ncu exit $?"
   grep -E "Duration|Throughput|Busy|Cycles Per Issued|sm__|l1tex__|smsp__|ERR" "$O/ncu_$V.txt" | head -30
+  if [ -n "${NCU_SOURCE:-}" ]; then  # where the warps stall, per SASS instruction (sampled), as CSV
+    timeout ${LIM_NCU:-120} ncu -k regex:decode_gemm -c 1 --section WarpStateStats --section SourceCounters \
+      --import-source yes -f -o "$O/prof_$V" python3 "$HERE/run.py" --variants "$V" --shapes 4096x4096x4096 --iters 1 \
+      > "$O/ncu_source_$V.log" 2>&1
+    ncu -i "$O/prof_$V.ncu-rep" --page source --csv --print-source sass > "$O/source_$V.csv" 2>&1
+    echo "ncu source exit $?, $(wc -l < "$O/source_$V.csv") lines"
+    gzip -f "$O/source_$V.csv"
+  fi
 fi
 S=${SAN_VARIANT:-}
 if [ -n "$S" ] && [ "$RC" = 0 ]; then

@@ -84,9 +84,25 @@ __device__ __forceinline__ void decode8_pairs(uint32_t w, __half2 sf2, uint32_t*
   out[3] = h2_bits(__hmul2(e4m3x2_to_h2(hi >> 16), sf2));
 }
 
+// The integer decode (no conversion instruction; v5 with RS_DECODE=2): an E2M1 code s e1 e0 m placed as the FP16 bits
+// s 000 e1 e0 m 000000000 is its value times 2^-14 (0.5: the subnormal 2^-15), so one FP16 multiply by the block scale
+// times 2^7 (scale2<128>) gives the unit value times 2^-7, exact in FP16 (lowest set bit >= 2^-17; check_decode.py).
+// The GEMM's FP32 sums are then exactly 2^-14 times the unit sums (a power of two; every nonzero product is at least
+// 2^-34, far from FP32's subnormals), so the epilogue multiplies by alpha times 2^14. out[q] = codes (q, q + 4).
+// 8 LOP3 + 1 right shift on the integer pipe, the 6 left shifts as multiplies, per 8 codes.
+__device__ __forceinline__ void decode8_int(uint32_t w, __half2 sf2, uint32_t* out) {
+  const uint32_t s = 0x80008000u, m = 0x0E000E00u;
+  const uint32_t v[4] = {((w << 12) & s) | ((w << 9) & m), ((w << 8) & s) | ((w << 5) & m),
+                         ((w << 4) & s) | ((w << 1) & m), (w & s) | ((w >> 3) & m)};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) out[q] = h2_bits(__hmul2(*reinterpret_cast<const __half2*>(&v[q]), sf2));
+}
+
+// The block scale (E4M3 code) as FP16 times kMul, in both halves (64: the conversion decodes, 128: decode8_int).
+template <int kMul = 64>
 __device__ __forceinline__ __half2 scale2(uint32_t code) {
   const __half_raw r = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-  const __half s = __hmul(*reinterpret_cast<const __half*>(&r), __float2half(64.0f));
+  const __half s = __hmul(*reinterpret_cast<const __half*>(&r), __float2half(static_cast<float>(kMul)));
   return __half2half2(s);
 }
 
