@@ -87,6 +87,12 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #ifndef RS_ABLATE
 #define RS_ABLATE 0
 #endif
+// RS_BSPLIT 1: the producer decodes B rows 0..63 and each consumer warpgroup 32 more, for the next step, between its
+// wgmmas' issue and the next A decode (the consumers 10 decodes of 8 codes a thread a step, the producer 4; the
+// full barrier counts all 384 threads). Default 0: the producer decodes all of B (8 each way).
+#ifndef RS_BSPLIT
+#define RS_BSPLIT 0
+#endif
 constexpr int kScaleMul = RS_DECODE == 2 ? 128 : 64;
 constexpr float kAlphaMul = RS_DECODE == 2 ? 16384.0f : 1.0f;  // undoes the operands' 2^-7 each (exact)
 __device__ __forceinline__ void decode8_rs(uint32_t w, __half2 sf2, uint32_t* out) {
@@ -150,36 +156,65 @@ __device__ __forceinline__ void decode_a(Frags& f, uint32_t slot, int c, int war
   }
 }
 
-// Producer thread t: B row t of the slot (64 codes, 4 scale blocks) decoded into the B stage at the permuted K
-// positions, 128-byte swizzled K-major. Slice j's logical positions 0..7 hold the (i = 0, 1) pairs of blocks 0..3,
-// positions 8..15 the (i = 2, 3) pairs: 16-byte chunk 2 j + h of the row is [block 0..3's pair (j, h)].
-__device__ __forceinline__ void decode_b(uint32_t slot, uint32_t stage, int t, int kt) {
-  const uint32_t row = static_cast<uint32_t>(t);
-  uint32_t w[8];
-  uint32_t lo[4], hi[4];
-  ld_shared_v4(slot + kAData + row * 32u, lo);
-  ld_shared_v4(slot + kAData + row * 32u + 16u, hi);
-  w[0] = lo[0], w[1] = lo[1], w[2] = lo[2], w[3] = lo[3], w[4] = hi[0], w[5] = hi[1], w[6] = hi[2], w[7] = hi[3];
+// One B job: scale blocks blk0 .. blk0 + kNB - 1 of B row `row`, halves kH0 .. kH0 + kNH - 1 of the step (half h:
+// each block's word h, K slices 2 h and 2 h + 1), decoded into the B stage at the permuted K positions, 128-byte
+// swizzled K-major. Slice j's logical positions 0..7 hold the (i = 0, 1) pairs of blocks 0..3, positions 8..15 the
+// (i = 2, 3) pairs: 16-byte chunk 2 j + h' of the row is [block 0..3's pair (j, h')], so block b's pair is the word
+// at byte 4 b of its chunk. Whole rows (kNB 4, kNH 2): 2 x 16-byte loads, 8 x 16-byte stores; block pairs (kNB 2):
+// one 16-byte load, 8-byte stores.
+template <int kNB, int kNH, int kH0>
+__device__ __forceinline__ void decode_b_job(uint32_t slot, uint32_t stage, uint32_t row, int blk0, int kt) {
+  static_assert((kNB == 4 || kNB == 2) && kNH >= 1 && kH0 + kNH <= 2, "a B job is whole rows or block pairs");
+  uint32_t raw[8];  // bytes 8 blk0 .. of the row: raw[2 i + h] is block blk0 + i's word h
+  const uint32_t src = slot + kAData + row * 32u + static_cast<uint32_t>(blk0) * 8u;
+  ld_shared_v4(src, *reinterpret_cast<uint32_t(*)[4]>(&raw[0]));
+  if (kNB == 4) ld_shared_v4(src + 16u, *reinterpret_cast<uint32_t(*)[4]>(&raw[4]));
   const uint32_t sw = ld_shared_u32(slot + kAData + kBData + kAScale + row * 16u + static_cast<uint32_t>(kt & 3) * 4u);
-  const uint32_t base = stage + row * 128u, sw7 = row & 7u;
+  const uint32_t base = stage + row * 128u + static_cast<uint32_t>(blk0) * 4u, sw7 = row & 7u;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {  // half 0: slices 0, 1 (each block's first word), half 1: slices 2, 3
-    uint32_t d[4][4];                     // d[block][q]: q = 2 (j - 2 half) + h
+  for (int hh = 0; hh < kNH; ++hh) {
+    const int half = kH0 + hh;
+    uint32_t d[kNB][4];  // d[block - blk0][q]: chunk 4 half + q
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk) {
+    for (int i = 0; i < kNB; ++i) {
+      const uint32_t code = (sw >> (8 * (blk0 + i))) & 0xFFu;
 #if RS_ABLATE == 1  // timing experiment only (wrong results): B's decode left out, the raw words stored
-      d[blk][0] = d[blk][1] = d[blk][2] = d[blk][3] = w[2 * blk + half] ^ (sw >> (8 * blk));
+      d[i][0] = d[i][1] = d[i][2] = d[i][3] = raw[2 * i + half] ^ code;
 #else
-      decode8_rs(w[2 * blk + half], scale2<kScaleMul>((sw >> (8 * blk)) & 0xFFu), d[blk]);
+      decode8_rs(raw[2 * i + half], scale2<kScaleMul>(code), d[i]);
 #endif
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const uint32_t chunk = static_cast<uint32_t>(4 * half + q);
-      const uint32_t v[4] = {d[0][q], d[1][q], d[2][q], d[3][q]};
-      st_shared_v4(base + ((chunk ^ sw7) * 16u), v);
+      const uint32_t at = base + (((static_cast<uint32_t>(4 * half + q)) ^ sw7) * 16u);
+      if (kNB == 4) {
+        const uint32_t v[4] = {d[0][q], d[1][q], d[2][q], d[3][q]};
+        st_shared_v4(at, v);
+      } else {
+        asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(at), "r"(d[0][q]), "r"(d[1][q]) : "memory");
+      }
     }
   }
+}
+
+// The producer's part of B step kt: every row (RS_BSPLIT 0: thread t decodes row t) or rows 0..63 (RS_BSPLIT 1:
+// thread t decodes block pair t % 2 of row t / 2).
+__device__ __forceinline__ void decode_b_producer(uint32_t slot, uint32_t stage, int t, int kt) {
+#if RS_BSPLIT
+  decode_b_job<2, 2, 0>(slot, stage, static_cast<uint32_t>(t >> 1), 2 * (t & 1), kt);
+#else
+  decode_b_job<4, 2, 0>(slot, stage, static_cast<uint32_t>(t), 0, kt);
+#endif
+}
+
+// RS_BSPLIT 1: consumer warpgroup c's part of B: rows 64 + 32 c .. 64 + 32 c + 31, thread t block pair t % 2 of row
+// (t % 64) / 2, half t / 64 (warp-uniform: warps 0-1 decode slices 0-1, warps 2-3 slices 2-3).
+__device__ __forceinline__ void decode_b_consumer(uint32_t slot, uint32_t stage, int c, int t, int kt) {
+  const uint32_t row = static_cast<uint32_t>(64 + 32 * c + ((t & 63) >> 1));
+  if (t >= 64)
+    decode_b_job<2, 1, 1>(slot, stage, row, 2 * (t & 1), kt);
+  else
+    decode_b_job<2, 1, 0>(slot, stage, row, 2 * (t & 1), kt);
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -200,7 +235,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int m0 = blockIdx.y * kTM, n0 = blockIdx.x * kTN;
   const int steps = K / kBK;
   if (threadIdx.x == 0) {
-    init_stage_barriers<kStages>(full, empty);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), RS_BSPLIT ? kThreads : 128);  // every thread that writes a part of the B stage
+      mbar_init(empty(s), 2);                           // both consumer warpgroups' wgmmas are done with it
+    }
     for (int p = 0; p < kPacked; ++p) {
       mbar_init(landed(p), 1);
       mbar_init(freed(p), kThreads);  // every thread has read its part of the slot
@@ -229,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);
       if (!RS_COUPLED && t == 0 && kt + kAhead < steps) issue(kt + kAhead);
       mbar_wait(landed(p), (kt / kPacked) & 1);
-      decode_b(slots + p * kSlotBytes, stages + s * kBStageBytes, t, kt);
+      decode_b_producer(slots + p * kSlotBytes, stages + s * kBStageBytes, t, kt);
       mbar_arrive(freed(p));
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       mbar_arrive(full(s));
@@ -245,6 +283,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[mb][i] = 0.0f;
   Frags f[2];
+  // RS_BSPLIT: this warpgroup's rows of B step k (the slot landed; the stage's previous step, k - kStages, released by
+  // both consumer warpgroups; this thread arrives on slot k's freed barrier later, after its A rows of step k)
+  auto b_part = [&](int k) {
+    const int p = k % kPacked, s = k % kStages;
+    mbar_wait(landed(p), (k / kPacked) & 1);
+    if (k >= kStages) mbar_wait(empty(s), ((k / kStages) + 1) & 1);
+    decode_b_consumer(slots + p * kSlotBytes, stages + s * kBStageBytes, c, t, k);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    mbar_arrive(full(s));
+  };
   // one step: decode A into f[buf], wait for B, issue 8 wgmmas, release the previous step's B stage
   auto step = [&](int kt, Frags& fr) {
     const int p = kt % kPacked, s = kt % kStages;
@@ -262,7 +310,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait<1>();  // the previous step's wgmmas are done: its B stage and fragment registers are free
     if (kt > 0 && t == 0) mbar_arrive(empty((kt - 1) % kStages));
+    if (RS_BSPLIT && kt + 1 < steps) b_part(kt + 1);  // overlaps this step's wgmmas
   };
+  if (RS_BSPLIT && steps > 0) b_part(0);
   int kt = 0;
   for (; kt + 1 < steps; kt += 2) {
     step(kt, f[0]);

@@ -35,6 +35,8 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 VARIANTS = {"v4": ("decode_gemm.cu", []), "tma": ("decode_gemm_tma.cu", []), "rs": ("decode_gemm_rs.cu", []),
             "rs5": ("decode_gemm_rs.cu", ["-DRS_STAGES=5"]), "rs_prmt": ("decode_gemm_rs.cu", ["-DRS_DECODE=0"]), "rs_int": ("decode_gemm_rs.cu", ["-DRS_DECODE=2"]),
             "rs_coupled": ("decode_gemm_rs.cu", ["-DRS_COUPLED=1"]),
+            "rs_bsplit": ("decode_gemm_rs.cu", ["-DRS_BSPLIT=1"]),
+            "rs_int_bsplit": ("decode_gemm_rs.cu", ["-DRS_DECODE=2", "-DRS_BSPLIT=1"]),
             # timing experiments, wrong results: B's / A's decode left out
             "rs_noB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=1"]), "rs_noA": ("decode_gemm_rs.cu", ["-DRS_ABLATE=2"])}
 
