@@ -4,7 +4,7 @@ schedule change (session 32 lost a 600 s call to a kernel that hung).
 Agents: producer thread 0 (issues the copies, 1 arrival), the other 127 producer threads, the two consumer
 warpgroups (128 arrivals each), and the copy engine (completes issued copies in random order). Each mbarrier is
 modelled with its arrival count and phase, and `try_wait.parity` as the hardware answers it. Checked on thousands of
-random interleavings, for RS_BSPLIT 0 and 1 and 1..40 steps: every agent finishes (no deadlock); a slot is refilled
+random interleavings, for RS_BSPLIT 0 and 1, 1..40 steps a tile, one tile a CTA and (RS_PERSIST) several: every agent finishes (no deadlock); a slot is refilled
 only after all four readers read its previous step; every read of a slot finds the step it wants; a B stage is
 written only while no wgmma uses it and used only when every writer has written that step.
 
@@ -20,7 +20,8 @@ import sys
 
 BREAK = False
 
-def run(steps, S, A, P, bsplit, seed):
+def run(steps, S, A, P, bsplit, seed, tiles=1):
+    per_tile, steps = steps, steps * tiles  # the K steps of one tile; the CTA's whole stream of steps
     rng = random.Random(seed)
     bars = {}
     def bar(name, count): bars[name] = {"count": count, "pending": count, "phase": 0}
@@ -81,15 +82,19 @@ def run(steps, S, A, P, bsplit, seed):
                 while not done(("empty", s), ((k // S) + 1) & 1): yield
             read_slot(name, k); write_stage(name, k); arrive(("full", s), 128)
         if bsplit and steps > 0: yield from b_part(0)
-        for kt in range(steps):
-            p, s = kt % P, kt % S
-            while not done(("landed", p), (kt // P) & 1): yield
-            read_slot(name, kt); arrive(("freed", p), 128)
-            while not done(("full", s), (kt // S) & 1): yield
-            use_stage(name, kt)
+        for g in range(steps):
+            kt = g % per_tile
+            p, s = g % P, g % S
+            while not done(("landed", p), (g // P) & 1): yield
+            read_slot(name, g); arrive(("freed", p), 128)
+            while not done(("full", s), (g // S) & 1): yield
+            use_stage(name, g)
             yield
-            if kt > 0: free_stage(name, kt - 1); arrive(("empty", (kt - 1) % S), 1)
-            if bsplit and kt + 1 < steps: yield from b_part(kt + 1)
+            if kt > 0: free_stage(name, g - 1); arrive(("empty", (g - 1) % S), 1)
+            if bsplit and g + 1 < steps: yield from b_part(g + 1)
+            if kt == per_tile - 1:  # the tile's last wgmmas waited for: its stage released, then the epilogue
+                free_stage(name, g); arrive(("empty", g % S), 1)
+                yield
     agents = {"P0": producer(True), "PR": producer(False), "C0": consumer(0), "C1": consumer(1)}
     idle = 0
     while agents or tma_pending:
@@ -113,18 +118,20 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--slots", type=int, default=7)
     ap.add_argument("--seeds", type=int, default=60)
+    ap.add_argument("--tiles", type=int, default=3, help="tiles per CTA (RS_PERSIST); 1 as without it")
     ap.add_argument("--skip-freed-wait", action="store_true")
     args = ap.parse_args()
     BREAK = args.skip_freed_wait
     runs = 0
-    for bsplit in (0, 1):
-        for steps in list(range(1, 14)) + [40]:
-            for seed in range(args.seeds):
-                r = run(steps, S=args.stages, A=args.ahead, P=args.slots, bsplit=bsplit, seed=seed)
-                runs += 1
-                if r != "ok":
-                    print(f"RS_BSPLIT={bsplit} steps={steps} seed={seed}: {r}")
-                    return 1
+    for tiles in sorted({1, args.tiles}):
+        for bsplit in (0, 1):
+            for steps in list(range(1, 14)) + [40]:
+                for seed in range(args.seeds):
+                    r = run(steps, S=args.stages, A=args.ahead, P=args.slots, bsplit=bsplit, seed=seed, tiles=tiles)
+                    runs += 1
+                    if r != "ok":
+                        print(f"tiles={tiles} RS_BSPLIT={bsplit} steps={steps} seed={seed}: {r}")
+                        return 1
     print(f"{runs} interleavings: no deadlock, no slot or stage race")
     return 0
 

@@ -93,6 +93,13 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #ifndef RS_BSPLIT
 #define RS_BSPLIT 0
 #endif
+// RS_PERSIST 1: one CTA a multiprocessor, each looping over tiles (tile = blockIdx.x + i * gridDim.x): the copies and
+// the producer's B decode of the next tile overlap this tile's epilogue, and the CTA's set-up is paid once. A run of
+// (K=2048, 32-step) tiles costs ~6 us a tile beyond its steps in runs 4-5 (from the K=2048 and K=8192 shapes' times),
+// ~17 % at K=2048. Default 0: one CTA a tile.
+#ifndef RS_PERSIST
+#define RS_PERSIST 0
+#endif
 constexpr int kScaleMul = RS_DECODE == 2 ? 128 : 64;
 constexpr float kAlphaMul = RS_DECODE == 2 ? 16384.0f : 1.0f;  // undoes the operands' 2^-7 each (exact)
 __device__ __forceinline__ void decode8_rs(uint32_t w, __half2 sf2, uint32_t* out) {
@@ -232,8 +239,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto landed = [&](int p) { return bars + 8u * (2 * kStages + p); };
   auto freed = [&](int p) { return bars + 8u * (2 * kStages + kPacked + p); };
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int m0 = blockIdx.y * kTM, n0 = blockIdx.x * kTN;
-  const int steps = K / kBK;
+  // Work as one stream of K steps, g = (this CTA's tile i) x steps + kt: the barriers, slots and stages follow g,
+  // so under RS_PERSIST the copies and B decodes of the next tile run during this tile's epilogue. steps % 4 == 0
+  // (K % 256), so a step's place in its 16-byte scale box is g & 3 and each tile starts on fragment buffer 0.
+  const int steps = K / kBK, tiles_n = N / kTN;
+  const int my_tiles = (RS_PERSIST ? ((M / kTM) * tiles_n - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                                         static_cast<int>(gridDim.x)
+                                   : 1);
+  const int total = my_tiles * steps;
+  auto tile_origin = [&](int i, int& m0, int& n0) {  // tile i of this CTA (n fastest, as a 2-D grid would run)
+    const int tile = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
+    m0 = (tile / tiles_n) * kTM;
+    n0 = (tile % tiles_n) * kTN;
+  };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), RS_BSPLIT ? kThreads : 128);  // every thread that writes a part of the B stage
@@ -249,25 +267,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {  // producer
     setmaxnreg_dec<kProducerRegs>();
-    auto issue = [&](int k) {
-      const int p = k % kPacked;
-      if (k >= kPacked) mbar_wait(freed(p), ((k / kPacked) + 1) & 1);
+    auto issue = [&](int g) {
+      const int p = g % kPacked, i = g / steps, kt = g - i * steps;
+      int m0, n0;
+      tile_origin(i, m0, n0);
+      if (g >= kPacked) mbar_wait(freed(p), ((g / kPacked) + 1) & 1);
       const uint32_t slot = slots + p * kSlotBytes;
       mbar_arrive_expect_tx(landed(p), kSlotBytes);
-      tma_load_2d(slot, &map_a_data, k * 32, m0, landed(p));
-      tma_load_2d(slot + kAData, &map_b_data, k * 32, n0, landed(p));
-      tma_load_2d(slot + kAData + kBData, &map_a_scale, (k >> 2) * 16, m0, landed(p));
-      tma_load_2d(slot + kAData + kBData + kAScale, &map_b_scale, (k >> 2) * 16, n0, landed(p));
+      tma_load_2d(slot, &map_a_data, kt * 32, m0, landed(p));
+      tma_load_2d(slot + kAData, &map_b_data, kt * 32, n0, landed(p));
+      tma_load_2d(slot + kAData + kBData, &map_a_scale, (kt >> 2) * 16, m0, landed(p));
+      tma_load_2d(slot + kAData + kBData + kAScale, &map_b_scale, (kt >> 2) * 16, n0, landed(p));
     };
     if (t == 0)
-      for (int k = 0; k < kAhead && k < steps; ++k) issue(k);
-    for (int kt = 0; kt < steps; ++kt) {
-      const int p = kt % kPacked, s = kt % kStages;
-      if (RS_COUPLED && t == 0 && kt + kAhead < steps) issue(kt + kAhead);
-      if (kt >= kStages) mbar_wait(empty(s), ((kt / kStages) + 1) & 1);
-      if (!RS_COUPLED && t == 0 && kt + kAhead < steps) issue(kt + kAhead);
-      mbar_wait(landed(p), (kt / kPacked) & 1);
-      decode_b_producer(slots + p * kSlotBytes, stages + s * kBStageBytes, t, kt);
+      for (int g = 0; g < kAhead && g < total; ++g) issue(g);
+    for (int g = 0; g < total; ++g) {
+      const int p = g % kPacked, s = g % kStages;
+      if (RS_COUPLED && t == 0 && g + kAhead < total) issue(g + kAhead);
+      if (g >= kStages) mbar_wait(empty(s), ((g / kStages) + 1) & 1);
+      if (!RS_COUPLED && t == 0 && g + kAhead < total) issue(g + kAhead);
+      mbar_wait(landed(p), (g / kPacked) & 1);
+      decode_b_producer(slots + p * kSlotBytes, stages + s * kBStageBytes, t, g);
       mbar_arrive(freed(p));
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       mbar_arrive(full(s));
@@ -278,28 +298,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   setmaxnreg_inc<kConsumerRegs>();
   const int c = wg - 1, warp = t / 32, lane = t % 32;
   float acc[2][64];
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[mb][i] = 0.0f;
   Frags f[2];
-  // RS_BSPLIT: this warpgroup's rows of B step k (the slot landed; the stage's previous step, k - kStages, released by
-  // both consumer warpgroups; this thread arrives on slot k's freed barrier later, after its A rows of step k)
-  auto b_part = [&](int k) {
-    const int p = k % kPacked, s = k % kStages;
-    mbar_wait(landed(p), (k / kPacked) & 1);
-    if (k >= kStages) mbar_wait(empty(s), ((k / kStages) + 1) & 1);
-    decode_b_consumer(slots + p * kSlotBytes, stages + s * kBStageBytes, c, t, k);
+  // RS_BSPLIT: this warpgroup's rows of B step g (the slot landed; the stage's previous step, g - kStages, released by
+  // both consumer warpgroups; this thread arrives on slot g's freed barrier later, after its A rows of step g)
+  auto b_part = [&](int g) {
+    const int p = g % kPacked, s = g % kStages;
+    mbar_wait(landed(p), (g / kPacked) & 1);
+    if (g >= kStages) mbar_wait(empty(s), ((g / kStages) + 1) & 1);
+    decode_b_consumer(slots + p * kSlotBytes, stages + s * kBStageBytes, c, t, g);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     mbar_arrive(full(s));
   };
-  // one step: decode A into f[buf], wait for B, issue 8 wgmmas, release the previous step's B stage
-  auto step = [&](int kt, Frags& fr) {
-    const int p = kt % kPacked, s = kt % kStages;
-    mbar_wait(landed(p), (kt / kPacked) & 1);
-    decode_a(fr, slots + p * kSlotBytes, c, warp, lane, kt);
+  // one step: decode A into fr, wait for B, issue 8 wgmmas, release the tile's previous step's B stage (a tile's last
+  // stage is released after its final wait), and under RS_BSPLIT decode this warpgroup's rows of the next step's B
+  auto step = [&](int g, int kt, Frags& fr) {
+    const int p = g % kPacked, s = g % kStages;
+    mbar_wait(landed(p), (g / kPacked) & 1);
+    decode_a(fr, slots + p * kSlotBytes, c, warp, lane, g);
     mbar_arrive(freed(p));
-    mbar_wait(full(s), (kt / kStages) & 1);
+    mbar_wait(full(s), (g / kStages) & 1);
     const uint32_t sb = stages + s * kBStageBytes;
     wgmma_fence();
 #pragma unroll
@@ -309,35 +326,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
     wgmma_wait<1>();  // the previous step's wgmmas are done: its B stage and fragment registers are free
-    if (kt > 0 && t == 0) mbar_arrive(empty((kt - 1) % kStages));
-    if (RS_BSPLIT && kt + 1 < steps) b_part(kt + 1);  // overlaps this step's wgmmas
+    if (kt > 0 && t == 0) mbar_arrive(empty((g - 1) % kStages));
+    if (RS_BSPLIT && g + 1 < total) b_part(g + 1);  // overlaps this step's wgmmas
   };
-  if (RS_BSPLIT && steps > 0) b_part(0);
-  int kt = 0;
-  for (; kt + 1 < steps; kt += 2) {
-    step(kt, f[0]);
-    step(kt + 1, f[1]);
-  }
-  if (kt < steps) step(kt, f[0]);
-  wgmma_wait<0>();
-#pragma unroll
-  for (int mb = 0; mb < 2; ++mb)
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[mb][i])::"memory");
-
+  if (RS_BSPLIT && total > 0) b_part(0);
   const float al = __ldg(alpha) * kAlphaMul;
-  const int g = lane / 4, b = lane % 4;
+  for (int i = 0; i < my_tiles; ++i) {
+    int m0, n0;
+    tile_origin(i, m0, n0);
 #pragma unroll
-  for (int mb = 0; mb < 2; ++mb) {
-    const int64_t row = m0 + 128 * c + 64 * mb + 16 * warp + g;
+    for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = n0 + j * 8 + b * 2;
-      const float* a4 = &acc[mb][4 * j];
-      *reinterpret_cast<__nv_bfloat162*>(out + row * N + col) =
-          __floats2bfloat162_rn(__fmul_rn(a4[0], al), __fmul_rn(a4[1], al));
-      *reinterpret_cast<__nv_bfloat162*>(out + (row + 8) * N + col) =
-          __floats2bfloat162_rn(__fmul_rn(a4[2], al), __fmul_rn(a4[3], al));
+      for (int e = 0; e < 64; ++e) acc[mb][e] = 0.0f;
+    const int g0 = i * steps;
+    for (int kt = 0; kt < steps; kt += 2) {  // steps is even (a multiple of 4)
+      step(g0 + kt, kt, f[0]);
+      step(g0 + kt + 1, kt + 1, f[1]);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+      for (int e = 0; e < 64; ++e) asm volatile("" : "+f"(acc[mb][e])::"memory");
+    if (t == 0) mbar_arrive(empty((g0 + steps - 1) % kStages));
+
+    const int g = lane / 4, b = lane % 4;
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) {
+      const int64_t row = m0 + 128 * c + 64 * mb + 16 * warp + g;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = n0 + j * 8 + b * 2;
+        const float* a4 = &acc[mb][4 * j];
+        *reinterpret_cast<__nv_bfloat162*>(out + row * N + col) =
+            __floats2bfloat162_rn(__fmul_rn(a4[0], al), __fmul_rn(a4[1], al));
+        *reinterpret_cast<__nv_bfloat162*>(out + (row + 8) * N + col) =
+            __floats2bfloat162_rn(__fmul_rn(a4[2], al), __fmul_rn(a4[3], al));
+      }
     }
   }
 }
@@ -364,7 +389,18 @@ extern "C" int nvfp4_decode_gemm(const void* a_data, const void* a_scale, const 
   if (!byte_map(&ad, a_data, M, K / 2, kTM, 32) || !byte_map(&bd, b_data, N, K / 2, kTN, 32) ||
       !byte_map(&as, a_scale, M, K / 16, kTM, 16) || !byte_map(&bs, b_scale, N, K / 16, kTN, 16))
     return -3;
-  decode_gemm_rs_kernel<<<dim3(N / kTN, M / kTM), kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
+  int grid = (M / kTM) * (N / kTN);  // one CTA a tile, or (RS_PERSIST) one a multiprocessor looping over tiles
+  if (RS_PERSIST) {
+    static int sms = 0;
+    if (sms == 0) {
+      int dev = 0;
+      cudaError_t e = cudaGetDevice(&dev);
+      if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      if (e != cudaSuccess) return static_cast<int>(e);
+    }
+    grid = grid < sms ? grid : sms;
+  }
+  decode_gemm_rs_kernel<<<grid, kThreads, kSmem, static_cast<cudaStream_t>(stream)>>>(
       ad, bd, as, bs, alpha, static_cast<__nv_bfloat16*>(out), M, N, K);
   return static_cast<int>(cudaGetLastError());
 }

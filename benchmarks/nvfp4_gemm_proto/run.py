@@ -37,6 +37,8 @@ VARIANTS = {"v4": ("decode_gemm.cu", []), "tma": ("decode_gemm_tma.cu", []), "rs
             "rs_coupled": ("decode_gemm_rs.cu", ["-DRS_COUPLED=1"]),
             "rs_bsplit": ("decode_gemm_rs.cu", ["-DRS_BSPLIT=1"]),
             "rs_int_bsplit": ("decode_gemm_rs.cu", ["-DRS_DECODE=2", "-DRS_BSPLIT=1"]),
+            "rs_persist": ("decode_gemm_rs.cu", ["-DRS_PERSIST=1"]),
+            "rs_int_persist": ("decode_gemm_rs.cu", ["-DRS_DECODE=2", "-DRS_PERSIST=1"]),
             # timing experiments, wrong results: B's / A's decode left out
             "rs_noB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=1"]), "rs_noA": ("decode_gemm_rs.cu", ["-DRS_ABLATE=2"])}
 
@@ -48,7 +50,7 @@ def build(out_dir: str, variant: str) -> ctypes.CDLL:
            "-Xptxas", "-v", *VARIANTS[variant][1], os.path.join(HERE, VARIANTS[variant][0]), "-o", so]
     res = subprocess.run(cmd, capture_output=True, text=True)
     print(variant + ": " + " ".join(l.strip() for l in res.stderr.splitlines()
-                                   if "registers" in l or "spill" in l or "error" in l.lower()))
+                                   if "registers" in l or "spill" in l or "error" in l.lower() or "C751" in l))
     if res.returncode != 0:
         print(res.stderr)
         raise SystemExit("nvcc failed")
