@@ -82,8 +82,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 #define RS_DECODE 1
 #endif
 // RS_ABLATE (timing experiments; the outputs are wrong): 1 leaves out B's decode (the producer stores the packed
-// words), 2 leaves out A's (the consumers hand the packed words to the wgmmas). Which one moves the time says which
-// side limits a step.
+// words), 2 leaves out A's (the consumers hand the packed words to the wgmmas), 3 leaves out the producer's proxy
+// fence before it signals a B stage full (a race: the wgmmas may read stale bytes). Which one moves the time says
+// which part limits a step.
 #ifndef RS_ABLATE
 #define RS_ABLATE 0
 #endif
@@ -289,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(landed(p), (g / kPacked) & 1);
       decode_b_producer(slots + p * kSlotBytes, stages + s * kBStageBytes, t, g);
       mbar_arrive(freed(p));
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (RS_ABLATE != 3) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       mbar_arrive(full(s));
     }
     return;

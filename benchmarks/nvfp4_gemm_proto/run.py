@@ -15,6 +15,7 @@ Builds decode_gemm.cu with nvcc (sm_90a) into a shared library, loads it with ct
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -39,8 +40,9 @@ VARIANTS = {"v4": ("decode_gemm.cu", []), "tma": ("decode_gemm_tma.cu", []), "rs
             "rs_int_bsplit": ("decode_gemm_rs.cu", ["-DRS_DECODE=2", "-DRS_BSPLIT=1"]),
             "rs_persist": ("decode_gemm_rs.cu", ["-DRS_PERSIST=1"]),
             "rs_int_persist": ("decode_gemm_rs.cu", ["-DRS_DECODE=2", "-DRS_PERSIST=1"]),
-            # timing experiments, wrong results: B's / A's decode left out
-            "rs_noB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=1"]), "rs_noA": ("decode_gemm_rs.cu", ["-DRS_ABLATE=2"])}
+            # timing experiments, wrong results: B's / A's decode, the proxy fence left out
+            "rs_noB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=1"]), "rs_noA": ("decode_gemm_rs.cu", ["-DRS_ABLATE=2"]),
+            "rs_nofence": ("decode_gemm_rs.cu", ["-DRS_ABLATE=3"])}
 
 
 def build(out_dir: str, variant: str) -> ctypes.CDLL:
@@ -105,7 +107,9 @@ def main() -> None:
 
     out_dir = os.environ.get("OUT", "/tmp")
     names = args.variants.split(",")
-    libs = {v: build(out_dir, v) for v in names}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:  # nvcc runs in parallel
+        built = list(pool.map(lambda v: build(out_dir, v), names))
+    libs = dict(zip(names, built))
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuBLASLt: {cublaslt.available()}")
     stream = torch.cuda.current_stream().cuda_stream
