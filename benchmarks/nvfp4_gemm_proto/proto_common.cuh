@@ -1,5 +1,5 @@
-// Shared by the prototype's kernels (decode_gemm.cu, decode_gemm_tma.cu): the tile constants, the mbarrier / wgmma
-// / descriptor helpers, the producer's decode of 8 codes, and the consumer warpgroups' mainloop and epilogue.
+// Shared by the prototype's kernels (decode_gemm.cu: v4, decode_gemm_rs.cu: v5): the K step and thread count, the
+// mbarrier / wgmma / descriptor helpers, the decodes of 8 codes and the block scale.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -7,16 +7,10 @@
 
 #include <cstdint>
 
-#include "wgmma_m64n256.cuh"
-
 namespace proto {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64;
+constexpr int kBK = 64;        // the K step: 64 codes, 32 bytes a row
 constexpr int kThreads = 384;  // a producer warpgroup and two consumer warpgroups
-constexpr int kABytes = kBM * kBK * 2;             // 16 KB
-constexpr int kBBytes = kBN * kBK * 2;             // 32 KB
-constexpr int kStageBytes = kABytes + kBBytes;     // 48 KB
-constexpr int kJobs = (kBM + kBN) * 2 / 128;       // (row, 32-code half) pairs per producer thread per stage: 6
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -109,75 +103,6 @@ __device__ __forceinline__ __half2 scale2(uint32_t code) {
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
                : "memory");
-}
-
-// Job j of producer thread t: pair g = j * 128 + t; g < 256: A row g / 2, else B row (g - 256) / 2; half g % 2
-// (codes [32 * half, 32 * half + 32) of the 64-wide K step). Consecutive threads read consecutive 16 bytes.
-__device__ __forceinline__ void job_of(int j, int t, bool& is_a, int& row, int& half) {
-  const int g = j * 128 + t;
-  is_a = g < 2 * kBM;
-  row = is_a ? g >> 1 : (g - 2 * kBM) >> 1;
-  half = g & 1;
-}
-
-// The decoded stages' mbarriers: full(s) completes when the producer warpgroup's 128 threads have stored stage s,
-// empty(s) when both consumer warpgroups have finished reading it. (One thread, before the CTA's first barrier.)
-template <int kStages, typename Full, typename Empty>
-__device__ __forceinline__ void init_stage_barriers(Full full, Empty empty) {
-  for (int s = 0; s < kStages; ++s) {
-    mbar_init(full(s), 128);
-    mbar_init(empty(s), 2);
-  }
-}
-
-// Consumer warpgroup c (0, 1) of a CTA: rows [64 c, 64 c + 64) of the 128 x 256 tile, over `steps` K steps of the
-// kStages-deep ring of decoded stages at `tiles` (full(s) / empty(s): the stages' mbarrier addresses), then
-// out = RN_bf16(alpha * acc) with direct stores.
-template <int kStages, typename Full, typename Empty>
-__device__ __forceinline__ void consume(uint32_t tiles, Full full, Empty empty, int c, int t, int m0, int n0, int N,
-                                        int steps, const float* __restrict__ alpha, __nv_bfloat16* __restrict__ out) {
-  // consumers: warpgroup c (0, 1) owns rows [64 c, 64 c + 64) of the tile
-  float acc[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  for (int kt = 0; kt < steps; ++kt) {
-    const int s = kt % kStages;
-    mbar_wait(full(s), (kt / kStages) & 1);
-    const uint32_t sa = tiles + s * kStageBytes + static_cast<uint32_t>(c) * 64u * 128u;
-    const uint32_t sb = tiles + s * kStageBytes + kABytes;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      wgmma_m64n256k16_f16(acc, make_desc(sa + kk * 32), make_desc(sb + kk * 32), 1);
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous stage's wgmmas are done: release its buffers
-    if (kt > 0 && t == 0) mbar_arrive(empty((kt - 1) % kStages));
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(acc[i])::"memory");
-
-  const float al = __ldg(alpha);
-  const int warp = t / 32, lane = t % 32;
-  const int64_t row = m0 + c * 64 + warp * 16 + lane / 4;
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int col = n0 + j * 8 + (lane % 4) * 2;
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(__fmul_rn(acc[4 * j], al), __fmul_rn(acc[4 * j + 1], al));
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(__fmul_rn(acc[4 * j + 2], al), __fmul_rn(acc[4 * j + 3], al));
-    *reinterpret_cast<__nv_bfloat162*>(out + row * N + col) = lo;
-    *reinterpret_cast<__nv_bfloat162*>(out + (row + 8) * N + col) = hi;
-  }
-}
-
-// The shapes and alignments the kernels take: M % 128, N % 256, K % 256 (16-byte scale rows), 16-byte aligned
-// codes and scales.
-inline bool supported(int M, int N, int K, const void* a_data, const void* a_scale, const void* b_data,
-                      const void* b_scale) {
-  if (M <= 0 || N <= 0 || K <= 0 || M % kBM || N % kBN || K % 256) return false;
-  return ((reinterpret_cast<uintptr_t>(a_data) | reinterpret_cast<uintptr_t>(b_data) |
-           reinterpret_cast<uintptr_t>(a_scale) | reinterpret_cast<uintptr_t>(b_scale)) & 15u) == 0;
 }
 
 }  // namespace proto

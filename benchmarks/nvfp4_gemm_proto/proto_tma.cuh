@@ -1,5 +1,5 @@
-// The bulk tensor copy engine (TMA) as the prototype's TMA kernels use it (decode_gemm_tma.cu: v3,
-// decode_gemm_rs.cu: v5): 2-D byte boxes of a row-major uint8 tensor into shared memory, completing on an mbarrier.
+// The bulk tensor copy engine (TMA) as the prototype's v5 (decode_gemm_rs.cu) uses it (v3, decode_gemm_tma.cu, used it
+// too: git history, 2bea6e4): 2-D byte boxes of a row-major uint8 tensor into shared memory, completing on an mbarrier.
 // A box's first byte must be 16-byte aligned in device memory (a misaligned box start stops the kernel with
 // "illegal instruction": tma_probe/), so the 16-byte scale boxes start at multiples of 16 bytes.
 #pragma once

@@ -32,8 +32,8 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3
 
 
 #: variant name -> (source file, extra nvcc flags); each defines the same C entry point
-#: (v0 and v2, measured against these in session 31, are in git history: commit b1a6d45)
-VARIANTS = {"v4": ("decode_gemm.cu", []), "tma": ("decode_gemm_tma.cu", []), "rs": ("decode_gemm_rs.cu", []),
+#: (v0 and v2, measured in session 31, are in git history at commit b1a6d45; v3, decode_gemm_tma.cu, at 2bea6e4)
+VARIANTS = {"v4": ("decode_gemm.cu", []), "rs": ("decode_gemm_rs.cu", []),
             "rs5": ("decode_gemm_rs.cu", ["-DRS_STAGES=5"]), "rs_prmt": ("decode_gemm_rs.cu", ["-DRS_DECODE=0"]), "rs_int": ("decode_gemm_rs.cu", ["-DRS_DECODE=2"]),
             "rs_coupled": ("decode_gemm_rs.cu", ["-DRS_COUPLED=1"]),
             "rs_bsplit": ("decode_gemm_rs.cu", ["-DRS_BSPLIT=1"]),
