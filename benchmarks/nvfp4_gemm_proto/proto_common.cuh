@@ -53,29 +53,36 @@ __device__ __forceinline__ __half2 e4m3x2_to_h2(uint32_t two_bytes) {
   return *reinterpret_cast<const __half2*>(&r);
 }
 
-// 8 codes (4 packed bytes, low nibble first) times the block scale (sf2: the FP16 scale times 2^6, in both halves)
-// -> 8 FP16 values in out[0..3] (element 2i in the low half of out[i]).
+// The 8 codes of w (4 packed bytes, low nibble first) as E4M3 bytes, each its code's value x 2^-6 (the code
+// s e1 e0 m as s 0 e1 e0 m 0 0): lo = codes 0, 2, 4, 6, hi = codes 1, 3, 5, 7.
+__device__ __forceinline__ void e4m3_bytes(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
+  hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
+}
+
+// Two words of E4M3 byte pairs -> four FP16x2 words times sf2 (the FP16 scale times 2^6, in both halves): out[0], out[1]
+// from a's low and high halves, out[2], out[3] from b's.
+__device__ __forceinline__ void scale_e4m3_pairs(uint32_t a, uint32_t b, __half2 sf2, uint32_t* out) {
+  out[0] = h2_bits(__hmul2(e4m3x2_to_h2(a & 0xFFFFu), sf2));
+  out[1] = h2_bits(__hmul2(e4m3x2_to_h2(a >> 16), sf2));
+  out[2] = h2_bits(__hmul2(e4m3x2_to_h2(b & 0xFFFFu), sf2));
+  out[3] = h2_bits(__hmul2(e4m3x2_to_h2(b >> 16), sf2));
+}
+
+// 8 codes times the block scale -> 8 FP16 values in order in out[0..3] (element 2i in the low half of out[i]).
 __device__ __forceinline__ void decode8(uint32_t w, __half2 sf2, uint32_t* out) {
-  const uint32_t lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // codes 0, 2, 4, 6 as E4M3 bytes
-  const uint32_t hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);         // codes 1, 3, 5, 7
-  const uint32_t p0 = __byte_perm(lo, hi, 0x5140);                            // codes 0 1 2 3
-  const uint32_t p1 = __byte_perm(lo, hi, 0x7362);                            // codes 4 5 6 7
-  out[0] = h2_bits(__hmul2(e4m3x2_to_h2(p0 & 0xFFFFu), sf2));
-  out[1] = h2_bits(__hmul2(e4m3x2_to_h2(p0 >> 16), sf2));
-  out[2] = h2_bits(__hmul2(e4m3x2_to_h2(p1 & 0xFFFFu), sf2));
-  out[3] = h2_bits(__hmul2(e4m3x2_to_h2(p1 >> 16), sf2));
+  uint32_t lo, hi;
+  e4m3_bytes(w, lo, hi);
+  scale_e4m3_pairs(__byte_perm(lo, hi, 0x5140), __byte_perm(lo, hi, 0x7362), sf2, out);  // codes 0-3, 4-7
 }
 
 // decode8 without the two byte permutes: out[0] = codes (0, 2), out[1] = (4, 6), out[2] = (1, 3), out[3] = (5, 7).
 // Usable wherever both operands of the GEMM are decoded by it and mapped to K positions the same way (v5): the K order
 // of a sum does not change its terms. 11 integer-pipe instructions per 8 codes instead of 13.
 __device__ __forceinline__ void decode8_pairs(uint32_t w, __half2 sf2, uint32_t* out) {
-  const uint32_t lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);  // codes 0, 2, 4, 6 as E4M3 bytes
-  const uint32_t hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);         // codes 1, 3, 5, 7
-  out[0] = h2_bits(__hmul2(e4m3x2_to_h2(lo & 0xFFFFu), sf2));
-  out[1] = h2_bits(__hmul2(e4m3x2_to_h2(lo >> 16), sf2));
-  out[2] = h2_bits(__hmul2(e4m3x2_to_h2(hi & 0xFFFFu), sf2));
-  out[3] = h2_bits(__hmul2(e4m3x2_to_h2(hi >> 16), sf2));
+  uint32_t lo, hi;
+  e4m3_bytes(w, lo, hi);
+  scale_e4m3_pairs(lo, hi, sf2, out);
 }
 
 // The integer decode (no conversion instruction; v5 with RS_DECODE=2): an E2M1 code s e1 e0 m placed as the FP16 bits
