@@ -84,7 +84,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // RS_ABLATE (timing experiments; the outputs are wrong): 1 leaves out B's decode (the producer stores the packed
 // words), 2 leaves out A's (the consumers hand the packed words to the wgmmas), 3 leaves out the producer's proxy
 // fence before it signals a B stage full (a race: the wgmmas may read stale bytes). Which one moves the time says
-// which part limits a step.
+// which part limits a step; 4 leaves out both (the skeleton alone: copies, barriers, wgmmas, epilogue).
 #ifndef RS_ABLATE
 #define RS_ABLATE 0
 #endif
@@ -144,7 +144,7 @@ __device__ __forceinline__ void decode_a(Frags& f, uint32_t slot, int c, int war
       const uint32_t sw = ld_shared_u32(slot + kAData + kBData + row * 16u + static_cast<uint32_t>(kt & 3) * 4u);
       const __half2 sf2 = scale2<kScaleMul>((sw >> (8 * b)) & 0xFFu);
       uint32_t d0[4], d1[4];
-#if RS_ABLATE == 2  // timing experiment only (wrong results): A's decode left out
+#if RS_ABLATE == 2 || RS_ABLATE == 4  // timing experiment only (wrong results): A's decode left out
       d0[0] = d0[1] = d0[2] = d0[3] = w0 ^ h2_bits(sf2);
       d1[0] = d1[1] = d1[2] = d1[3] = w1;
 #else
@@ -186,7 +186,7 @@ __device__ __forceinline__ void decode_b_job(uint32_t slot, uint32_t stage, uint
 #pragma unroll
     for (int i = 0; i < kNB; ++i) {
       const uint32_t code = (sw >> (8 * (blk0 + i))) & 0xFFu;
-#if RS_ABLATE == 1  // timing experiment only (wrong results): B's decode left out, the raw words stored
+#if RS_ABLATE == 1 || RS_ABLATE == 4  // timing experiment only (wrong results): B's decode left out, the raw words stored
       d[i][0] = d[i][1] = d[i][2] = d[i][3] = raw[2 * i + half] ^ code;
 #else
       decode8_rs(raw[2 * i + half], scale2<kScaleMul>(code), d[i]);

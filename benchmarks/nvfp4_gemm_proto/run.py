@@ -43,7 +43,10 @@ VARIANTS = {"v4": ("decode_gemm.cu", []), "rs": ("decode_gemm_rs.cu", []),
             "rs_int_persist": ("decode_gemm_rs.cu", ["-DRS_DECODE=2", "-DRS_PERSIST=1"]),
             # timing experiments, wrong results: B's / A's decode, the proxy fence left out
             "rs_noB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=1"]), "rs_noA": ("decode_gemm_rs.cu", ["-DRS_ABLATE=2"]),
-            "rs_nofence": ("decode_gemm_rs.cu", ["-DRS_ABLATE=3"])}
+            "rs_nofence": ("decode_gemm_rs.cu", ["-DRS_ABLATE=3"]),
+            # neither operand decoded: the skeleton's own speed (TMA, barriers, RS wgmma, epilogue) against cuBLAS
+            "rs_noAB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=4"]),
+            "rs_persist_noAB": ("decode_gemm_rs.cu", ["-DRS_ABLATE=4", "-DRS_PERSIST=1"])}
 
 
 def build(out_dir: str, variant: str) -> ctypes.CDLL:
@@ -106,7 +109,9 @@ def main() -> None:
     from fp_recipes.gemm import cublaslt
     from fp_recipes.ops import cuda_nvfp4
 
-    out_dir = os.environ.get("OUT", "/tmp")
+    # (the libraries go to a scratch folder, not $OUT: on the device machine only the reports should come back)
+    out_dir = os.environ.get("PROTO_BUILD", "/tmp/nvfp4_gemm_proto_build")
+    os.makedirs(out_dir, exist_ok=True)
     names = args.variants.split(",")
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:  # nvcc runs in parallel
         built = list(pool.map(lambda v: build(out_dir, v), names))
