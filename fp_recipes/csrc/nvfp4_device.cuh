@@ -682,15 +682,19 @@ __device__ __forceinline__ uint32_t unit_bf16_bits(uint32_t nibble, float sf, bo
   return sf_nan ? kUnitBf16NaN : (__float_as_uint(v) >> 16);
 }
 
-// 8 BF16 unit values (codes: 4 bytes of a packed block, low nibble first) to out[0..7] (16 bytes,
-// 16-byte aligned): one 16-byte store.
-__device__ __forceinline__ void store_unit8(uint32_t codes, float sf, bool sf_nan, uint16_t* out) {
-  uint32_t w[4];
+// 8 BF16 unit values (codes: 4 bytes of a packed block, low nibble first) as four words, element pairs low first.
+__device__ __forceinline__ void unit8_words(uint32_t codes, float sf, bool sf_nan, uint32_t (&w)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t byte = (codes >> (8 * i)) & 0xFFu;  // elements 2i, 2i+1
     w[i] = unit_bf16_bits(byte & 0xFu, sf, sf_nan) | (unit_bf16_bits(byte >> 4, sf, sf_nan) << 16);
   }
+}
+
+// The same to out[0..7] (16 bytes, 16-byte aligned): one 16-byte store.
+__device__ __forceinline__ void store_unit8(uint32_t codes, float sf, bool sf_nan, uint16_t* out) {
+  uint32_t w[4];
+  unit8_words(codes, sf, sf_nan, w);
   *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 13: the unit decode's lane mapping (session 33, written without a GPU), in one call after
+# `source .device/setup.sh` (which builds the extension with the new kernel):
+#   1. benchmarks/nvfp4_variants/decode_bench.cu: byte checks of the library kernel against the previous form (v1)
+#      and a two-step form (lib2) on tails, one row, > 64 rows, empty operands, NaN/zero scale codes; then their
+#      times against a D2D copy on three GEMM operand pairs;
+#   2. the GPU tests that read the decode's bytes (units, fast emulated GEMM, the C++ host path) and
+#      compute-sanitizer memcheck over tests/sanitize_nvfp4_fast.py;
+#   3. one Linear 4096^3 and the NVFP4 model rows (bench_model.py), as in RESULTS.md session 33 runs 5-6.
+# Logs and JSON in $OUT. Stage limits: LIM_BENCH, LIM_TEST, LIM_SAN, LIM_LIN, LIM_MODEL; SKIP_MODEL=1 skips stage 3's model rows.
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_nvfp4_decode_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+B=${DECODE_BUILD:-/tmp/nvfp4_decode_build}
+mkdir -p "$B"
+{
+  echo "== build decode_bench ($(date +%T))"
+  "$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc \
+      -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/nvfp4_variants/decode_bench.cu -o "$B/decode_bench" \
+      2>&1 | grep -E "error|decode_v1|decode_lib2|decode_unit_kernel|registers" | head -n 12
+  echo "== decode_bench ($(date +%T))"
+  timeout "${LIM_BENCH:-90}" "$B/decode_bench" "$OUT/decode_bench.json"
+  echo "decode_bench rc=$?"
+  echo "== pytest ($(date +%T))"
+  timeout -s ABRT -k 15 "${LIM_TEST:-200}" python3 -X faulthandler -m pytest -q -m cuda -p no:cacheprovider --tb=short \
+      tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py tests/test_cuda_fast_ops.py > "$OUT/pytest.txt" 2>&1
+  echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.txt" | head -n 20; tail -n 2 "$OUT/pytest.txt"
+  SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  echo "== compute-sanitizer memcheck over tests/sanitize_nvfp4_fast.py ($(date +%T))"
+  timeout "${LIM_SAN:-120}" "$SAN" --tool memcheck python3 tests/sanitize_nvfp4_fast.py 2>&1 \
+      | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -n 6
+  echo "memcheck rc=$?"
+  echo "== bench_model --linear ($(date +%T))"
+  timeout "${LIM_LIN:-70}" python3 benchmarks/bench_model.py --linear --no-compiled --json "$OUT/linear.json" 2>&1 \
+      | grep -v Warning | tail -n 7
+  if [ -z "${SKIP_MODEL:-}" ]; then
+    echo "== bench_model NVFP4 rows ($(date +%T))"
+    timeout "${LIM_MODEL:-150}" python3 benchmarks/bench_model.py --sizes h4096_t4096,h2048_t8192 --no-compiled \
+        --rows NVFP4 --json "$OUT/model.json" 2>&1 | grep -v Warning | tail -n 8
+  fi
+  echo "== done ($(date +%T))"
+} 2>&1 | tee "$OUT/log.txt"
