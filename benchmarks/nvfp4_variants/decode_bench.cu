@@ -3,15 +3,14 @@
 // forms, byte-checked against each other and timed against a device-to-device copy in the same run.
 //   v1     the kernel before session 33: one whole 16-element block a lane (two 16-byte stores 32 bytes apart)
 //   lib2   lib's lane mapping, two warp steps a warp (64 blocks, half the CTAs, two loads in flight a lane)
-// Standalone (no torch). Build and run: `bash scripts/gpu_nvfp4_decode.sh` (log and JSON in $OUT).
+// Standalone (no torch). Build and run: `bash scripts/gpu_nvfp4_step_kernels.sh` (log and JSON in $OUT).
 #include "nvfp4_gemm_operands.cu"
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "bench_util.h"
 
 namespace fp_recipes {
 namespace nvfp4 {
@@ -58,15 +57,6 @@ __global__ void __launch_bounds__(kThreads) decode_lib2(Job j) {
 
 using namespace fp_recipes::nvfp4;
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
-
 namespace {
 
 // One problem: up to two jobs (a GEMM's two operands), rows x K each.
@@ -81,23 +71,15 @@ struct Buffers {
   int64_t bytes = 0;  // packed + scales read, units written
 };
 
-uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-uint32_t next_u32() {
-  g_rng ^= g_rng << 13;
-  g_rng ^= g_rng >> 7;
-  g_rng ^= g_rng << 17;
-  return static_cast<uint32_t>(g_rng >> 11);
-}
-
 Buffers make(const Problem& p, bool specials) {
   Buffers b;
   for (auto [rows, k] : p.ops) {
     const int64_t blocks = rows * k / 16;
     std::vector<uint8_t> data(blocks * 8), scale(blocks);
-    for (auto& v : data) v = static_cast<uint8_t>(next_u32());
+    for (auto& v : data) v = static_cast<uint8_t>(bench::next_u32());
     for (int64_t i = 0; i < blocks; ++i) {
       // E4M3 scale codes over the whole range incl. zero and the two NaN codes when `specials`
-      uint8_t c = static_cast<uint8_t>(next_u32());
+      uint8_t c = static_cast<uint8_t>(bench::next_u32());
       if (!specials) c = static_cast<uint8_t>(0x20 + (c % 0x40));  // ordinary magnitudes
       scale[i] = c;
     }
@@ -170,57 +152,16 @@ bool check(const Problem& p, bool specials, std::string* why) {
 }
 
 float time_ms(Variant v, const std::vector<Buffers>& sets, int iters, cudaStream_t st) {
-  for (int i = 0; i < 3; ++i) run(v, sets[i % sets.size()], st);
-  cudaEvent_t a, z;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&z));
-  std::vector<float> t;
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(a, st));
-    run(v, sets[i % sets.size()], st);
-    CK(cudaEventRecord(z, st));
-    CK(cudaEventSynchronize(z));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, z));
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-double copy_gbps(cudaStream_t st) {
-  const size_t n = size_t(1) << 28;  // 256 MiB each way
-  void *src, *dst;
-  CK(cudaMalloc(&src, n));
-  CK(cudaMalloc(&dst, n));
-  CK(cudaMemset(src, 1, n));
-  cudaEvent_t a, z;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&z));
-  std::vector<float> t;
-  for (int i = 0; i < 23; ++i) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st));
-    CK(cudaEventRecord(z, st));
-    CK(cudaEventSynchronize(z));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, z));
-    if (i >= 3) t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaFree(src));
-  CK(cudaFree(dst));
-  return 2.0 * n / (t[t.size() / 2] * 1e-3) / 1e9;
+  return bench::median_ms([&](int i) { run(v, sets[i % sets.size()], st); }, iters, st);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* json = argc > 1 ? argv[1] : nullptr;
+  bench::print_device();
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, sm_%d%d, %d SMs, L2 %d MiB\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
   // byte checks: tails (blocks not a multiple of 32 or 16), one row, more than 64 rows, empty operands, two jobs
   const std::vector<Problem> checks = {
       {"1x16", {{1, 16}}},           {"1x32", {{1, 32}}},           {"3x48", {{3, 48}}},
@@ -238,7 +179,7 @@ int main(int argc, char** argv) {
 
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
-  const double copy = copy_gbps(st);
+  const double copy = bench::copy_gbps(st);
   std::printf("D2D copy: %.0f GB/s\n", copy);
   // what an NVFP4 Linear step decodes (each GEMM's two operands in one launch): 4096^3, and the model stack's
   // h4096 FC1 (4096 tokens x 4096 -> 14336) forward and h2048 QKV dgrad (8192 tokens, 2048 -> 6144)

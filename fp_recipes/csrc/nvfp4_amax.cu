@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const T* x, int64_t n, b
   if (threadIdx.x == 0) publish_block_max(out, canonical(m), nullptr, 0u, ws);
 }
 
-// Post-RHT amax: each thread transforms kVec adjacent columns over one 16-row group.
+// Post-RHT amax: each thread transforms kVec adjacent columns over one 16-row group (kVec 8, 4, 2: one 16-, 8- or
+// 4-byte load a row; 1: element loads).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads) rht_amax_kernel(const __nv_bfloat16* x, int64_t M,
                                                             int64_t N, uint32_t* rht_out,
@@ -101,6 +102,15 @@ __global__ void __launch_bounds__(kThreads) rht_amax_kernel(const __nv_bfloat16*
         const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(e[j]);
+      } else if (kVec == 4) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
+        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(e[j]);
+      } else if (kVec == 2) {
+        const uint32_t raw = __ldg(reinterpret_cast<const unsigned int*>(src));
+        v[0][k] = __uint_as_float(raw << 16);
+        if (kVec > 1) v[kVec - 1][k] = __uint_as_float(raw & 0xFFFF0000u);
       } else {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(src[j]);

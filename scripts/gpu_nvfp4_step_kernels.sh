@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
-# Issue 13: the unit decode's lane mapping (session 33, written without a GPU), in one call after
-# `source .device/setup.sh` (which builds the extension with the new kernel):
-#   1. benchmarks/nvfp4_variants/decode_bench.cu: byte checks of the library kernel against the previous form (v1)
-#      and a two-step form (lib2) on tails, one row, > 64 rows, empty operands, NaN/zero scale codes; then their
-#      times against a D2D copy on three GEMM operand pairs;
+# Issue 13: two kernels of the emulated NVFP4 step, changed or prepared without a GPU in session 33, in one call
+# after `source .device/setup.sh` (which builds the extension with the new decode kernel):
+#   1. benchmarks/nvfp4_variants/decode_bench.cu: byte checks of the library's unit decode against the previous form
+#      (v1) and a two-step form (lib2) on tails, one row, > 64 rows, empty operands, NaN/zero scale codes; then their
+#      times against a D2D copy on three GEMM operand pairs. rht_amax_bench.cu: the post-RHT amax with 8 (the
+#      library's), 4, 2 and 1 columns a thread, bit-checked against each other and timed;
 #   2. the GPU tests that read the decode's bytes (units, fast emulated GEMM, the C++ host path) and
 #      compute-sanitizer memcheck over tests/sanitize_nvfp4_fast.py;
 #   3. one Linear 4096^3 and the NVFP4 model rows (bench_model.py), as in RESULTS.md session 33 runs 5-6.
 # Logs and JSON in $OUT. Stage limits: LIM_BENCH, LIM_TEST, LIM_SAN, LIM_LIN, LIM_MODEL; SKIP_MODEL=1 skips stage 3's model rows.
 set -o pipefail
-OUT=${OUT:-/tmp/gpu_nvfp4_decode_out}
+OUT=${OUT:-/tmp/gpu_nvfp4_step_kernels_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-B=${DECODE_BUILD:-/tmp/nvfp4_decode_build}
+B=${STEP_KERNELS_BUILD:-/tmp/nvfp4_step_kernels_build}
 mkdir -p "$B"
 {
   echo "== build decode_bench ($(date +%T))"
   "$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc \
       -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/nvfp4_variants/decode_bench.cu -o "$B/decode_bench" \
       2>&1 | grep -E "error|decode_v1|decode_lib2|decode_unit_kernel|registers" | head -n 12
+  "$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc \
+      -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/nvfp4_variants/rht_amax_bench.cu \
+      -o "$B/rht_amax_bench" 2>&1 | grep -E "error|registers" | head -n 12
   echo "== decode_bench ($(date +%T))"
   timeout "${LIM_BENCH:-90}" "$B/decode_bench" "$OUT/decode_bench.json"
   echo "decode_bench rc=$?"
+  echo "== rht_amax_bench ($(date +%T))"
+  timeout "${LIM_BENCH:-90}" "$B/rht_amax_bench" "$OUT/rht_amax_bench.json"
+  echo "rht_amax_bench rc=$?"
   echo "== pytest ($(date +%T))"
   timeout -s ABRT -k 15 "${LIM_TEST:-200}" python3 -X faulthandler -m pytest -q -m cuda -p no:cacheprovider --tb=short \
       tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py tests/test_cuda_fast_ops.py > "$OUT/pytest.txt" 2>&1
