@@ -365,6 +365,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rows", default=None, type=lambda v: [r for r in v.split(",") if r.strip()],
                    help="model rows to run: comma-separated, case-insensitive parts of row labels (e.g. "
                    "'delayed torch.compile,NVFP4 default'); BF16 eager always runs. Saves device time")
+    p.add_argument("--gemm-workspace", type=int, default=None, metavar="BYTES",
+                   help="cuBLASLt workspace of fp_recipes' dense GEMMs (gemm/cublaslt.py WORKSPACE_BYTES, default 32 "
+                   "MiB): 0 keeps cuBLASLt to algorithms without split-K / stream-K workspace, for an A/B of the "
+                   "launches (memsets) and GPU time they cost")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
@@ -380,6 +384,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
         NVFP4Quantizer.default_gemm_units = args.nvfp4_gemm_units
+    if args.gemm_workspace is not None:
+        from fp_recipes.gemm import cublaslt
+
+        cublaslt.WORKSPACE_BYTES = args.gemm_workspace  # (read when the GEMM paths are first set up: before any)
     if not torch.cuda.is_available():
         print("bench_model: needs a CUDA GPU")
         return 1
@@ -387,7 +395,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     result: Dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "weights": args.weights, "weight_copy": args.weight_copy,
                               "fused_activation": args.fused_activation,
-                              "fp8_compile_visible_amax": args.fp8_compile_visible_amax}
+                              "fp8_compile_visible_amax": args.fp8_compile_visible_amax,
+                              "gemm_workspace": args.gemm_workspace}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
         rows = result["linear"] = linear_profile(compiled=not args.no_compiled, python_host=args.python_host_rows)

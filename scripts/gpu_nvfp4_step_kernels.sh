@@ -7,7 +7,8 @@
 #      library's), 4, 2 and 1 columns a thread, bit-checked against each other and timed;
 #   2. the GPU tests that read the decode's bytes (units, fast emulated GEMM, the C++ host path) and
 #      compute-sanitizer memcheck over tests/sanitize_nvfp4_fast.py;
-#   3. one Linear 4096^3 and the NVFP4 model rows (bench_model.py), as in RESULTS.md session 33 runs 5-6.
+#   3. one Linear 4096^3 (also with no cuBLASLt workspace: whether the per-GEMM memsets, 3 launches of every row,
+#      go) and the NVFP4 model rows (bench_model.py), as in RESULTS.md session 33 runs 5-6.
 # Logs and JSON in $OUT. Stage limits: LIM_BENCH, LIM_TEST, LIM_SAN, LIM_LIN, LIM_MODEL; SKIP_MODEL=1 skips stage 3's model rows.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_nvfp4_step_kernels_out}
@@ -43,6 +44,11 @@ mkdir -p "$B"
   echo "== bench_model --linear ($(date +%T))"
   timeout "${LIM_LIN:-70}" python3 benchmarks/bench_model.py --linear --no-compiled --json "$OUT/linear.json" 2>&1 \
       | grep -v Warning | tail -n 7
+  # the same with no cuBLASLt workspace for fp_recipes' GEMMs: do the one-per-GEMM memsets (3 of every row's launches,
+  # BF16's too) go, and at what GPU time? (kernel names and counts in the profile above the table)
+  echo "== bench_model --linear --gemm-workspace 0 ($(date +%T))"
+  timeout "${LIM_LIN:-70}" python3 benchmarks/bench_model.py --linear --no-compiled --gemm-workspace 0 \
+      --json "$OUT/linear_ws0.json" 2>&1 | grep -v Warning | grep -E "Memset|nvjet|row|^[A-Z]" | tail -n 40
   if [ -z "${SKIP_MODEL:-}" ]; then
     echo "== bench_model NVFP4 rows ($(date +%T))"
     timeout "${LIM_MODEL:-150}" python3 benchmarks/bench_model.py --sizes h4096_t4096,h2048_t8192 --no-compiled \
