@@ -387,7 +387,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.gemm_workspace is not None:
         from fp_recipes.gemm import cublaslt
 
-        cublaslt.WORKSPACE_BYTES = args.gemm_workspace  # (read when the GEMM paths are first set up: before any)
+        cublaslt.WORKSPACE_BYTES = args.gemm_workspace  # (the GEMM paths read it at every call)
     if not torch.cuda.is_available():
         print("bench_model: needs a CUDA GPU")
         return 1

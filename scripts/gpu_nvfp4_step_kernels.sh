@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 13: two kernels of the emulated NVFP4 step, changed or prepared without a GPU in session 33, in one call
-# after `source .device/setup.sh` (which builds the extension with the new decode kernel):
-#   1. benchmarks/nvfp4_variants/decode_bench.cu: byte checks of the library's unit decode against the previous form
-#      (v1) and a two-step form (lib2) on tails, one row, > 64 rows, empty operands, NaN/zero scale codes; then their
-#      times against a D2D copy on three GEMM operand pairs. rht_amax_bench.cu: the post-RHT amax with 8 (the
+# Issue 13: forms of two kernels of the emulated NVFP4 step, prepared without a GPU in session 33, in one call
+# after `source .device/setup.sh`:
+#   1. benchmarks/nvfp4_variants/decode_bench.cu: byte checks of the split-lane unit decodes (split, split2) against
+#      the library's (lib) on tails, one row, > 64 rows, empty operands, NaN/zero scale codes; then their times
+#      against a D2D copy on three GEMM operand pairs. rht_amax_bench.cu: the post-RHT amax with 8 (the
 #      library's), 4, 2 and 1 columns a thread, bit-checked against each other and timed;
 #   2. the GPU tests that read the decode's bytes (units, fast emulated GEMM, the C++ host path) and
-#      compute-sanitizer memcheck over tests/sanitize_nvfp4_fast.py;
+#      compute-sanitizer memcheck over tests/sanitize_nvfp4_fast.py (for the library kernel as it is; rerun them after
+#      porting a winning form);
 #   3. one Linear 4096^3 (also with no cuBLASLt workspace: whether the per-GEMM memsets, 3 launches of every row,
 #      go) and the NVFP4 model rows (bench_model.py), as in RESULTS.md session 33 runs 5-6.
 # Logs and JSON in $OUT. Stage limits: LIM_BENCH, LIM_TEST, LIM_SAN, LIM_LIN, LIM_MODEL; SKIP_MODEL=1 skips stage 3's model rows.
@@ -22,7 +23,7 @@ mkdir -p "$B"
   echo "== build decode_bench ($(date +%T))"
   "$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc \
       -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/nvfp4_variants/decode_bench.cu -o "$B/decode_bench" \
-      2>&1 | grep -E "error|decode_v1|decode_lib2|decode_unit_kernel|registers" | head -n 12
+      2>&1 | grep -E "error|decode_split|decode_unit_kernel|registers" | head -n 12
   "$NVCC" -O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc \
       -gencode=arch=compute_90a,code=sm_90a -Xptxas -v benchmarks/nvfp4_variants/rht_amax_bench.cu \
       -o "$B/rht_amax_bench" 2>&1 | grep -E "error|registers" | head -n 12

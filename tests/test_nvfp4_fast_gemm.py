@@ -40,8 +40,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @cuda
-# (block counts: a warp of the decode takes 32 blocks, each lane half of blocks i and i + 16, so the tails here end
-# below 16 (9, 170, 645 blocks), above 16 (7 x 272: 119 = 3 x 32 + 23) and on a warp boundary (1000 x 64))
+# (block counts: tails of a 32-block warp below 16 (9, 170, 645 blocks), above 16 (7 x 272: 119 = 3 x 32 + 23) and on
+# a warp boundary (1000 x 64), for a decode whose lanes split blocks as benchmarks/nvfp4_variants/decode_bench.cu's)
 @pytest.mark.parametrize("rows,k", [(1, 16), (1, 32), (3, 48), (17, 160), (256, 4096), (1000, 64), (5, 16 * 129),
                                     (7, 272)])
 def test_unit_decode_bit_equal_to_twin(rows, k):

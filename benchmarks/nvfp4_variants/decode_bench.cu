@@ -1,9 +1,13 @@
 // The emulated NVFP4 GEMM's unit decode (issue 13): the library kernel (fp_recipes/csrc/nvfp4_gemm_operands.cu,
-// included verbatim: `lib`, a warp's lanes splitting each block so its stores are contiguous) against bench-only
-// forms, byte-checked against each other and timed against a device-to-device copy in the same run.
-//   v1     the kernel before session 33: one whole 16-element block a lane (two 16-byte stores 32 bytes apart)
-//   lib2   lib's lane mapping, two warp steps a warp (64 blocks, half the CTAs, two loads in flight a lane)
-// Standalone (no torch). Build and run: `bash scripts/gpu_nvfp4_step_kernels.sh` (log and JSON in $OUT).
+// included verbatim: `lib`, one whole 16-element block a lane, stored as two 16-byte stores 32 bytes apart, so each
+// warp store half-fills 32 sectors) against bench-only forms in which a warp's lanes split each block, so that every
+// warp store writes 512 contiguous bytes. Byte-checked against lib, then timed against a device-to-device copy in
+// the same run:
+//   split   lane l takes half (l & 1) of blocks w + l / 2 and w + 16 + l / 2 (the same grid and values a lane)
+//   split2  the same over two consecutive warp steps (64 blocks a warp, half the CTAs, four loads in flight a lane)
+// lib takes ~95 us per Linear 4096^3 step on an H100 and an H200 alike (RESULTS.md session 33, run 5), which a
+// bandwidth-bound kernel would not: the half-filled sectors are the suspect. If split wins, it replaces the
+// library's kernel body. Standalone (no torch). Build and run: `bash scripts/gpu_nvfp4_step_kernels.sh`.
 #include "nvfp4_gemm_operands.cu"
 
 #include <cstring>
@@ -23,30 +27,34 @@ struct Job {
   int64_t blocks;
 };
 
-// v1: one block a lane, as the library shipped it until session 33 (the alpha write left out: no alpha here).
-__global__ void __launch_bounds__(kThreads) decode_v1(Job j) {
-  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (g >= j.blocks) return;
-  const uint2 q = __ldg(reinterpret_cast<const uint2*>(j.data) + g);
-  store_unit16(q, __ldg(j.scale + g), j.out + g * 16);
+// 8 unit values of half a block (codes: 4 bytes, low nibble first; sf_code: the block's E4M3 scale) to
+// out[0..7]: one 16-byte store. Inline PTX: NVVM split the plain vector assignment of a conditional store into
+// four 4-byte stores.
+__device__ __forceinline__ void store_half_block(uint32_t codes, uint32_t sf_code, uint16_t* out) {
+  uint32_t w[4];
+  unit8_words(codes, nvfp4_e4m3_decode(sf_code), (sf_code & 0x7Fu) == 0x7Fu, w);
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
 }
 
-// lib2: lib's mapping over two consecutive warp steps (64 blocks a warp, 512 a CTA).
-__global__ void __launch_bounds__(kThreads) decode_lib2(Job j) {
+// kSteps consecutive warp steps of 32 blocks a warp (kThreads * kSteps blocks a CTA); in step i, lane l takes half
+// (l & 1) of blocks w_i + l / 2 and w_i + 16 + l / 2. All loads first, then the stores.
+template <int kSteps>
+__global__ void __launch_bounds__(kThreads) decode_split(Job j) {
   const int lane = static_cast<int>(threadIdx.x & 31u), half = lane & 1;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * (2 * kThreads) + 2 * (threadIdx.x & ~31u);
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * kThreads + (threadIdx.x & ~31u)) * kSteps;
   const uint32_t* codes = reinterpret_cast<const uint32_t*>(j.data);
-  uint32_t c[4], s[4];
-  int64_t b[4];
+  uint32_t c[2 * kSteps], s[2 * kSteps];
+  int64_t b[2 * kSteps];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 2 * kSteps; ++i) {
     b[i] = w + 16 * i + (lane >> 1);
     const bool in = b[i] < j.blocks;
     c[i] = in ? __ldg(codes + 2 * b[i] + half) : 0u;
     s[i] = in ? __ldg(j.scale + b[i]) : 0u;
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 2 * kSteps; ++i) {
     if (b[i] < j.blocks) store_half_block(c[i], s[i], j.out + b[i] * 16 + half * 8);
   }
 }
@@ -107,8 +115,8 @@ void release(Buffers& b) {
   b.owned.clear();
 }
 
-enum Variant { kLib = 0, kV1 = 1, kLib2 = 2 };
-const char* kNames[] = {"lib", "v1", "lib2"};
+enum Variant { kLib = 0, kSplit = 1, kSplit2 = 2 };
+const char* kNames[] = {"lib", "split", "split2"};
 
 void run(Variant v, const Buffers& b, cudaStream_t st) {
   if (v == kLib) {
@@ -119,31 +127,31 @@ void run(Variant v, const Buffers& b, cudaStream_t st) {
   }
   for (const Job& j : b.jobs) {
     if (j.blocks == 0) continue;
-    const int64_t per = v == kV1 ? kThreads : 2 * kThreads;
+    const int64_t per = v == kSplit ? kThreads : 2 * kThreads;
     const unsigned grid = static_cast<unsigned>((j.blocks + per - 1) / per);
-    if (v == kV1) decode_v1<<<grid, kThreads, 0, st>>>(j);
-    else decode_lib2<<<grid, kThreads, 0, st>>>(j);
+    if (v == kSplit) decode_split<1><<<grid, kThreads, 0, st>>>(j);
+    else decode_split<2><<<grid, kThreads, 0, st>>>(j);
   }
   CK(cudaGetLastError());
 }
 
-// every variant's output bytes against v1's (poisoned first, so an unwritten value shows)
+// every variant's output bytes against lib's (poisoned first, so an unwritten value shows)
 bool check(const Problem& p, bool specials, std::string* why) {
   Buffers b = make(p, specials);
   std::vector<std::vector<uint8_t>> ref;
   bool ok = true;
-  for (int v : {kV1, kLib, kLib2}) {
+  for (int v : {kLib, kSplit, kSplit2}) {
     for (const Job& j : b.jobs) CK(cudaMemset(j.out, 0xA5, j.blocks * 32 + 16));
     run(static_cast<Variant>(v), b, 0);
     CK(cudaDeviceSynchronize());
     for (size_t i = 0; i < b.jobs.size(); ++i) {
       std::vector<uint8_t> h(b.jobs[i].blocks * 32 + 16);
       CK(cudaMemcpy(h.data(), b.jobs[i].out, h.size(), cudaMemcpyDeviceToHost));
-      if (v == kV1) {
+      if (v == kLib) {
         ref.push_back(h);
       } else if (h != ref[i]) {
         ok = false;
-        *why += std::string(kNames[v]) + " differs from v1 on " + p.name + (specials ? " (specials)" : "") + "; ";
+        *why += std::string(kNames[v]) + " differs from lib on " + p.name + (specials ? " (specials)" : "") + "; ";
       }
     }
   }
@@ -188,7 +196,7 @@ int main(int argc, char** argv) {
                                       {"8192x6144 + 2048x6144", {{8192, 6144}, {2048, 6144}}}};
   FILE* js = json ? std::fopen(json, "w") : nullptr;
   if (js) std::fprintf(js, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"byte_mismatches\": %d, \"rows\": [", prop.name, copy, n_bad);
-  std::printf("%-26s %10s %10s %10s %8s %8s\n", "problem", "v1 us", "lib us", "lib2 us", "lib %cp", "v1 %cp");
+  std::printf("%-26s %10s %10s %10s %8s %8s\n", "problem", "lib us", "split us", "split2 us", "lib %cp", "split %cp");
   bool first = true;
   for (const Problem& p : timed) {
     std::vector<Buffers> sets;
@@ -198,14 +206,14 @@ int main(int argc, char** argv) {
       bytes = sets.back().bytes;
     }
     float t[3];
-    for (int v : {kV1, kLib, kLib2}) t[v] = time_ms(static_cast<Variant>(v), sets, 60, st);
+    for (int v : {kLib, kSplit, kSplit2}) t[v] = time_ms(static_cast<Variant>(v), sets, 60, st);
     auto pct = [&](float ms) { return 100.0 * bytes / (ms * 1e-3) / 1e9 / copy; };
-    std::printf("%-26s %10.1f %10.1f %10.1f %7.1f%% %7.1f%%\n", p.name.c_str(), t[kV1] * 1e3, t[kLib] * 1e3,
-                t[kLib2] * 1e3, pct(t[kLib]), pct(t[kV1]));
+    std::printf("%-26s %10.1f %10.1f %10.1f %7.1f%% %7.1f%%\n", p.name.c_str(), t[kLib] * 1e3, t[kSplit] * 1e3,
+                t[kSplit2] * 1e3, pct(t[kLib]), pct(t[kSplit]));
     if (js) {
-      std::fprintf(js, "%s{\"problem\": \"%s\", \"bytes\": %lld, \"v1_us\": %.2f, \"lib_us\": %.2f, \"lib2_us\": %.2f}",
-                   first ? "" : ", ", p.name.c_str(), static_cast<long long>(bytes), t[kV1] * 1e3, t[kLib] * 1e3,
-                   t[kLib2] * 1e3);
+      std::fprintf(js, "%s{\"problem\": \"%s\", \"bytes\": %lld, \"lib_us\": %.2f, \"split_us\": %.2f, \"split2_us\": %.2f}",
+                   first ? "" : ", ", p.name.c_str(), static_cast<long long>(bytes), t[kLib] * 1e3, t[kSplit] * 1e3,
+                   t[kSplit2] * 1e3);
       first = false;
     }
     for (auto& s : sets) release(s);

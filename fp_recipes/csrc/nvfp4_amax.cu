@@ -97,20 +97,20 @@ __global__ void __launch_bounds__(kThreads) rht_amax_kernel(const __nv_bfloat16*
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       const __nv_bfloat16* src = x + (rg * 16 + k) * N + c0;
-      if (kVec == 8) {
+      if constexpr (kVec == 8) {
         const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
         const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(e[j]);
-      } else if (kVec == 4) {
+      } else if constexpr (kVec == 4) {
         const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
         const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(e[j]);
-      } else if (kVec == 2) {
+      } else if constexpr (kVec == 2) {
         const uint32_t raw = __ldg(reinterpret_cast<const unsigned int*>(src));
         v[0][k] = __uint_as_float(raw << 16);
-        if (kVec > 1) v[kVec - 1][k] = __uint_as_float(raw & 0xFFFF0000u);
+        v[1][k] = __uint_as_float(raw & 0xFFFF0000u);
       } else {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) v[j][k] = __bfloat162float(src[j]);

@@ -28,23 +28,6 @@ struct DecodeParams {
   GemmAlphaArgs alpha;
 };
 
-// 8 unit values of half a block (codes: 4 bytes, low nibble first; sf_code: the block's E4M3 scale) to
-// out[0..7]: one 16-byte store. Inline PTX: NVVM split the plain vector assignment of a conditional store into
-// four 4-byte stores.
-__device__ __forceinline__ void store_half_block(uint32_t codes, uint32_t sf_code, uint16_t* out) {
-  uint32_t w[4];
-  unit8_words(codes, nvfp4_e4m3_decode(sf_code), (sf_code & 0x7Fu) == 0x7Fu, w);
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
-}
-
-// A CTA decodes kThreads consecutive blocks of one job, a warp 32 of them (512 values, 1 KB of BF16). Lane l
-// takes half (l & 1) of blocks w + l / 2 and w + 16 + l / 2: so each of the warp's two 16-byte stores writes 512
-// contiguous bytes, and each of its two code loads reads 128 contiguous bytes. (With one whole block a lane, every
-// warp store wrote 16 of every 32 bytes: twice the 32-byte sectors per store. That kernel took ~95 us per Linear
-// 4096^3 step on an H100 and on an H200 alike, which a bandwidth-bound kernel would not; the sectors are the
-// suspect, benchmarks/nvfp4_variants/decode_bench.cu measures both forms.) The values and their places are
-// those of store_unit16 per block.
 __global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_constant__ DecodeParams p) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.alpha.out != nullptr) {
     // alpha = RN(RN(amax_a * amax_b) * RN(1 / (36 E_a E_b))); 36 E_a E_b < 2^24 is exact in FP32.
@@ -69,16 +52,10 @@ __global__ void __launch_bounds__(kThreads) decode_unit_kernel(const __grid_cons
       first = p.cta_start[j];
     }
   }
-  const int lane = static_cast<int>(threadIdx.x & 31u), half = lane & 1;
-  const int64_t b0 = (cta - first) * kThreads + (threadIdx.x & ~31u) + (lane >> 1);  // and b0 + 16
-  const int64_t b1 = b0 + 16;
-  if (b0 >= blocks) return;
-  const uint32_t* codes = reinterpret_cast<const uint32_t*>(data);
-  const bool second = b1 < blocks;
-  const uint32_t c0 = __ldg(codes + 2 * b0 + half), s0 = __ldg(scale + b0);
-  const uint32_t c1 = second ? __ldg(codes + 2 * b1 + half) : 0u, s1 = second ? __ldg(scale + b1) : 0u;
-  store_half_block(c0, s0, out + b0 * 16 + half * 8);
-  if (second) store_half_block(c1, s1, out + b1 * 16 + half * 8);
+  const int64_t g = (cta - first) * kThreads + threadIdx.x;  // one 16-element block per thread
+  if (g >= blocks) return;
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(data) + g);
+  store_unit16(q, __ldg(scale + g), out + g * 16);
 }
 
 template <typename T>
