@@ -1,6 +1,6 @@
-// Host helpers shared by the standalone kernel benchmarks decode_bench.cu and rht_amax_bench.cu (no torch):
-// error checks, a deterministic byte generator, the median of CUDA-event timings and the device-to-device copy
-// bandwidth of the same run (the ceiling every "% of copy" is measured against).
+// Host helpers of the standalone kernel benchmarks here (no torch): CK (every one of them); a deterministic byte
+// generator, the median of CUDA-event timings and the device-to-device copy bandwidth of the same run (the ceiling
+// every "% of copy" is measured against) for decode_bench.cu and rht_amax_bench.cu.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -10,13 +10,14 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                             \
-    }                                                                                           \
+#define CK(x)                                                                                          \
+  do {                                                                                                 \
+    cudaError_t e_ = (x);                                                                              \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__,   \
+                   cudaGetErrorString(e_));                                                            \
+      std::exit(2);                                                                                    \
+    }                                                                                                  \
   } while (0)
 
 namespace bench {

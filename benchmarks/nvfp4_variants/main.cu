@@ -34,15 +34,7 @@ void register_part5(std::vector<Entry>&);
 using fp_recipes::nvfp4::vv::Entry;
 using fp_recipes::nvfp4::vv::VParams;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
-                   cudaGetErrorString(e_));                                                    \
-      std::exit(2);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "bench_util.h"  // CK
 
 static const char* mode_name(int fos) {
   switch (fos) {

@@ -19,15 +19,7 @@
 
 #include "tile_bench.h"
 
-#define CK(x)                                                                                          \
-  do {                                                                                                 \
-    cudaError_t e_ = (x);                                                                              \
-    if (e_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__,   \
-                   cudaGetErrorString(e_));                                                            \
-      std::exit(2);                                                                                    \
-    }                                                                                                  \
-  } while (0)
+#include "bench_util.h"  // CK
 
 __device__ __forceinline__ uint32_t hash32(uint32_t x) {
   x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
