@@ -27,7 +27,7 @@ import warnings
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -186,9 +186,21 @@ def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor,
     return step
 
 
+@contextlib.contextmanager
+def gemm_workspace(nbytes: int) -> Iterator[None]:
+    """fp_recipes' dense GEMMs planned with an ``nbytes`` cuBLASLt workspace (the GEMM paths read it at every call)."""
+    from fp_recipes.gemm import cublaslt
+
+    saved, cublaslt.WORKSPACE_BYTES = cublaslt.WORKSPACE_BYTES, nbytes
+    try:
+        yield
+    finally:
+        cublaslt.WORKSPACE_BYTES = saved
+
+
 def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                graphed: bool = False, python_host: bool = False,
-               only: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+               only: Optional[List[str]] = None, workspace_ab: Optional[int] = None) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -224,6 +236,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
 
             add(f"{name} (Python host path)", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True), x, dy, recipe), host_path=python_host_path)
+        if workspace_ab is not None:
+            add(f"{name} [GEMM workspace {workspace_ab}]", lambda recipe=recipe: make_step(
+                build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: gemm_workspace(workspace_ab))
         if FUSED_ACTIVATION[0] and name == "FP8 delayed":  # (current scaling takes the composition: float8.py)
             add(f"{name} (fused GELU)", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
@@ -366,9 +381,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="model rows to run: comma-separated, case-insensitive parts of row labels (e.g. "
                    "'delayed torch.compile,NVFP4 default'); BF16 eager always runs. Saves device time")
     p.add_argument("--gemm-workspace", type=int, default=None, metavar="BYTES",
-                   help="cuBLASLt workspace of fp_recipes' dense GEMMs (gemm/cublaslt.py WORKSPACE_BYTES, default 32 "
-                   "MiB): 0 keeps cuBLASLt to algorithms without split-K / stream-K workspace, for an A/B of the "
-                   "launches (memsets) and GPU time they cost")
+                   help="cuBLASLt workspace of fp_recipes' dense GEMMs (gemm/cublaslt.py WORKSPACE_BYTES, default 0: "
+                   "algorithms without split-K / stream-K workspace, so no memset launch per GEMM); e.g. 33554432 "
+                   "(torch's 32 MiB) for an A/B of the launches and GPU time")
+    p.add_argument("--gemm-workspace-ab", type=int, default=None, metavar="BYTES",
+                   help="model rows: each eager quantized row again with a BYTES GEMM workspace, in the same process")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
@@ -412,7 +429,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             hidden, ffn, tokens, layers = SIZES[size]
             print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
             rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled, only=args.rows,
-                               graphed=args.graphed, python_host=args.python_host_rows)
+                               graphed=args.graphed, python_host=args.python_host_rows,
+                               workspace_ab=args.gemm_workspace_ab)
         result["model"] = rows
         print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
         for r in rows:

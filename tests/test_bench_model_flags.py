@@ -18,7 +18,7 @@ def test_gemm_workspace_flag_sets_the_workspace(monkeypatch):
     from fp_recipes.gemm import cublaslt
 
     monkeypatch.setattr(cublaslt, "WORKSPACE_BYTES", cublaslt.WORKSPACE_BYTES)  # restored after the test
+    assert cublaslt.WORKSPACE_BYTES == 0  # the default: no workspace, no memset launch per GEMM
+    assert bench_model.main(["--linear", "--gemm-workspace", str(32 * 2**20)]) == 1  # needs a CUDA GPU: stops there
     assert cublaslt.WORKSPACE_BYTES == 32 * 2**20
-    assert bench_model.main(["--linear", "--gemm-workspace", "0"]) == 1  # needs a CUDA GPU: stops there
-    assert cublaslt.WORKSPACE_BYTES == 0
 

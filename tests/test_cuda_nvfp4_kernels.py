@@ -188,7 +188,7 @@ def test_columnwise_tails(shape, dtype):
         check_quantize(x, rowwise=False, columnwise=True, rht=True)
 
 
-RHT_SHAPES = [(16, 16), (64, 64), (96, 48), (256, 1040), (2048, 512)]
+RHT_SHAPES = [(16, 16), (64, 64), (96, 48), (32, 20), (48, 46), (256, 1040), (2048, 512)]  # N % 8, % 4, % 2: each amax form
 
 
 @cuda
@@ -198,7 +198,8 @@ RHT_SHAPES = [(16, 16), (64, 64), (96, 48), (256, 1040), (2048, 512)]
 def test_rht(shape, kind, sr):
     x = make_input(shape, torch.bfloat16, kind, seed=17)
     kw = dict(stochastic_rounding=sr, seed=123456789, offset=2**33 + 5) if sr else {}
-    check_quantize(x, rowwise=True, columnwise=True, rht=True, **kw)
+    if shape[1] % 16 == 0:  # (the rowwise copy needs N % 16 == 0)
+        check_quantize(x, rowwise=True, columnwise=True, rht=True, **kw)
     check_quantize(x, rowwise=False, columnwise=True, rht=True, **kw)
 
 

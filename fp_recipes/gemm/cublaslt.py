@@ -27,9 +27,11 @@ from .. import _extension
 
 __all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemm", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
-# What torch gives cuBLASLt on Hopper; enough for every split-K / stream-K algorithm. Smaller values
-# restrict the algorithms cuBLASLt may choose (benchmarks compare).
-WORKSPACE_BYTES = 32 * 2**20
+# No workspace for the dense GEMMs: cuBLASLt then picks algorithms that need none, and with a workspace (torch
+# gives it 32 MiB on Hopper) each GEMM of a Linear step came with a `Memset (Device)` launch of cuBLAS's own. On an
+# H200, one Linear 4096^3 fwd+bwd: 3 launches fewer for every recipe (FP8 delayed 14 -> 11, NVFP4 15 -> 12) at equal
+# GPU time (benchmarks/RESULTS.md, session 34; `bench_model.py --gemm-workspace BYTES` and `--gemm-workspace-ab`).
+WORKSPACE_BYTES = 0
 # The grouped FP8 GEMMs (one per expert, issued back to back) are planned without a workspace: on an
 # H100, GroupedLinear 8 x (2048x7168x2048) fwd+bwd took 2.131 -> 1.938 ms (delayed) and 1.971 -> 1.768
 # ms (current) with the algorithms cuBLASLt picks for no workspace (benchmarks/RESULTS.md, session 20)
@@ -102,7 +104,7 @@ def status() -> str:
     return f"unavailable: {_state['error']}"
 
 
-_MAX_WORKSPACES = 8  # code that makes a new stream per step must not pile up 32 MiB buffers
+_MAX_WORKSPACES = 8  # code that makes a new stream per step must not pile up workspaces (when WORKSPACE_BYTES > 0)
 
 
 def _workspace(device: torch.device, stream: int, nbytes: Optional[int] = None) -> torch.Tensor:
