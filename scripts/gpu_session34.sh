@@ -2,7 +2,7 @@
 # Session 34 in device calls (after `source .device/setup.sh`); STAGES picks them (default "tests linear"):
 #   tests   every CUDA test of the suite (the dense GEMMs now planned with no cuBLASLt workspace, the post-RHT amax
 #           with 4 columns a thread), then compute-sanitizer memcheck over the NVFP4 family (quick)
-#   linear  one Linear 4096^3 profile with the default (no) GEMM workspace and with torch's 32 MiB
+#   linear  one Linear 4096^3 profile with the default (no) GEMM workspace and with torch's 32 MiB (LINEAR_WS)
 #   model   the model rows (FP8 delayed, FP8 current, NVFP4 default; h2048 and h4096), each again with a 32 MiB GEMM
 #           workspace in the same process (--gemm-workspace-ab)
 # Logs and JSON in $OUT.
@@ -32,10 +32,10 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
         [ -n "${SKIP_SAN:-}" ] && continue
         echo "== memcheck: NVFP4 family, quick ($(date +%T))"
         SANITIZE_QUICK=1 timeout "${LIM_SAN:-90}" "$SAN" --tool memcheck --error-exitcode 9 \
-            python3 tests/sanitize_nvfp4.py 2>&1 | tail -n 3
+            python3 "${SAN_SCRIPT:-tests/sanitize_nvfp4.py}" 2>&1 | tail -n 3
         echo "memcheck rc=$?" ;;
       linear)
-        for ws in default 33554432; do
+        for ws in ${LINEAR_WS:-default 33554432}; do
           echo "== bench_model --linear, GEMM workspace $ws ($(date +%T))"
           flag=(); [ "$ws" != default ] && flag=(--gemm-workspace "$ws")
           timeout "${LIM_LIN:-70}" python3 benchmarks/bench_model.py --linear --no-compiled "${flag[@]}" \

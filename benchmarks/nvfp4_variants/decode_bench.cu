@@ -1,13 +1,17 @@
 // The emulated NVFP4 GEMM's unit decode (issue 13): the library kernel (fp_recipes/csrc/nvfp4_gemm_operands.cu,
-// included verbatim: `lib`, one whole 16-element block a lane, stored as two 16-byte stores 32 bytes apart, so each
-// warp store half-fills 32 sectors) against bench-only forms in which a warp's lanes split each block, so that every
-// warp store writes 512 contiguous bytes. Byte-checked against lib, then timed against a device-to-device copy in
-// the same run:
-//   split   lane l takes half (l & 1) of blocks w + l / 2 and w + 16 + l / 2 (the same grid and values a lane)
-//   split2  the same over two consecutive warp steps (64 blocks a warp, half the CTAs, four loads in flight a lane)
-// lib takes ~95 us per Linear 4096^3 step on an H100 and an H200 alike (RESULTS.md session 33, run 5), which a
-// bandwidth-bound kernel would not: the half-filled sectors are the suspect. If split wins, it replaces the
-// library's kernel body. Standalone (no torch). Build and run: `bash scripts/gpu_nvfp4_step_kernels.sh`.
+// included verbatim: `lib`) against the kernel it replaced in session 34 (`prev`, kept here: one whole 16-element
+// block a lane stored as two 16-byte stores 32 bytes apart, the unit values through e2m1_decode's int-to-float
+// conversions and selects) and against floors measured in the same run:
+//   traffic       lib's loads and stores with no decode (the stored words are the loaded ones)
+//   traffic_prev  the same for prev's one-block-a-lane pattern
+//   writes        cudaMemsetAsync of the unit outputs (the writes alone: 32 of every block's 41 bytes)
+// What session 34 found with it (RESULTS.md): prev ran at the speed of its stores alone, whose pattern reaches
+// ~1.7 TB/s on an H200 against 3.4-4.1 TB/s for lane-contiguous 16-byte stores (store_bench.cu); with lanes
+// splitting the blocks the decode arithmetic showed (+20 %), and the conversion-free arithmetic took it to the
+// traffic floor. lib and prev are byte-checked against each other on tails, one row, > 64 rows, empty operands,
+// NaN / zero / negative scale codes. Standalone (no torch):
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -fmad=false -Ifp_recipes/csrc -gencode=arch=compute_90a,code=sm_90a \
+//       benchmarks/nvfp4_variants/decode_bench.cu -o decode_bench && ./decode_bench [out.json]
 #include "nvfp4_gemm_operands.cu"
 
 #include <cstring>
@@ -27,35 +31,54 @@ struct Job {
   int64_t blocks;
 };
 
-// 8 unit values of half a block (codes: 4 bytes, low nibble first; sf_code: the block's E4M3 scale) to
-// out[0..7]: one 16-byte store. Inline PTX: NVVM split the plain vector assignment of a conditional store into
-// four 4-byte stores.
-__device__ __forceinline__ void store_half_block(uint32_t codes, uint32_t sf_code, uint16_t* out) {
-  uint32_t w[4];
-  unit8_words(codes, nvfp4_e4m3_decode(sf_code), (sf_code & 0x7Fu) == 0x7Fu, w);
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
+// prev's unit value: e2m1_decode(nibble) * sf (the same bits as unit_f32_bits' top half: test_nvfp4_unit_arith.py)
+__device__ __forceinline__ uint32_t prev_unit_bits(uint32_t nibble, float sf, bool sf_nan) {
+  const float v = __fmul_rn(e2m1_decode(nibble), sf);
+  return sf_nan ? kUnitBf16NaN : (__float_as_uint(v) >> 16);
 }
 
-// kSteps consecutive warp steps of 32 blocks a warp (kThreads * kSteps blocks a CTA); in step i, lane l takes half
-// (l & 1) of blocks w_i + l / 2 and w_i + 16 + l / 2. All loads first, then the stores.
-template <int kSteps>
-__global__ void __launch_bounds__(kThreads) decode_split(Job j) {
-  const int lane = static_cast<int>(threadIdx.x & 31u), half = lane & 1;
-  const int64_t w = (static_cast<int64_t>(blockIdx.x) * kThreads + (threadIdx.x & ~31u)) * kSteps;
-  const uint32_t* codes = reinterpret_cast<const uint32_t*>(j.data);
-  uint32_t c[2 * kSteps], s[2 * kSteps];
-  int64_t b[2 * kSteps];
+__global__ void __launch_bounds__(kThreads) decode_prev(Job j) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (g >= j.blocks) return;
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(j.data) + g);
+  const uint32_t sf_code = __ldg(j.scale + g);
+  const float sf = nvfp4_e4m3_decode(sf_code);
+  const bool sf_nan = (sf_code & 0x7Fu) == 0x7Fu;
+  uint32_t w[8];
 #pragma unroll
-  for (int i = 0; i < 2 * kSteps; ++i) {
-    b[i] = w + 16 * i + (lane >> 1);
-    const bool in = b[i] < j.blocks;
-    c[i] = in ? __ldg(codes + 2 * b[i] + half) : 0u;
-    s[i] = in ? __ldg(j.scale + b[i]) : 0u;
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = ((i < 4 ? q.x : q.y) >> (8 * (i & 3))) & 0xFFu;
+    w[i] = prev_unit_bits(byte & 0xFu, sf, sf_nan) | (prev_unit_bits(byte >> 4, sf, sf_nan) << 16);
   }
+  uint4* out = reinterpret_cast<uint4*>(j.out + g * 16);
+  out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  out[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+// prev's loads and stores, no decode.
+__global__ void __launch_bounds__(kThreads) traffic_prev(Job j) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (g >= j.blocks) return;
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(j.data) + g);
+  const uint32_t sf = __ldg(j.scale + g);
+  uint4* out = reinterpret_cast<uint4*>(j.out + g * 16);
+  out[0] = make_uint4(q.x, q.y, sf, q.x ^ sf);
+  out[1] = make_uint4(q.y, q.x, sf, q.y ^ sf);
+}
+
+// lib's loads and stores (lane l: half l & 1 of blocks w + l / 2 and w + 16 + l / 2), no decode.
+__global__ void __launch_bounds__(kThreads) traffic_lib(Job j) {
+  const int lane = static_cast<int>(threadIdx.x & 31u), half = lane & 1;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + (threadIdx.x & ~31u);
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(j.data);
 #pragma unroll
-  for (int i = 0; i < 2 * kSteps; ++i) {
-    if (b[i] < j.blocks) store_half_block(c[i], s[i], j.out + b[i] * 16 + half * 8);
+  for (int i = 0; i < 2; ++i) {
+    const int64_t b = w + 16 * i + (lane >> 1);
+    if (b >= j.blocks) continue;
+    const uint32_t c = __ldg(codes + 2 * b + half), sf = __ldg(j.scale + b);
+    uint16_t* o = j.out + b * 16 + half * 8;
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(o), "r"(c), "r"(sf), "r"(c ^ sf), "r"(c + 1u)
+                 : "memory");
   }
 }
 
@@ -115,8 +138,9 @@ void release(Buffers& b) {
   b.owned.clear();
 }
 
-enum Variant { kLib = 0, kSplit = 1, kSplit2 = 2 };
-const char* kNames[] = {"lib", "split", "split2"};
+enum Variant { kLib = 0, kPrev = 1, kTraffic = 2, kTrafficPrev = 3, kWrites = 4 };
+const char* kNames[] = {"lib", "prev", "traffic", "traffic_prev", "writes"};
+constexpr int kVariants = 5;
 
 void run(Variant v, const Buffers& b, cudaStream_t st) {
   if (v == kLib) {
@@ -127,31 +151,35 @@ void run(Variant v, const Buffers& b, cudaStream_t st) {
   }
   for (const Job& j : b.jobs) {
     if (j.blocks == 0) continue;
-    const int64_t per = v == kSplit ? kThreads : 2 * kThreads;
-    const unsigned grid = static_cast<unsigned>((j.blocks + per - 1) / per);
-    if (v == kSplit) decode_split<1><<<grid, kThreads, 0, st>>>(j);
-    else decode_split<2><<<grid, kThreads, 0, st>>>(j);
+    if (v == kWrites) {
+      CK(cudaMemsetAsync(j.out, 0, j.blocks * 32, st));
+      continue;
+    }
+    const unsigned grid = static_cast<unsigned>((j.blocks + kThreads - 1) / kThreads);
+    if (v == kPrev) decode_prev<<<grid, kThreads, 0, st>>>(j);
+    else if (v == kTraffic) traffic_lib<<<grid, kThreads, 0, st>>>(j);
+    else traffic_prev<<<grid, kThreads, 0, st>>>(j);
   }
   CK(cudaGetLastError());
 }
 
-// every variant's output bytes against lib's (poisoned first, so an unwritten value shows)
+// lib's output bytes against prev's (each output poisoned first, so an unwritten value shows)
 bool check(const Problem& p, bool specials, std::string* why) {
   Buffers b = make(p, specials);
   std::vector<std::vector<uint8_t>> ref;
   bool ok = true;
-  for (int v : {kLib, kSplit, kSplit2}) {
+  for (int v : {kPrev, kLib}) {
     for (const Job& j : b.jobs) CK(cudaMemset(j.out, 0xA5, j.blocks * 32 + 16));
     run(static_cast<Variant>(v), b, 0);
     CK(cudaDeviceSynchronize());
     for (size_t i = 0; i < b.jobs.size(); ++i) {
       std::vector<uint8_t> h(b.jobs[i].blocks * 32 + 16);
       CK(cudaMemcpy(h.data(), b.jobs[i].out, h.size(), cudaMemcpyDeviceToHost));
-      if (v == kLib) {
+      if (v == kPrev) {
         ref.push_back(h);
       } else if (h != ref[i]) {
         ok = false;
-        *why += std::string(kNames[v]) + " differs from lib on " + p.name + (specials ? " (specials)" : "") + "; ";
+        *why += "lib differs from prev on " + p.name + (specials ? " (specials)" : "") + "; ";
       }
     }
   }
@@ -196,7 +224,9 @@ int main(int argc, char** argv) {
                                       {"8192x6144 + 2048x6144", {{8192, 6144}, {2048, 6144}}}};
   FILE* js = json ? std::fopen(json, "w") : nullptr;
   if (js) std::fprintf(js, "{\"device\": \"%s\", \"copy_gbps\": %.1f, \"byte_mismatches\": %d, \"rows\": [", prop.name, copy, n_bad);
-  std::printf("%-26s %10s %10s %10s %8s %8s\n", "problem", "lib us", "split us", "split2 us", "lib %cp", "split %cp");
+  std::printf("%-24s", "problem (us)");
+  for (int v = 0; v < kVariants; ++v) std::printf(" %12s", kNames[v]);
+  std::printf(" %9s %9s\n", "lib %cp", "prev %cp");
   bool first = true;
   for (const Problem& p : timed) {
     std::vector<Buffers> sets;
@@ -205,15 +235,17 @@ int main(int argc, char** argv) {
       sets.push_back(make(p, false));
       bytes = sets.back().bytes;
     }
-    float t[3];
-    for (int v : {kLib, kSplit, kSplit2}) t[v] = time_ms(static_cast<Variant>(v), sets, 60, st);
+    float t[kVariants];
+    for (int v = 0; v < kVariants; ++v) t[v] = time_ms(static_cast<Variant>(v), sets, 60, st);
     auto pct = [&](float ms) { return 100.0 * bytes / (ms * 1e-3) / 1e9 / copy; };
-    std::printf("%-26s %10.1f %10.1f %10.1f %7.1f%% %7.1f%%\n", p.name.c_str(), t[kLib] * 1e3, t[kSplit] * 1e3,
-                t[kSplit2] * 1e3, pct(t[kLib]), pct(t[kSplit]));
+    std::printf("%-24s", p.name.c_str());
+    for (int v = 0; v < kVariants; ++v) std::printf(" %12.1f", t[v] * 1e3);
+    std::printf(" %8.1f%% %8.1f%%\n", pct(t[kLib]), pct(t[kPrev]));
     if (js) {
-      std::fprintf(js, "%s{\"problem\": \"%s\", \"bytes\": %lld, \"lib_us\": %.2f, \"split_us\": %.2f, \"split2_us\": %.2f}",
-                   first ? "" : ", ", p.name.c_str(), static_cast<long long>(bytes), t[kLib] * 1e3, t[kSplit] * 1e3,
-                   t[kSplit2] * 1e3);
+      std::fprintf(js, "%s{\"problem\": \"%s\", \"bytes\": %lld", first ? "" : ", ", p.name.c_str(),
+                   static_cast<long long>(bytes));
+      for (int v = 0; v < kVariants; ++v) std::fprintf(js, ", \"%s_us\": %.2f", kNames[v], t[v] * 1e3);
+      std::fprintf(js, "}");
       first = false;
     }
     for (auto& s : sets) release(s);

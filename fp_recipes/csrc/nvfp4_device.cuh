@@ -677,17 +677,25 @@ __device__ __forceinline__ void load16<__nv_bfloat16>(const __nv_bfloat16* p, fl
 // write the operand next to the packed copy) share this code.
 constexpr uint32_t kUnitBf16NaN = 0x7FC0u;
 
-__device__ __forceinline__ uint32_t unit_bf16_bits(uint32_t nibble, float sf, bool sf_nan) {
-  const float v = __fmul_rn(e2m1_decode(nibble), sf);
-  return sf_nan ? kUnitBf16NaN : (__float_as_uint(v) >> 16);
+// Nibble k (0..7) of `codes` times sf as FP32 bits, in six instructions (no int-to-float conversion, no selects):
+// the nibble's three magnitude bits placed at FP32 bits 22-24 are mag * 2^-126 exactly (a subnormal for exponent 0:
+// 0.5 -> 2^-127), times 2^126 is mag, times sf the exact unit; the code's sign bit is XORed in, as IEEE gives
+// (-mag) * sf the XOR of the signs (sf may be negative or zero: every E4M3 code is decoded). The same bits as
+// e2m1_decode(nibble) * sf for every (code, scale code) pair (the arithmetic: tests/test_nvfp4_unit_arith.py; the
+// kernels' bytes: the GPU tests). With it the decode kernel took 66.5 instead of 95 us per Linear 4096^3 step on an
+// H200, at the floor of its loads and stores (benchmarks/RESULTS.md, session 34).
+__device__ __forceinline__ uint32_t unit_f32_bits(uint32_t codes, int k, float sf) {
+  const uint32_t mag = (k <= 5 ? codes << (22 - 4 * k) : codes >> (4 * k - 22)) & (7u << 22);
+  const uint32_t sign = (codes << (28 - 4 * k)) & 0x80000000u;
+  return __float_as_uint(__fmul_rn(__fmul_rn(__uint_as_float(mag), 0x1p126f), sf)) ^ sign;
 }
 
 // 8 BF16 unit values (codes: 4 bytes of a packed block, low nibble first) as four words, element pairs low first.
 __device__ __forceinline__ void unit8_words(uint32_t codes, float sf, bool sf_nan, uint32_t (&w)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t byte = (codes >> (8 * i)) & 0xFFu;  // elements 2i, 2i+1
-    w[i] = unit_bf16_bits(byte & 0xFu, sf, sf_nan) | (unit_bf16_bits(byte >> 4, sf, sf_nan) << 16);
+    const uint32_t lo = unit_f32_bits(codes, 2 * i, sf), hi = unit_f32_bits(codes, 2 * i + 1, sf);
+    w[i] = sf_nan ? (kUnitBf16NaN | (kUnitBf16NaN << 16)) : __byte_perm(lo, hi, 0x7632);  // both high halves
   }
 }
 
@@ -696,6 +704,16 @@ __device__ __forceinline__ void store_unit8(uint32_t codes, float sf, bool sf_na
   uint32_t w[4];
   unit8_words(codes, sf, sf_nan, w);
   *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Half a block (codes: 4 bytes; sf_code: the block's E4M3 scale code) to out[0..7] with one st.global.v4: the
+// decode kernel's store, whose lanes each write half a block so that a warp's store covers 512 contiguous bytes
+// (inline PTX: NVVM splits a conditional vector store into four 4-byte stores).
+__device__ __forceinline__ void store_unit8_v4(uint32_t codes, uint32_t sf_code, uint16_t* out) {
+  uint32_t w[4];
+  unit8_words(codes, nvfp4_e4m3_decode(sf_code), (sf_code & 0x7Fu) == 0x7Fu, w);
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
 }
 
 // The 16 BF16 unit values of one packed block (q: 8 bytes, low nibble first) to out[0..15]
