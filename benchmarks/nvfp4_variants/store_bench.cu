@@ -67,33 +67,31 @@ __global__ void __launch_bounds__(kThreads) stride(uint4* out, int64_t n16) {
 }
 
 // tile2_kernel's output stores (BF16 input: 128 x 64 tiles, one CTA a tile, 256 threads), values not computed: the
-// rowwise codes (4 lanes write a row's 32 bytes, 8 rows a warp store), their scale bytes (4 a row), the columnwise
-// codes (8 lanes write a column's 64 bytes, 4 columns a warp store) and their scale bytes (8 a column). Which outputs:
-// kRow, kCol. Against the same number of bytes written lane-contiguously: is the tile kernels' store pattern (not
-// their loads or arithmetic) what keeps them at ~40-60 % of copy bandwidth?
-template <bool kRow, bool kCol>
+// rowwise codes (4 lanes write a row's 32 bytes, 8 rows a warp store), their scale bytes (4 a row: 4-byte runs), the
+// columnwise codes (8 lanes write a column's 64 bytes, 4 columns a warp store) and their scale bytes (8 a column).
+// kMask picks them (1 row codes, 2 row scales, 4 col codes, 8 col scales). Against the same bytes written
+// lane-contiguously: is the tile kernels' store pattern (not their loads or arithmetic) what keeps them at ~40-60 %
+// of copy bandwidth, and are the scale bytes' short runs (partial sectors) the expensive part?
+template <int kMask>
 __global__ void __launch_bounds__(kThreads) tile2_stores(uint8_t* data, uint8_t* scale, uint8_t* data_t,
                                                          uint8_t* scale_t, int64_t M, int64_t N) {
   const int tid = threadIdx.x;
   const int64_t gx = N / 64, ty = blockIdx.x / gx, tx = blockIdx.x % gx, r0 = ty * 128, c0 = tx * 64;
   const uint32_t v = static_cast<uint32_t>(blockIdx.x) | 1u;
-  if (kRow) {
-    const int cb = tid % 4;
+  const int cb = tid % 4;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t row = r0 + tid / 4 + 64 * i, b = row * (N / 16) + c0 / 16 + cb;
-      reinterpret_cast<uint2*>(data)[b] = make_uint2(v, static_cast<uint32_t>(b));
-      scale[b] = static_cast<uint8_t>(v);
-    }
+  for (int i = 0; i < 2; ++i) {
+    const int64_t row = r0 + tid / 4 + 64 * i, b = row * (N / 16) + c0 / 16 + cb;
+    if (kMask & 1) reinterpret_cast<uint2*>(data)[b] = make_uint2(v, static_cast<uint32_t>(b));
+    if (kMask & 2) scale[b] = static_cast<uint8_t>(v);
   }
-  if (kCol) {
-    const int crb = tid % 8, cu = tid / 8;
+  const int crb = tid % 8, cu = tid / 8;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t col = c0 + cu * 2 + j, row16 = r0 + crb * 16;
+  for (int j = 0; j < 2; ++j) {
+    const int64_t col = c0 + cu * 2 + j, row16 = r0 + crb * 16;
+    if (kMask & 4)
       reinterpret_cast<uint2*>(data_t + col * (M / 2) + row16 / 2)[0] = make_uint2(v, static_cast<uint32_t>(col));
-      scale_t[col * (M / 16) + row16 / 16] = static_cast<uint8_t>(v);
-    }
+    if (kMask & 8) scale_t[col * (M / 16) + row16 / 16] = static_cast<uint8_t>(v);
   }
 }
 
@@ -109,36 +107,42 @@ int tile_patterns(FILE* js, cudaStream_t st) {
   CK(cudaMalloc(&dt, codes));
   CK(cudaMalloc(&stt, scales));
   const unsigned tiles = static_cast<unsigned>((M / 128) * (N / 64));
-  const char* names[] = {"row", "col", "row+col", "contig row+col"};
-  float t[4];
-  for (int v = 0; v < 4; ++v) {
+  constexpr int kRows = 8;
+  const char* names[kRows] = {"row codes", "row scales", "row both", "col codes", "col scales", "col both",
+                              "all four", "all, contiguous"};
+  const double cs = double(codes + scales);
+  const double bytes[kRows] = {double(codes), double(scales), cs, double(codes), double(scales), cs, 2 * cs, 2 * cs};
+  float t[kRows];
+  const int64_t per_cta = 2 * kThreads;
+  auto contiguous = [&](uint8_t* p, int64_t nbytes) {
+    lane_grid<false><<<static_cast<unsigned>((nbytes / 16 + per_cta - 1) / per_cta), kThreads, 0, st>>>(
+        reinterpret_cast<uint4*>(p), nbytes / 16);
+  };
+  for (int v = 0; v < kRows; ++v) {
     t[v] = bench::median_ms([&](int) {
       switch (v) {
-        case 0: tile2_stores<true, false><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
-        case 1: tile2_stores<false, true><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
-        case 2: tile2_stores<true, true><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
-        default: {  // the same bytes as row+col, lane-contiguous (lane_grid's pattern over the four buffers)
-          const int64_t per_cta = 2 * kThreads;
-          lane_grid<false><<<static_cast<unsigned>((codes / 16 + per_cta - 1) / per_cta), kThreads, 0, st>>>(
-              reinterpret_cast<uint4*>(d), codes / 16);
-          lane_grid<false><<<static_cast<unsigned>((codes / 16 + per_cta - 1) / per_cta), kThreads, 0, st>>>(
-              reinterpret_cast<uint4*>(dt), codes / 16);
-          lane_grid<false><<<static_cast<unsigned>((scales / 16 + per_cta - 1) / per_cta), kThreads, 0, st>>>(
-              reinterpret_cast<uint4*>(s), scales / 16);
-          lane_grid<false><<<static_cast<unsigned>((scales / 16 + per_cta - 1) / per_cta), kThreads, 0, st>>>(
-              reinterpret_cast<uint4*>(stt), scales / 16);
-        }
+        case 0: tile2_stores<1><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 1: tile2_stores<2><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 2: tile2_stores<3><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 3: tile2_stores<4><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 4: tile2_stores<8><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 5: tile2_stores<12><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 6: tile2_stores<15><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        default:
+          contiguous(d, codes);
+          contiguous(dt, codes);
+          contiguous(s, scales);
+          contiguous(stt, scales);
       }
     }, 60, st);
     CK(cudaGetLastError());
   }
-  const double bytes[4] = {double(codes + scales), double(codes + scales), 2.0 * (codes + scales),
-                           2.0 * (codes + scales)};
-  std::printf("\ntile2 output stores, 16384 x 6144 BF16 (us, GB/s):\n");
-  for (int v = 0; v < 4; ++v) std::printf("  %-16s %8.1f %8.0f\n", names[v], t[v] * 1e3, bytes[v] / (t[v] * 1e-3) / 1e9);
+  std::printf("\ntile2 output stores alone, 16384 x 6144 BF16:  %10s %8s\n", "us", "GB/s");
+  for (int v = 0; v < kRows; ++v)
+    std::printf("  %-44s %10.1f %8.0f\n", names[v], t[v] * 1e3, bytes[v] / (t[v] * 1e-3) / 1e9);
   if (js) {
     std::fprintf(js, ", \"tile2_stores_16384x6144\": {");
-    for (int v = 0; v < 4; ++v) std::fprintf(js, "%s\"%s_us\": %.2f", v ? ", " : "", names[v], t[v] * 1e3);
+    for (int v = 0; v < kRows; ++v) std::fprintf(js, "%s\"%s_us\": %.2f", v ? ", " : "", names[v], t[v] * 1e3);
     std::fprintf(js, "}");
   }
   for (uint8_t* p : {d, s, dt, stt}) CK(cudaFree(p));
