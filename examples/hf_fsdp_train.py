@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import fully_shard
 
 import fp_recipes
-from fp_recipes.integrations.fsdp import all_gather_bytes, enable_quantized_all_gather
+from fp_recipes.integrations.fsdp import all_gather_bytes, enable_quantized_all_gather, precompute_weight_amaxes
 from fp_recipes.modules.base import QuantizedModule
 
 SIZES = {  # hidden, layers, heads, intermediate, sequence length, micro-batch per rank
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
         fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    quantized_gather = args.quantized_all_gather and recipe is not None
     start = 0
     if args.resume is not None:
         if recipe is not None:
@@ -116,6 +117,8 @@ def main(argv=None) -> int:
         dcp.load(state, checkpoint_id=str(args.resume))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         start = int(state["step"])
+    if quantized_gather:
+        precompute_weight_amaxes(model)  # (after a resume's load: the loaded weights')
     tokens = corpus()
     _, _, _, _, seq, mb = SIZES[args.size]
     name = "none" if recipe is None else type(recipe).__name__
@@ -136,6 +139,8 @@ def main(argv=None) -> int:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if quantized_gather and step + 1 < args.steps:  # the next step's weight amaxes: one all-reduce, not one a weight
+            precompute_weight_amaxes(model)
         losses.append(loss.item())
         if rank == 0:
             tok_s = (step + 1 - start) * mb * seq * world / (time.perf_counter() - t0)

@@ -1,9 +1,11 @@
 """One rank of the FSDP2 tests (launched by tests/test_fsdp.py with torch.distributed.run, gloo).
 
-For each recipe it trains five copies of the same small model on rank-dependent data:
+For each recipe it trains six copies of the same small model on rank-dependent data:
 ``plain`` (no FSDP, one rank's data), ``fsdp`` (fully_shard, ordinary all-gather), ``qag``
-(fully_shard with the quantized all-gather), and ``fsdp_ckpt``/``qag_ckpt`` (the same two with every
-block under activation checkpointing), and writes what the test checks to a JSON file per rank.
+(fully_shard with the quantized all-gather), ``qag_pre`` (the same with the weights' amaxes precomputed in one
+all-reduce before step 0 and after step 0's optimizer step, but not after step 1's: step 2's gathers find their
+weights changed and reduce their own), and ``fsdp_ckpt``/``qag_ckpt`` (fsdp and qag with every block under
+activation checkpointing), and writes what the test checks to a JSON file per rank.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import fp_recipes
-from fp_recipes.integrations.fsdp import all_gather_bytes, enable_quantized_all_gather
+from fp_recipes.integrations.fsdp import all_gather_bytes, enable_quantized_all_gather, precompute_weight_amaxes
 
 RECIPES = {
     "delayed": lambda: fp_recipes.DelayedScaling(amax_history_len=4),
@@ -146,12 +148,14 @@ def main() -> None:
     result: dict = {}
     for name, make in RECIPES.items():
         recipe = make()
-        models = {"plain": build(), "fsdp": build(), "qag": build(),
+        models = {"plain": build(), "fsdp": build(), "qag": build(), "qag_pre": build(),
                   "fsdp_ckpt": build(ckpt=True), "qag_ckpt": build(ckpt=True)}
         converted = enable_quantized_all_gather(models["qag"], recipe)
+        enable_quantized_all_gather(models["qag_pre"], recipe)
         enable_quantized_all_gather(models["qag_ckpt"], recipe)
-        for k in ("fsdp", "qag", "fsdp_ckpt", "qag_ckpt"):
+        for k in ("fsdp", "qag", "qag_pre", "fsdp_ckpt", "qag_ckpt"):
             shard(models[k])
+        precomputed = [precompute_weight_amaxes(models["qag_pre"])]
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.05) for k, m in models.items()}
         rec: dict = {"converted": converted, "losses": {k: [] for k in models}, "outputs_equal_plain_step0": None}
         for step in range(STEPS):
@@ -175,14 +179,22 @@ def main() -> None:
                 rec["losses"][k].append(loss.item())
                 opts[k].step()
                 opts[k].zero_grad()
+                if k == "qag_pre" and step == 0:
+                    precomputed.append(precompute_weight_amaxes(m))
             if step == 0:
                 rec["outputs_equal_plain_step0"] = torch.equal(outs["qag"], outs["plain"])
             rec.setdefault("outputs_equal_fsdp", []).append(torch.equal(outs["qag"], outs["fsdp"]))
+            rec.setdefault("precomputed_outputs_equal", []).append(torch.equal(outs["qag_pre"], outs["qag"]))
             rec.setdefault("ckpt_outputs_equal", []).append(
                 torch.equal(outs["fsdp_ckpt"], outs["fsdp"]) and torch.equal(outs["qag_ckpt"], outs["qag"]))
-        for k in ("fsdp", "qag", "fsdp_ckpt", "qag_ckpt"):
+        for k in ("fsdp", "qag", "qag_pre", "fsdp_ckpt", "qag_ckpt"):
             rec[f"params_{k}"] = full_params(models[k])
             rec[f"state_{k}"] = state_of(models[k])
+        rec["precomputed"] = precomputed
+        rec["amax_gathers"] = {k: [[m._fp_recipes_all_gather_owner.stats.amax_reduces,
+                                    m._fp_recipes_all_gather_owner.stats.amax_precomputed]
+                                   for m in models[k].modules() if hasattr(m, "_fp_recipes_all_gather_owner")]
+                               for k in ("qag", "qag_pre")}
         rec["bytes"] = {k: list(v) for k, v in all_gather_bytes(models["qag"]).items()}
         result[name] = rec
     with open(f"{out_prefix}.{rank}.json", "w") as f:

@@ -54,6 +54,25 @@ def test_quantized_all_gather_trains_like_the_ordinary_one(runs, recipe):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+def test_precomputed_weight_amaxes_train_identically_with_one_reduce(runs, recipe):
+    """precompute_weight_amaxes: one all-reduce for every weight's amax (before step 0 and after step 0's optimizer
+    step) replaces each gather's own; a weight changed since (step 2: no precompute after step 1's optimizer step)
+    reduces its own again. Outputs, parameters and delayed-scaling state equal the per-gather reduction's, bit for
+    bit, on both ranks."""
+    for rank, result in enumerate(runs):
+        rec = result[recipe]
+        assert rec["precomputed"] == [5, 5], (rank, recipe)  # the five converted weights, each call
+        assert all(rec["precomputed_outputs_equal"]), (rank, recipe, rec["precomputed_outputs_equal"])
+        assert rec["params_qag_pre"] == rec["params_qag"], (rank, recipe)
+        assert rec["state_qag_pre"] == rec["state_qag"], (rank, recipe)
+        assert rec["losses"]["qag_pre"] == rec["losses"]["qag"]
+        # per weight: [gathers that reduced their own amax, gathers that took the precomputed one]; the backward's
+        # gathers reuse the forward's quantized shard (no amax), so a forward gather per step counts
+        assert rec["amax_gathers"]["qag"] == [[STEPS, 0]] * 5, (rank, recipe, rec["amax_gathers"])
+        assert rec["amax_gathers"]["qag_pre"] == [[1, 2]] * 5, (rank, recipe, rec["amax_gathers"])
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_activation_checkpointing_inside_fsdp2(runs, recipe):
     """Blocks under torch.utils.checkpoint inside fully_shard (ordinary and quantized all-gather): the
     recomputation re-gathers and re-quantizes the weights; outputs, losses, parameters and the

@@ -9,8 +9,9 @@ instead of 2 or 4, and the GEMM consumes the gathered tensor without a second ca
 
 Exactness: a per-tensor scale must be the same on every rank, so the shard quantization uses the
 *global* amax of the weight (one all-reduce of a scalar over the shard group for current scaling and
-NVFP4; delayed scaling uses the module's scale, which is identical on every rank because its amaxes
-are MAX-reduced over the world group). NVFP4 blocks (16 elements along K, 16 rows for the columnwise
+NVFP4, or one for all weights after each optimizer step with :func:`precompute_weight_amaxes`; delayed
+scaling uses the module's scale, which is identical on every rank because its amaxes are MAX-reduced
+over the world group). NVFP4 blocks (16 elements along K, 16 rows for the columnwise
 copy and 2-D tiles) never straddle a shard when each rank holds a multiple of 16 rows. So the
 gathered bytes equal those of quantizing the whole weight, and results equal the unsharded module's
 bit for bit.
@@ -21,6 +22,7 @@ Usage (before ``fully_shard``)::
     for block in model.layers: fully_shard(block)
     fully_shard(model)
     with fp_recipes.autocast(recipe=recipe): ...
+    optimizer.step(); precompute_weight_amaxes(model)   # the next gathers' amaxes in one all-reduce
 
 Scope: ``Linear`` and ``LayerNormLinear`` weights (``GroupedLinear`` experts keep the ordinary
 all-gather); recipes DelayedScaling, Float8CurrentScaling and NVFP4BlockScaling. The recipe is fixed
@@ -41,7 +43,7 @@ from torch.utils._pytree import tree_map_only
 from ..autocast import get_autocast_state
 
 __all__ = ["QuantizedAllGatherWeight", "GatheredQuantizedWeight", "enable_quantized_all_gather",
-           "all_gather_bytes"]
+           "all_gather_bytes", "precompute_weight_amaxes"]
 
 _aten = torch.ops.aten
 
@@ -191,6 +193,8 @@ class _GatherStats:
     calls: int = 0
     bytes_sent: int = 0           # bytes this rank contributed to all-gathers of this weight
     high_precision_bytes: int = 0  # what the ordinary all-gather would have sent
+    amax_reduces: int = 0         # quantized gathers that all-reduced this weight's amax themselves
+    amax_precomputed: int = 0     # quantized gathers that took it from precompute_weight_amaxes
 
 
 class _Owner:
@@ -203,6 +207,8 @@ class _Owner:
         self.gemm_index = gemm_index
         self.stats = _GatherStats()
         self._cache: Optional[Tuple[int, Any, Any]] = None  # (version, inputs, metadata)
+        # from precompute_weight_amaxes: (the sharded parameter, its version, the shard group, the global amax)
+        self._precomputed: Optional[Tuple[Any, int, Any, torch.Tensor]] = None
         self._columnwise_bufs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
     # -- the quantizer ----------------------------------------------------------------------------
@@ -266,7 +272,7 @@ class _Owner:
                     f"quantized all-gather of an NVFP4 weight with {rows} rows over {world} ranks: each "
                     f"rank must hold a multiple of 16 rows (rows divisible by {16 * world}) so no 16-row "
                     "block straddles two shards. Use a different shard count or the ordinary all-gather")
-            amax = _global_amax(local, group)
+            amax = self._global_amax(shard, local, group)
             qt = q.quantize(local, amax=amax)
             inputs = [qt.data, qt.scale.view(torch.uint8)]
             if qt.data_t is not None:
@@ -274,13 +280,13 @@ class _Owner:
             meta = ("nvfp4", spec, qt.amax, qt.amax_t, qt.orig_dtype, (rows, cols), world)
             return inputs, meta
         if spec.scaling is ScalingKind.CURRENT:
-            qt = q.quantize(local, amax=_global_amax(local, group))
+            qt = q.quantize(local, amax=self._global_amax(shard, local, group))
         elif spec.scaling is ScalingKind.DELAYED:
             # The module's scale (equal on all ranks). The history gets the *whole* weight's amax, as
             # the unsharded module's would: the shard amax the quantizer records is only reduced over
             # the amax reduction group, which need not be the shard group (reduce_amax=False, or an
             # explicit group), and a rank whose scale drifted would decode the others' bytes wrongly.
-            amax = _global_amax(local, group)
+            amax = self._global_amax(shard, local, group)
             qt = q.quantize(local)
             q.record_amax(amax)
             qt.amax = amax
@@ -292,6 +298,20 @@ class _Owner:
             data = torch.nn.functional.pad(data, (0, 0, 0, pad_rows - data.shape[0]))
         meta = ("float8", spec, qt.scale_inv, qt.amax, qt.fmt, qt.orig_dtype, (rows, cols), world)
         return [data], meta
+
+    def _global_amax(self, shard: torch.Tensor, local: torch.Tensor, group: Any) -> torch.Tensor:
+        """The whole weight's amax: precompute_weight_amaxes' value while the sharded parameter is unchanged since
+        (its version counter: the optimizer's in-place update bumps the DTensor's, not the local tensor's), else
+        one all-reduce of its own. Every rank decides alike: the optimizer steps every rank's shard."""
+        pre = self._precomputed
+        module = self._module()
+        param = getattr(module, "weight", None) if module is not None else None
+        if (pre is not None and param is not None and pre[0]() is param and pre[1] == param._version
+                and pre[2] is group and getattr(getattr(param, "_local_tensor", None), "_inner", None) is shard):
+            self.stats.amax_precomputed += 1
+            return pre[3]
+        self.stats.amax_reduces += 1
+        return _global_amax(local, group)
 
     def post_all_gather(self, outputs, meta, param_dtype, out):
         from ..quantizers.float8 import Float8Tensor
@@ -409,6 +429,42 @@ def enable_quantized_all_gather(model: torch.nn.Module, recipe: Any = None,
         module._fp_recipes_all_gather_owner = owner
         converted.append(f"{fqn}.weight" if fqn else "weight")
     return converted
+
+
+def precompute_weight_amaxes(model: torch.nn.Module) -> int:
+    """The global amaxes of all of ``model``'s quantized-all-gather weights in one all-reduce per shard group,
+    as torchao's ``precompute_float8_dynamic_scale_for_fsdp``: call it after ``optimizer.step()`` (and once before
+    the first step), on every rank. Without it each weight's all-gather first all-reduces that weight's amax: one
+    scalar collective per weight and gather, which on small weights costs more than the bytes the quantized
+    all-gather saves (benchmarks/RESULTS.md, session 33). A weight's next gathers use the value while its shard
+    is unchanged (its version counter); a weight changed since reduces its own amax again, so a stale value is
+    never used. Values and results are bit-identical either way. Returns the number of weights precomputed
+    (weights on a 2-D (HSDP) mesh keep their own reduction)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return 0
+    by_group: Dict[Any, List[Tuple["_Owner", torch.Tensor, torch.Tensor]]] = {}
+    for module in model.modules():
+        owner = getattr(module, "_fp_recipes_all_gather_owner", None)
+        weight = getattr(module, "weight", None)
+        if owner is None or not isinstance(weight, DTensor) or weight.device_mesh.ndim != 1:
+            continue
+        # the local tensor FSDP2 calls fsdp_pre_all_gather on (to_local() would return an alias of it)
+        shard = getattr(getattr(weight, "_local_tensor", None), "_inner", None)
+        if shard is not None:
+            by_group.setdefault(weight.device_mesh.get_group(), []).append((owner, weight, shard))
+    count = 0
+    for group, members in by_group.items():
+        with torch.no_grad():
+            local = [_global_amax(shard.reshape(-1), None) for _, _, shard in members]  # the per-gather form
+            amaxes = torch.stack(local)
+            if torch.distributed.get_world_size(group) > 1:
+                torch.distributed.all_reduce(amaxes, op=torch.distributed.ReduceOp.MAX, group=group)
+        for (owner, weight, _), amax in zip(members, amaxes.unbind(0)):
+            owner._precomputed = (weakref.ref(weight), weight._version, group, amax.clone())
+        count += len(members)
+    return count
 
 
 def all_gather_bytes(model: torch.nn.Module) -> Dict[str, Tuple[int, int]]:
