@@ -299,15 +299,20 @@ class _Owner:
         meta = ("float8", spec, qt.scale_inv, qt.amax, qt.fmt, qt.orig_dtype, (rows, cols), world)
         return [data], meta
 
-    def _global_amax(self, shard: torch.Tensor, local: torch.Tensor, group: Any) -> torch.Tensor:
-        """The whole weight's amax: precompute_weight_amaxes' value while the sharded parameter is unchanged since
-        (its version counter: the optimizer's in-place update bumps the DTensor's, not the local tensor's), else
-        one all-reduce of its own. Every rank decides alike: the optimizer steps every rank's shard."""
-        pre = self._precomputed
+    def _sharded_param(self, shard: torch.Tensor) -> Optional[torch.Tensor]:
+        """The module's sharded parameter (FSDP2's DTensor) whose local tensor wraps ``shard``, or None."""
         module = self._module()
         param = getattr(module, "weight", None) if module is not None else None
-        if (pre is not None and param is not None and pre[0]() is param and pre[1] == param._version
-                and pre[2] is group and getattr(getattr(param, "_local_tensor", None), "_inner", None) is shard):
+        return param if getattr(getattr(param, "_local_tensor", None), "_inner", None) is shard else None
+
+    def _global_amax(self, shard: torch.Tensor, local: torch.Tensor, group: Any) -> torch.Tensor:
+        """The whole weight's amax: precompute_weight_amaxes' value while the sharded parameter is unchanged since
+        (its version counter: the optimizer's in-place update bumps the DTensor's; the local tensor's does not move,
+        the update reaching it below autograd), else one all-reduce of its own. Every rank decides alike: the
+        optimizer steps every rank's shard."""
+        pre = self._precomputed
+        param = self._sharded_param(shard)
+        if pre is not None and param is not None and pre[0]() is param and pre[1] == param._version and pre[2] is group:
             self.stats.amax_precomputed += 1
             return pre[3]
         self.stats.amax_reduces += 1
