@@ -246,7 +246,9 @@ class _Owner:
     def pre_all_gather(self, shard: torch.Tensor, mesh: Any, outer_size: torch.Size):
         in_backward = torch._C._current_graph_task_id() != -1
         if in_backward and self._cache is not None and self._cache[0] == shard._version:
-            inputs, meta = self._cache[1], self._cache[2]  # weights unchanged since the forward
+            # the forward's quantized shard, as the unsharded module's backward uses the weight its forward saved
+            # (the local tensor's version never moves: the optimizer's update reaches it below autograd)
+            inputs, meta = self._cache[1], self._cache[2]
         else:
             with torch.no_grad():
                 inputs, meta = self._quantize_shard(shard, mesh, outer_size)
