@@ -139,8 +139,8 @@ def main(argv=None) -> int:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if quantized_gather and step + 1 < args.steps:  # the next step's weight amaxes: one all-reduce, not one a weight
-            precompute_weight_amaxes(model)
+        if quantized_gather and step + 1 < args.steps:
+            precompute_weight_amaxes(model)  # the next step's weight amaxes: one all-reduce, not one per weight
         losses.append(loss.item())
         if rank == 0:
             tok_s = (step + 1 - start) * mb * seq * world / (time.perf_counter() - t0)
