@@ -139,7 +139,7 @@ def main(argv=None) -> int:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if quantized_gather and step + 1 < args.steps:
+        if quantized_gather:
             precompute_weight_amaxes(model)  # the next step's weight amaxes: one all-reduce, not one per weight
         losses.append(loss.item())
         if rank == 0:
@@ -168,6 +168,9 @@ def main(argv=None) -> int:
                 "step_ms": step_ms, "tokens_per_s": mb * seq * world / step_ms * 1e3, "world": world,
                 "size": args.size, "bytes_sent_per_rank": s, "bytes_high_precision": hp,
                 "device": torch.cuda.get_device_name(device) if cuda else "cpu"}))
+    # every rank past its last collective before any tears the group down (gloo aborted a rank that destroyed it
+    # while the other was still writing its report)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
