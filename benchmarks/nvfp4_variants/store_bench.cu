@@ -69,7 +69,9 @@ __global__ void __launch_bounds__(kThreads) stride(uint4* out, int64_t n16) {
 // tile2_kernel's output stores (BF16 input: 128 x 64 tiles, one CTA a tile, 256 threads), values not computed: the
 // rowwise codes (4 lanes write a row's 32 bytes, 8 rows a warp store), their scale bytes (4 a row: 4-byte runs), the
 // columnwise codes (8 lanes write a column's 64 bytes, 4 columns a warp store) and their scale bytes (8 a column).
-// kMask picks them (1 row codes, 2 row scales, 4 col codes, 8 col scales). Against the same bytes written
+// kMask picks them (1 row codes, 2 row scales, 4 col codes, 8 col scales; 16: the row scales as one 4-byte store a
+// row, 32: the column scales as one 8-byte store a column, as a kernel staging them in shared memory would write
+// them: fewer store instructions, the same sectors). Against the same bytes written
 // lane-contiguously: is the tile kernels' store pattern (not their loads or arithmetic) what keeps them at ~40-60 %
 // of copy bandwidth, and are the scale bytes' short runs (partial sectors) the expensive part?
 template <int kMask>
@@ -84,6 +86,14 @@ __global__ void __launch_bounds__(kThreads) tile2_stores(uint8_t* data, uint8_t*
     const int64_t row = r0 + tid / 4 + 64 * i, b = row * (N / 16) + c0 / 16 + cb;
     if (kMask & 1) reinterpret_cast<uint2*>(data)[b] = make_uint2(v, static_cast<uint32_t>(b));
     if (kMask & 2) scale[b] = static_cast<uint8_t>(v);
+  }
+  if ((kMask & 16) && tid < 128) {  // one lane a row: the row's 4 scale bytes of this tile
+    const int64_t row = r0 + tid;
+    reinterpret_cast<uint32_t*>(scale + row * (N / 16) + c0 / 16)[0] = v;
+  }
+  if ((kMask & 32) && tid < 64) {  // one lane a column: the column's 8 scale bytes of this tile
+    const int64_t col = c0 + tid;
+    reinterpret_cast<uint2*>(scale_t + col * (M / 16) + r0 / 16)[0] = make_uint2(v, static_cast<uint32_t>(col));
   }
   const int crb = tid % 8, cu = tid / 8;
 #pragma unroll
@@ -107,11 +117,13 @@ int tile_patterns(FILE* js, cudaStream_t st) {
   CK(cudaMalloc(&dt, codes));
   CK(cudaMalloc(&stt, scales));
   const unsigned tiles = static_cast<unsigned>((M / 128) * (N / 64));
-  constexpr int kRows = 8;
+  constexpr int kRows = 11;
   const char* names[kRows] = {"row codes", "row scales", "row both", "col codes", "col scales", "col both",
-                              "all four", "all, contiguous"};
+                              "all four", "all, contiguous", "row scales, 4 B a lane", "col scales, 8 B a lane",
+                              "all four, scales packed"};
   const double cs = double(codes + scales);
-  const double bytes[kRows] = {double(codes), double(scales), cs, double(codes), double(scales), cs, 2 * cs, 2 * cs};
+  const double bytes[kRows] = {double(codes), double(scales), cs, double(codes), double(scales), cs, 2 * cs, 2 * cs,
+                               double(scales), double(scales), 2 * cs};
   float t[kRows];
   const int64_t per_cta = 2 * kThreads;
   auto contiguous = [&](uint8_t* p, int64_t nbytes) {
@@ -128,6 +140,9 @@ int tile_patterns(FILE* js, cudaStream_t st) {
         case 4: tile2_stores<8><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
         case 5: tile2_stores<12><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
         case 6: tile2_stores<15><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 8: tile2_stores<16><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 9: tile2_stores<32><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
+        case 10: tile2_stores<1 | 4 | 16 | 32><<<tiles, kThreads, 0, st>>>(d, s, dt, stt, M, N); break;
         default:
           contiguous(d, codes);
           contiguous(dt, codes);
