@@ -35,4 +35,8 @@ void attrs_s0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* 
 // b0 runs encode16_sr_fma on the FMA pipe)
 void run_f1(const Args&, int which, int waves, cudaStream_t);
 void attrs_f1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// p1: b0 with the scale codes staged in shared memory and stored packed (NVFP4_TILE2_PACKED_SCALES=1: one 4-byte
+// store a tile row, one 4- or 8-byte store a tile column, instead of one byte a lane; session 34)
+void run_p1(const Args&, int which, int waves, cudaStream_t);
+void attrs_p1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

@@ -367,6 +367,15 @@ constexpr bool kT2ExpMagic = NVFP4_TILE2_EXP_MAGIC != 0;
 #endif
 constexpr bool kT2Short = NVFP4_TILE2_SHORT != 0;
 
+// Packed scale stores (benchmarks only, off in the library): the scale codes staged in shared memory and written
+// as one 4-byte store a tile row (rowwise) and one 4- or 8-byte store a tile column (columnwise), instead of one
+// byte a lane: the same bytes, fewer and wider store instructions, two more barriers a tile. For
+// benchmarks/nvfp4_variants (store_bench.cu's tile section measures the store patterns alone).
+#ifndef NVFP4_TILE2_PACKED_SCALES
+#define NVFP4_TILE2_PACKED_SCALES 0
+#endif
+constexpr bool kT2PackedScales = NVFP4_TILE2_PACKED_SCALES != 0;
+
 __device__ __forceinline__ uint2 t2_encode16_short(const float (&x)[16], float enc) {
   uint32_t s[16];
 #pragma unroll
@@ -592,6 +601,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
   static_assert(kFos == 0 || !(k2D || kSR || kRHT), "tile2 4over6 is 1-D, round to nearest, no RHT");
   __shared__ __align__(16) uint32_t tile[2][C::kTileWords];
   __shared__ uint32_t part[k2D ? C::kRows / 8 : 1][4];  // 2-D: max |x| bits of 8 rows x 16 columns
+  // kT2PackedScales: the tile's rowwise scale codes (4 a row) and columnwise ones (kRb a column)
+  __shared__ __align__(8) uint8_t scodes[kT2PackedScales ? C::kRows * 4 + 64 * C::kRb : 1];
 
   const int tid = threadIdx.x;
   const bool do_row = p.data != nullptr, do_col = p.data_t != nullptr;
@@ -677,8 +688,24 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
           }
         }
         reinterpret_cast<uint2*>(p.data)[b] = q;
-        p.scale[b] = static_cast<uint8_t>(sf);
+        if constexpr (kT2PackedScales) {
+          scodes[r * 4 + cb] = static_cast<uint8_t>(sf);
+        } else {
+          p.scale[b] = static_cast<uint8_t>(sf);
+        }
         if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
+      }
+      if constexpr (kT2PackedScales) {
+        __syncthreads();
+        if (tid < C::kRows && r0 + tid < p.M) {  // one thread a tile row: its 4 codes, one store when whole
+          const int64_t row = r0 + tid;
+          uint8_t* dst = p.scale + row * (p.N / 16) + c0 / 16;
+          if (c0 + 64 <= p.N && (p.N / 16) % 4 == 0 && (reinterpret_cast<uintptr_t>(p.scale) & 3u) == 0) {
+            *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(scodes + tid * 4);
+          } else {
+            for (int k = 0; k < 4 && c0 + 16 * (k + 1) <= p.N; ++k) dst[k] = scodes[tid * 4 + k];
+          }
+        }
       }
     }
     // Columnwise copy: C::kCpt columns x 16 rows per thread, one word per row.
@@ -722,8 +749,30 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
             t2_quant_rn(v, block_absmax16(v), t_col, q, sf);
           }
           reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
-          p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
+          if constexpr (kT2PackedScales) {
+            scodes[C::kRows * 4 + (cu * C::kCpt + j) * C::kRb + crb] = static_cast<uint8_t>(sf);
+          } else {
+            p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
+          }
           if (p.unit_t != nullptr) store_unit16(q, sf, p.unit_t + col * p.M + row16);
+        }
+      }
+      if constexpr (kT2PackedScales) {
+        __syncthreads();
+        if (tid < 64 && c0 + tid < p.N) {  // one thread a tile column: its kRb codes, one store when whole
+          const int64_t col = c0 + tid;
+          const uint8_t* src = scodes + C::kRows * 4 + tid * C::kRb;
+          uint8_t* dst = p.scale_t + col * (p.M / 16) + r0 / 16;
+          if (r0 + C::kRows <= p.M && (p.M / 16) % C::kRb == 0 &&
+              (reinterpret_cast<uintptr_t>(p.scale_t) % C::kRb) == 0) {
+            if constexpr (C::kRb == 8) {
+              *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
+            } else {
+              *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+            }
+          } else {
+            for (int k = 0; k < C::kRb && r0 + 16 * (k + 1) <= p.M; ++k) dst[k] = src[k];
+          }
         }
       }
     }
