@@ -305,7 +305,7 @@ class _Owner:
         """The module's sharded parameter (FSDP2's DTensor) whose local tensor wraps ``shard``, or None."""
         module = self._module()
         param = getattr(module, "weight", None) if module is not None else None
-        return param if getattr(getattr(param, "_local_tensor", None), "_inner", None) is shard else None
+        return param if _local_shard(param) is shard else None
 
     def _global_amax(self, shard: torch.Tensor, local: torch.Tensor, group: Any) -> torch.Tensor:
         """The whole weight's amax: precompute_weight_amaxes' value while the sharded parameter is unchanged since
@@ -365,6 +365,12 @@ class _Owner:
         holder = _Holder(quantized, spec)
         return GatheredQuantizedWeight(holder, torch.Size((rows, cols)), param_dtype,
                                        outputs[0].device), tuple(inner)
+
+
+def _local_shard(param: Any) -> Optional[torch.Tensor]:
+    """The plain shard inside a sharded parameter's local tensor: what FSDP2 hands fsdp_pre_all_gather (through the
+    DTensor's ``_local_tensor``; ``to_local()`` would return an alias of it), or None."""
+    return getattr(getattr(param, "_local_tensor", None), "_inner", None)
 
 
 def _global_amax(local: torch.Tensor, group: Any) -> torch.Tensor:
@@ -457,8 +463,7 @@ def precompute_weight_amaxes(model: torch.nn.Module) -> int:
         weight = getattr(module, "weight", None)
         if owner is None or not isinstance(weight, DTensor) or weight.device_mesh.ndim != 1:
             continue
-        # the local tensor FSDP2 calls fsdp_pre_all_gather on (to_local() would return an alias of it)
-        shard = getattr(getattr(weight, "_local_tensor", None), "_inner", None)
+        shard = _local_shard(weight)
         if shard is not None:
             by_group.setdefault(weight.device_mesh.get_group(), []).append((owner, weight, shard))
     count = 0
