@@ -22,3 +22,20 @@ def test_gemm_workspace_flag_sets_the_workspace(monkeypatch):
     assert bench_model.main(["--linear", "--gemm-workspace", str(32 * 2**20)]) == 1  # needs a CUDA GPU: stops there
     assert cublaslt.WORKSPACE_BYTES == 32 * 2**20
 
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU main() would run the whole benchmark")
+def test_gemm_workspace_ab_rows_set_and_restore_the_workspace(monkeypatch):
+    """--gemm-workspace-ab BYTES runs each eager quantized row again inside gemm_workspace(BYTES): the rows see BYTES,
+    and the default comes back after each (also when a row raises)."""
+    import bench_model
+    from fp_recipes.gemm import cublaslt
+
+    monkeypatch.setattr(cublaslt, "WORKSPACE_BYTES", cublaslt.WORKSPACE_BYTES)
+    assert bench_model.main(["--gemm-workspace-ab", "4096"]) == 1  # parses; stops at the GPU check
+    with bench_model.gemm_workspace(4096):
+        assert cublaslt.WORKSPACE_BYTES == 4096
+    assert cublaslt.WORKSPACE_BYTES == 0
+    with pytest.raises(RuntimeError), bench_model.gemm_workspace(8192):
+        raise RuntimeError("a failing row")
+    assert cublaslt.WORKSPACE_BYTES == 0
