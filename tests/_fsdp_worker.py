@@ -5,7 +5,7 @@ For each recipe it trains six copies of the same small model on rank-dependent d
 (fully_shard with the quantized all-gather), ``qag_pre`` (the same with the weights' amaxes precomputed in one
 all-reduce before step 0 and after step 0's optimizer step, but not after step 1's: step 2's gathers find their
 weights changed and reduce their own), and ``fsdp_ckpt``/``qag_ckpt`` (fsdp and qag with every block under
-activation checkpointing), and writes what the test checks to a JSON file per rank.
+activation checkpointing; qag_ckpt precomputes its amaxes after every optimizer step), and writes what the test checks to a JSON file per rank.
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def main() -> None:
         for k in ("fsdp", "qag", "qag_pre", "fsdp_ckpt", "qag_ckpt"):
             shard(models[k])
         precomputed = [precompute_weight_amaxes(models["qag_pre"])]
+        precompute_weight_amaxes(models["qag_ckpt"])  # and under activation checkpointing (the recompute's gathers)
         opts = {k: torch.optim.SGD(m.parameters(), lr=0.05) for k, m in models.items()}
         rec: dict = {"converted": converted, "losses": {k: [] for k in models}, "outputs_equal_plain_step0": None}
         for step in range(STEPS):
@@ -181,6 +182,8 @@ def main() -> None:
                 opts[k].zero_grad()
                 if k == "qag_pre" and step == 0:
                     precomputed.append(precompute_weight_amaxes(m))
+                if k == "qag_ckpt":
+                    precompute_weight_amaxes(m)
             if step == 0:
                 rec["outputs_equal_plain_step0"] = torch.equal(outs["qag"], outs["plain"])
             rec.setdefault("outputs_equal_fsdp", []).append(torch.equal(outs["qag"], outs["fsdp"]))
@@ -194,7 +197,7 @@ def main() -> None:
         rec["amax_gathers"] = {k: [[m._fp_recipes_all_gather_owner.stats.amax_reduces,
                                     m._fp_recipes_all_gather_owner.stats.amax_precomputed]
                                    for m in models[k].modules() if hasattr(m, "_fp_recipes_all_gather_owner")]
-                               for k in ("qag", "qag_pre")}
+                               for k in ("qag", "qag_pre", "qag_ckpt")}
         rec["bytes"] = {k: list(v) for k, v in all_gather_bytes(models["qag"]).items()}
         result[name] = rec
     with open(f"{out_prefix}.{rank}.json", "w") as f:

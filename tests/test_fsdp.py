@@ -70,6 +70,10 @@ def test_precomputed_weight_amaxes_train_identically_with_one_reduce(runs, recip
         # gathers reuse the forward's quantized shard (no amax), so a forward gather per step counts
         assert rec["amax_gathers"]["qag"] == [[STEPS, 0]] * 5, (rank, recipe, rec["amax_gathers"])
         assert rec["amax_gathers"]["qag_pre"] == [[1, 2]] * 5, (rank, recipe, rec["amax_gathers"])
+        # under activation checkpointing (precomputed before every step): the recompute's gathers reuse the
+        # forward's quantized shard, so every gather took the precomputed amax (and test_activation_checkpointing...
+        # checks its outputs against qag's, bit for bit)
+        assert rec["amax_gathers"]["qag_ckpt"] == [[0, STEPS]] * 5, (rank, recipe, rec["amax_gathers"])
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
