@@ -187,6 +187,18 @@ def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor,
 
 
 @contextlib.contextmanager
+def nvfp4_row_scratch(nbytes: int) -> Iterator[None]:
+    """Row-scaled NVFP4 GEMMs chunked so that each chunk's FP32 scratch is at most ``nbytes`` (``nvfp4_emulated.py``)."""
+    from fp_recipes.gemm import nvfp4_emulated
+
+    saved, nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES = nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES, nbytes
+    try:
+        yield
+    finally:
+        nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES = saved
+
+
+@contextlib.contextmanager
 def gemm_workspace(nbytes: int) -> Iterator[None]:
     """fp_recipes' dense GEMMs planned with an ``nbytes`` cuBLASLt workspace (the GEMM paths read it at every call)."""
     from fp_recipes.gemm import cublaslt
@@ -200,7 +212,8 @@ def gemm_workspace(nbytes: int) -> Iterator[None]:
 
 def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                graphed: bool = False, python_host: bool = False,
-               only: Optional[List[str]] = None, workspace_ab: Optional[int] = None) -> List[Dict[str, Any]]:
+               only: Optional[List[str]] = None, workspace_ab: Optional[int] = None,
+               row_scratch_ab: Optional[int] = None) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -239,6 +252,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
         if workspace_ab is not None:
             add(f"{name} [GEMM workspace {workspace_ab}]", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: gemm_workspace(workspace_ab))
+        if row_scratch_ab is not None and "row-scaled" in name:
+            add(f"{name} [row scratch {row_scratch_ab >> 20} MiB]", lambda recipe=recipe: make_step(
+                build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_row_scratch(row_scratch_ab))
         if FUSED_ACTIVATION[0] and name == "FP8 delayed":  # (current scaling takes the composition: float8.py)
             add(f"{name} (fused GELU)", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
@@ -386,6 +402,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "(torch's 32 MiB) for an A/B of the launches and GPU time")
     p.add_argument("--gemm-workspace-ab", type=int, default=None, metavar="BYTES",
                    help="model rows: each eager quantized row again with a BYTES GEMM workspace, in the same process")
+    p.add_argument("--nvfp4-row-scratch-ab", type=int, default=None, metavar="BYTES",
+                   help="add each row-scaled NVFP4 row again with its GEMMs chunked to at most BYTES of FP32 scratch "
+                        "(nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES), in the same process")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", default=None)
@@ -430,7 +449,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
             rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled, only=args.rows,
                                graphed=args.graphed, python_host=args.python_host_rows,
-                               workspace_ab=args.gemm_workspace_ab)
+                               workspace_ab=args.gemm_workspace_ab, row_scratch_ab=args.nvfp4_row_scratch_ab)
         result["model"] = rows
         print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
         for r in rows:

@@ -329,6 +329,25 @@ def test_cpu_wiring_row_scaled_chunks(fake_cuda_pieces, m, chunks):
     assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, bias))
 
 
+@pytest.mark.parametrize("m, n, budget, rows, chunks", [
+    (4096, 24, 24 * 4 * 1024, 1024, 4),   # 1024 rows of scratch: 4 chunks
+    (4000, 24, 24 * 4 * 1000, 1000, 4),   # 1000 rows -> 896 (multiple of 128): 4 chunks spread over 1000 rows
+    (300, 24, 24 * 4 * 100, 150, 2),      # fewer rows than 128: chunks of 128 at least -> 2 chunks of 150
+    (100, 24, 24 * 4 * 1024, 100, 1)])    # one chunk
+def test_cpu_wiring_row_scratch_budget(fake_cuda_pieces, monkeypatch, m, n, budget, rows, chunks):
+    """ROW_CHUNK_SCRATCH_BYTES cuts a row-scaled product by its FP32 scratch (multiples of 128 rows, at least 128,
+    spread evenly): the same output as the emulation, row for row."""
+    monkeypatch.setattr(E, "ROW_CHUNK_SCRATCH_BYTES", budget)
+    g = torch.Generator().manual_seed(5)
+    a = _nvfp4_operand(torch.randn(m, 32, generator=g) * torch.rand(m, 1, generator=g) * 8, row_scaled=True)
+    b = _nvfp4_operand(torch.randn(n, 32, generator=g))
+    assert E.row_chunk(m, n) == rows
+    out = E.gemm_nvfp4_emulated_cuda(a, b, torch.bfloat16, None)
+    assert fake_cuda_pieces.calls == [("decode", 2, False, False, 448, 448)] + \
+        [("gemm", torch.float32, None), ("epilogue", True, False)] * chunks
+    assert torch.equal(out, E.gemm_nvfp4_emulated(a, b, torch.bfloat16, None))
+
+
 def test_row_scale_epilogue_out_checks():
     from fp_recipes.ops import cuda_nvfp4 as C
 

@@ -145,9 +145,12 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
     fast = _extension.fast_ops()
     if fast is not None and cublaslt.available():
         # this function as one C++ call (fp_recipes._torch_ops: the same launches); None: the Python code below
+        chunk_rows, chunk_max = ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS
+        if ROW_CHUNK_SCRATCH_BYTES and (a.row_scaled or b.row_scaled):
+            chunk_rows, chunk_max = row_chunk_args(a.data.shape[0], b.data.shape[0])
         out = fast.nvfp4_emulated_gemm(a.data, a.scale, a.amax, a.unit, a.row_scaled, a.e4m3_max, b.data, b.scale,
                                        b.amax, b.unit, b.row_scaled, b.e4m3_max, out_dtype, bias,
-                                       cublaslt.WORKSPACE_BYTES, ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS)
+                                       cublaslt.WORKSPACE_BYTES, chunk_rows, chunk_max)
         if out is not None:
             return out
     cuda_nvfp4 = _cuda_nvfp4 or _cuda_ops()
@@ -195,7 +198,7 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
     # scratch is a quarter of the full product (half a BF16 output): the model's peak memory stays at or
     # below BF16's (issue 13). Each chunk is one GEMM of >= 1024 rows (a full wave of output tiles at
     # Llama widths) and one epilogue launch writing its rows of the output.
-    rows = row_chunk(m)
+    rows = row_chunk(m, n)
     out = torch.empty((m, n), dtype=out_dtype, device=dev)
     scratch = torch.empty((min(rows, m), n), dtype=torch.float32, device=dev)
     for r0 in range(0, m, rows):
@@ -210,10 +213,25 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
 
 #: the fewest rows a chunk of a row-scaled GEMM has, and the most chunks it is split into
 ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS = 1024, 4
+#: when set, a row-scaled GEMM's chunks are cut by their FP32 scratch instead: at most this many bytes a chunk
+#: (multiples of 128 rows, at least 128), so that the epilogue reads the scratch from L2
+#: (``benchmarks/nvfp4_row_chunks.py`` measures the trade)
+ROW_CHUNK_SCRATCH_BYTES: Optional[int] = None
 
 
-def row_chunk(m: int) -> int:
-    """Rows per chunk of a row-scaled GEMM with ``m`` output rows: up to 4 chunks of at least 1024 rows
-    (fewer than 2048 rows: one chunk, the whole product)."""
-    chunks = max(1, min(ROW_CHUNK_MAX_CHUNKS, m // ROW_CHUNK_MIN_ROWS))
+def row_chunk_args(m: int, n: Optional[int] = None) -> tuple:
+    """(fewest rows a chunk, most chunks) of a row-scaled GEMM of ``m`` x ``n`` outputs, as the C++ path takes them."""
+    if ROW_CHUNK_SCRATCH_BYTES and n:
+        rows = max(128, ROW_CHUNK_SCRATCH_BYTES // (4 * n) // 128 * 128)
+        return rows, max(1, m // rows)
+    return ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS
+
+
+def row_chunk(m: int, n: Optional[int] = None) -> int:
+    """Rows per chunk of a row-scaled GEMM with ``m`` output rows (and ``n`` columns): up to 4 chunks of at least
+    1024 rows (fewer than 2048 rows: one chunk, the whole product); with ``ROW_CHUNK_SCRATCH_BYTES`` set, chunks of
+    about ``ROW_CHUNK_SCRATCH_BYTES // (4 n)`` rows (rounded down to a multiple of 128, at least 128), ``m`` spread
+    evenly over ``m`` // that many chunks."""
+    min_rows, max_chunks = row_chunk_args(m, n)
+    chunks = max(1, min(max_chunks, m // min_rows))
     return -(-m // chunks)
