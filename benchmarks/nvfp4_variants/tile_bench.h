@@ -35,8 +35,10 @@ void attrs_s0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* 
 // b0 runs encode16_sr_fma on the FMA pipe)
 void run_f1(const Args&, int which, int waves, cudaStream_t);
 void attrs_f1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
-// p1: b0 with the scale codes staged in shared memory and stored packed (NVFP4_TILE2_PACKED_SCALES=1: one 4-byte
-// store a tile row, one 4- or 8-byte store a tile column, instead of one byte a lane; session 34)
-void run_p1(const Args&, int which, int waves, cudaStream_t);
-void attrs_p1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// st8 / st4: b0 whose thread blocks take strips of 8 / 4 consecutive 64-column tiles and store each row's staged
+// rowwise scale codes as one run (NVFP4_TILE2_STRIP=8 / 4; session 35)
+void run_st8(const Args&, int which, int waves, cudaStream_t);
+void attrs_st8(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+void run_st4(const Args&, int which, int waves, cudaStream_t);
+void attrs_st4(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

@@ -367,14 +367,16 @@ constexpr bool kT2ExpMagic = NVFP4_TILE2_EXP_MAGIC != 0;
 #endif
 constexpr bool kT2Short = NVFP4_TILE2_SHORT != 0;
 
-// Packed scale stores (benchmarks only, off in the library): the scale codes staged in shared memory and written
-// as one 4-byte store a tile row (rowwise) and one 4- or 8-byte store a tile column (columnwise), instead of one
-// byte a lane: the same bytes, fewer and wider store instructions, two more barriers a tile. For
-// benchmarks/nvfp4_variants (store_bench.cu's tile section measures the store patterns alone).
-#ifndef NVFP4_TILE2_PACKED_SCALES
-#define NVFP4_TILE2_PACKED_SCALES 0
+// Strips (benchmarks only, 1 in the library until measured): each thread block quantizes kT2Strip consecutive
+// 64-column tiles of one tile row and stages their rowwise scale codes in shared memory, written after the strip's
+// last tile as one run of 4 * kT2Strip bytes a row (a whole 32-byte sector for 8 tiles) instead of 4-byte pieces
+// of one sector from 8 thread blocks (store_bench.cu's tile section: the rowwise scale bytes alone take 30 us at
+// 16384 x 6144, 210 GB/s). The same bytes; the columnwise stores are unchanged.
+#ifndef NVFP4_TILE2_STRIP
+#define NVFP4_TILE2_STRIP 1
 #endif
-constexpr bool kT2PackedScales = NVFP4_TILE2_PACKED_SCALES != 0;
+constexpr int kT2Strip = NVFP4_TILE2_STRIP;
+static_assert(kT2Strip >= 1 && kT2Strip <= 16, "NVFP4_TILE2_STRIP: 1..16 tiles");
 
 __device__ __forceinline__ uint2 t2_encode16_short(const float (&x)[16], float enc) {
   uint32_t s[16];
@@ -587,6 +589,89 @@ __device__ __forceinline__ void t2_bias_partials(const KParams& p, const uint32_
   }
 }
 
+// The tiles a tile2 thread block quantizes, in order. T2Walk<1>: tile t = ty * gx + tx, the grid stride G =
+// gridDim.x advancing (ty, tx) by (G / gx, G % gx) with a carry (no 64-bit division per tile). T2Walk<S>: strips
+// of S consecutive tiles of one tile row (the row's last strip may be shorter), the grid striding over strips.
+template <int S>
+struct T2Walk {
+  int64_t gx, gs, strips, st, ty, tx0;
+  int s = 0;
+  __device__ T2Walk(int64_t gx_, int64_t tiles) : gx(gx_), gs((gx_ + S - 1) / S), strips(gs * (tiles / gx_)) {
+    st = blockIdx.x;
+    place();
+  }
+  __device__ void place() {
+    ty = st / gs;
+    tx0 = (st - ty * gs) * S;
+  }
+  __device__ bool valid() const { return st < strips; }
+  __device__ int64_t tx() const { return tx0 + s; }
+  __device__ int slot() const { return s; }
+  __device__ bool last_in_strip() const { return s == S - 1 || tx0 + s + 1 >= gx; }
+  __device__ void next() {
+    if (last_in_strip()) {
+      s = 0;
+      st += gridDim.x;
+      place();
+    } else {
+      ++s;
+    }
+  }
+};
+
+template <>
+struct T2Walk<1> {
+  int64_t gx, tiles, t, ty, tx_, dq, dr;
+  __device__ T2Walk(int64_t gx_, int64_t tiles_)
+      : gx(gx_), tiles(tiles_), t(blockIdx.x), ty(t / gx_), tx_(t % gx_), dq(gridDim.x / gx_), dr(gridDim.x % gx_) {}
+  __device__ bool valid() const { return t < tiles; }
+  __device__ int64_t tx() const { return tx_; }
+  __device__ int slot() const { return 0; }
+  __device__ bool last_in_strip() const { return true; }
+  __device__ void next() {
+    t += gridDim.x;
+    tx_ += dr;
+    ty += dq;
+    if (tx_ >= gx) {
+      tx_ -= gx;
+      ++ty;
+    }
+  }
+};
+
+// A strip's staged rowwise scale codes (4 a tile, kT2Strip tiles a row in srow), written from column c0s on: two
+// threads a row, 16-byte stores where the run is whole and aligned, else byte stores of the whole blocks.
+template <typename T>
+__device__ __forceinline__ void t2_flush_row_scales(const KParams& p, const uint8_t* srow, int64_t r0, int64_t c0s,
+                                                    int tid) {
+  using C = Tile2Cfg<T>;
+  constexpr int kRun = 4 * kT2Strip;
+  constexpr int kPer = kThreads / C::kRows;  // threads a row (2 for 16-bit input)
+  constexpr int kPart = kRun / kPer;         // bytes each
+  const int r = tid / kPer, part = tid % kPer;
+  const int64_t row = r0 + r;
+  if (r >= C::kRows || row >= p.M) return;
+  const int64_t bpr = p.N / 16, first = c0s / 16;  // blocks a row; the strip's first block
+  uint8_t* dst = p.scale + row * bpr + first + part * kPart;
+  const uint8_t* src = srow + r * kRun + part * kPart;
+  if constexpr (kPart % 16 == 0) {
+    if (first + kRun <= bpr && (reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
+#pragma unroll
+      for (int k = 0; k < kPart / 16; ++k)
+        reinterpret_cast<uint4*>(dst)[k] = reinterpret_cast<const uint4*>(src)[k];
+      return;
+    }
+  } else if constexpr (kPart % 8 == 0) {
+    if (first + kRun <= bpr && (reinterpret_cast<uintptr_t>(dst) & 7u) == 0) {
+#pragma unroll
+      for (int k = 0; k < kPart / 8; ++k)
+        reinterpret_cast<uint2*>(dst)[k] = reinterpret_cast<const uint2*>(src)[k];
+      return;
+    }
+  }
+  for (int k = 0; k < kPart && first + part * kPart + k < bpr; ++k) dst[k] = src[k];
+}
+
 template <bool kSR, int kFos>
 constexpr int tile2_min_blocks() {
   return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kFos != 0 ? (fos_fast(kFos) ? 3 : 2) : (kSR ? 3 : 4));
@@ -601,8 +686,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
   static_assert(kFos == 0 || !(k2D || kSR || kRHT), "tile2 4over6 is 1-D, round to nearest, no RHT");
   __shared__ __align__(16) uint32_t tile[2][C::kTileWords];
   __shared__ uint32_t part[k2D ? C::kRows / 8 : 1][4];  // 2-D: max |x| bits of 8 rows x 16 columns
-  // kT2PackedScales: the tile's rowwise scale codes (4 a row) and columnwise ones (kRb a column)
-  __shared__ __align__(8) uint8_t scodes[kT2PackedScales ? C::kRows * 4 + 64 * C::kRb : 1];
+  // kT2Strip > 1: the strip's rowwise scale codes, 4 * kT2Strip a tile row
+  __shared__ __align__(16) uint8_t srow[kT2Strip > 1 ? C::kRows * 4 * kT2Strip : 1];
 
   const int tid = threadIdx.x;
   const bool do_row = p.data != nullptr, do_col = p.data_t != nullptr;
@@ -617,25 +702,20 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
   // word (column unit) cu.
   const int crb = tid % C::kRb, cu = tid / C::kRb;
 
-  // Tile t = ty * gx + tx; the grid stride G = gridDim.x advances (ty, tx) by (G / gx, G % gx) with a carry
-  // (no 64-bit division per tile).
-  const int64_t dq = gridDim.x / gx, dr = gridDim.x % gx;
-  int64_t t = blockIdx.x, ty = t / gx, tx = t % gx;
-  if (t < tiles) t2_issue<T>(p, ty * C::kRows, tx * 64, tid, vec_ok, tile[0]);
+  // The walk over tiles: T2Walk<1> (the grid strides over tiles) or strips of kT2Strip tiles (T2Walk<kT2Strip>).
+  T2Walk<kT2Strip> walk(gx, tiles);
+  if (walk.valid()) t2_issue<T>(p, walk.ty * C::kRows, walk.tx() * 64, tid, vec_ok, tile[0]);
   t2_cp_commit();
   int buf = 0;
-  for (; t < tiles; t += gridDim.x, buf ^= 1) {
-    const int64_t r0 = ty * C::kRows, c0 = tx * 64;
+  for (; walk.valid(); buf ^= 1) {
+    const int64_t r0 = walk.ty * C::kRows, c0 = walk.tx() * 64;
+    const int slot = walk.slot();  // the tile's place in its strip
+    const bool strip_end = walk.last_in_strip();
     uint32_t* tb = tile[buf];
     // The next tile's copy, in flight while this one is quantized (its buffer was last read in the
     // previous iteration, which every thread finished before the __syncthreads at its end).
-    tx += dr;
-    ty += dq;
-    if (tx >= gx) {
-      tx -= gx;
-      ++ty;
-    }
-    if (t + gridDim.x < tiles) t2_issue<T>(p, ty * C::kRows, tx * 64, tid, vec_ok, tile[buf ^ 1]);
+    walk.next();
+    if (walk.valid()) t2_issue<T>(p, walk.ty * C::kRows, walk.tx() * 64, tid, vec_ok, tile[buf ^ 1]);
     t2_cp_commit();
     t2_cp_wait<1>();  // this thread's copies of the current tile have landed
     __syncthreads();  // ... and every other thread's
@@ -688,24 +768,12 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
           }
         }
         reinterpret_cast<uint2*>(p.data)[b] = q;
-        if constexpr (kT2PackedScales) {
-          scodes[r * 4 + cb] = static_cast<uint8_t>(sf);
+        if constexpr (kT2Strip > 1) {
+          srow[r * (4 * kT2Strip) + slot * 4 + cb] = static_cast<uint8_t>(sf);
         } else {
           p.scale[b] = static_cast<uint8_t>(sf);
         }
         if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
-      }
-      if constexpr (kT2PackedScales) {
-        __syncthreads();
-        if (tid < C::kRows && r0 + tid < p.M) {  // one thread a tile row: its 4 codes, one store when whole
-          const int64_t row = r0 + tid;
-          uint8_t* dst = p.scale + row * (p.N / 16) + c0 / 16;
-          if (c0 + 64 <= p.N && (p.N / 16) % 4 == 0 && (reinterpret_cast<uintptr_t>(p.scale) & 3u) == 0) {
-            *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(scodes + tid * 4);
-          } else {
-            for (int k = 0; k < 4 && c0 + 16 * (k + 1) <= p.N; ++k) dst[k] = scodes[tid * 4 + k];
-          }
-        }
       }
     }
     // Columnwise copy: C::kCpt columns x 16 rows per thread, one word per row.
@@ -749,34 +817,17 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
             t2_quant_rn(v, block_absmax16(v), t_col, q, sf);
           }
           reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
-          if constexpr (kT2PackedScales) {
-            scodes[C::kRows * 4 + (cu * C::kCpt + j) * C::kRb + crb] = static_cast<uint8_t>(sf);
-          } else {
-            p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
-          }
+          p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
           if (p.unit_t != nullptr) store_unit16(q, sf, p.unit_t + col * p.M + row16);
-        }
-      }
-      if constexpr (kT2PackedScales) {
-        __syncthreads();
-        if (tid < 64 && c0 + tid < p.N) {  // one thread a tile column: its kRb codes, one store when whole
-          const int64_t col = c0 + tid;
-          const uint8_t* src = scodes + C::kRows * 4 + tid * C::kRb;
-          uint8_t* dst = p.scale_t + col * (p.M / 16) + r0 / 16;
-          if (r0 + C::kRows <= p.M && (p.M / 16) % C::kRb == 0 &&
-              (reinterpret_cast<uintptr_t>(p.scale_t) % C::kRb) == 0) {
-            if constexpr (C::kRb == 8) {
-              *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
-            } else {
-              *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
-            }
-          } else {
-            for (int k = 0; k < C::kRb && r0 + 16 * (k + 1) <= p.M; ++k) dst[k] = src[k];
-          }
         }
       }
     }
     __syncthreads();  // the tile (and the 2-D partial maxima) are reused two iterations on
+    if constexpr (kT2Strip > 1) {
+      // After the strip's last tile (every code staged before the barrier above; the next strip's first
+      // codes are written after the next iteration's barrier): each tile row's codes as one run.
+      if (do_row && strip_end) t2_flush_row_scales<T>(p, srow, r0, c0 - slot * 64, tid);
+    }
   }
   t2_cp_wait<0>();
 }
@@ -877,7 +928,8 @@ void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) 
 template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
 void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
   using C = Tile2Cfg<T>;
-  const int64_t tiles = ((kp.N + 63) / 64) * ((kp.M + C::kRows - 1) / C::kRows);
+  // tiles, or strips of kT2Strip tiles of one tile row (T2Walk)
+  const int64_t tiles = ((kp.N + 63) / 64 + kT2Strip - 1) / kT2Strip * ((kp.M + C::kRows - 1) / C::kRows);
   int64_t grid = tiles < 2147483647 ? tiles : 2147483647;  // the kernel's loop takes any grid size
   if (waves > 0) {
     // resident blocks per SM of this instantiation, queried once per device (thread-safe: relaxed
