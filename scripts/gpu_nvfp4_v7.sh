@@ -8,6 +8,7 @@
 # 4. the tile benchmark: v6 tile kernel vs v7 tile2 kernel (bytes compared, timings at 16384x6144 and
 #    4096x4096 BF16, 4096x4096 FP32; copy bandwidth of the same run), row-scaled v6 / v7 / fused;
 # 5. bench_quantize_nvfp4.py --quick --shapes 16384x6144 (the shipped kernels through the extension).
+# TILE_ONLY=1: the tile benchmark alone (nvcc only: no setup.sh needed).
 # Every stage runs under `timeout` (LIM_TEST 140, LIM_SAN 35 per tool, LIM_TILE 40, LIM_BENCH 45 s; override by
 # env); logs and JSON in $OUT (log.txt, tile_bench.log, bench_quantize.log, *.json); the tile table prints last.
 set -o pipefail
@@ -48,6 +49,7 @@ BUILD_PID=$!
   echo "== nvidia-smi -L"; nvidia-smi -L
   git log --oneline -1 2>/dev/null || true
   python3 -c "import fp_recipes; print(fp_recipes.backend_info()['summary'])"
+  if [ -z "${TILE_ONLY:-}" ]; then
   echo "== pytest -m cuda"
   timeout "${LIM_TEST:-140}" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 --maxfail=10 \
       tests/test_cuda_nvfp4_kernels.py tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py 2>&1 | tail -n 30
@@ -60,6 +62,7 @@ BUILD_PID=$!
         | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -n 15
     echo "$tool rc=$?"
   done
+  fi
   echo "== tile benchmark"
   # the build runs outside this piped block (not its child: `wait` cannot see it): poll its log
   for _ in $(seq 1 120); do grep -q "tile bench build rc=" "$OUT/tile_build.log" 2>/dev/null && break; sleep 1; done
@@ -70,11 +73,13 @@ BUILD_PID=$!
     echo "tile bench rc=$?"
     grep -E "^(device|byte checks|MISMATCH)" "$OUT/tile_bench.log" | head -n 20
   fi
+  [ -z "${TILE_ONLY:-}" ] && {
   echo "== bench_quantize_nvfp4 --quick --shapes 16384x6144"
   timeout "${LIM_BENCH:-45}" python3 benchmarks/bench_quantize_nvfp4.py --quick --shapes 16384x6144 \
       --json "$OUT/bench_quantize_nvfp4.json" > "$OUT/bench_quantize.log" 2>&1
   echo "bench rc=$?"
   grep -E "^16384x6144" "$OUT/bench_quantize.log" | head -n 40
+  }
   echo "== tile benchmark table"
   sed -n '/^== /,$p' "$OUT/tile_bench.log" | grep -vE "^wrote" | head -n 170
 } 2>&1 | tee "$OUT/log.txt"

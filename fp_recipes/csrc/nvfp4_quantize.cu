@@ -621,9 +621,9 @@ struct T2Walk {
 
 template <>
 struct T2Walk<1> {
-  int64_t gx, tiles, t, ty, tx_, dq, dr;
+  int64_t gx, tiles, dq, dr, t, ty, tx_;
   __device__ T2Walk(int64_t gx_, int64_t tiles_)
-      : gx(gx_), tiles(tiles_), t(blockIdx.x), ty(t / gx_), tx_(t % gx_), dq(gridDim.x / gx_), dr(gridDim.x % gx_) {}
+      : gx(gx_), tiles(tiles_), dq(gridDim.x / gx_), dr(gridDim.x % gx_), t(blockIdx.x), ty(t / gx_), tx_(t % gx_) {}
   __device__ bool valid() const { return t < tiles; }
   __device__ int64_t tx() const { return tx_; }
   __device__ int slot() const { return 0; }
