@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantized-all-gather", action="store_true",
                    help="all-gather weights already quantized (fp_recipes.integrations.fsdp)")
+    p.add_argument("--no-precompute-amaxes", action="store_true",
+                   help="with --quantized-all-gather: let every weight's all-gather all-reduce its own amax instead "
+                        "of one all-reduce per step (precompute_weight_amaxes after the optimizer step)")
     p.add_argument("--save", type=Path, default=None, help="save a checkpoint here at --save-at")
     p.add_argument("--save-at", type=int, default=None, help="step after which to save (default: last)")
     p.add_argument("--resume", type=Path, default=None, help="continue from a checkpoint")
@@ -104,6 +107,7 @@ def main(argv=None) -> int:
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     quantized_gather = args.quantized_all_gather and recipe is not None
+    precompute = quantized_gather and not args.no_precompute_amaxes
     start = 0
     if args.resume is not None:
         if recipe is not None:
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
         dcp.load(state, checkpoint_id=str(args.resume))
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         start = int(state["step"])
-    if quantized_gather:
+    if precompute:
         precompute_weight_amaxes(model)  # (after a resume's load: the loaded weights')
     tokens = corpus()
     _, _, _, _, seq, mb = SIZES[args.size]
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if quantized_gather:
+        if precompute:
             precompute_weight_amaxes(model)  # the next step's weight amaxes: one all-reduce, not one per weight
         losses.append(loss.item())
         if rank == 0:
@@ -155,11 +159,15 @@ def main(argv=None) -> int:
     step_ms = 1e3 * (time.perf_counter() - t_warm) / timed if timed > 0 else float("nan")
     if rank == 0:
         sent = all_gather_bytes(model)
+        owners = [o for o in (getattr(m, "_fp_recipes_all_gather_owner", None) for m in model.modules()) if o]
+        amax_reduces = sum(o.stats.amax_reduces for o in owners)
+        amax_precomputed = sum(o.stats.amax_precomputed for o in owners)
         s = hp = None
         if sent:
             s, hp = map(sum, zip(*sent.values()))
             print(f"quantized all-gather: {s:,} bytes sent by this rank, {hp:,} with the ordinary one "
-                  f"({s / hp:.3f}x)")
+                  f"({s / hp:.3f}x); weight amaxes all-reduced per gather {amax_reduces}, precomputed "
+                  f"{amax_precomputed}")
         print(f"step time {step_ms:.2f} ms over {timed} steps, {mb * seq * world / step_ms * 1e3:,.0f} tokens/s",
               flush=True)
         if args.json is not None:
@@ -167,6 +175,7 @@ def main(argv=None) -> int:
                 "recipe": name, "start": start, "losses": losses, "quantized_all_gather": bool(sent),
                 "step_ms": step_ms, "tokens_per_s": mb * seq * world / step_ms * 1e3, "world": world,
                 "size": args.size, "bytes_sent_per_rank": s, "bytes_high_precision": hp,
+                "precompute_amaxes": precompute, "amax_reduces": amax_reduces, "amax_precomputed": amax_precomputed,
                 "device": torch.cuda.get_device_name(device) if cuda else "cpu"}))
     # every rank past its last collective before any tears the group down (gloo aborted a rank that destroyed it
     # while the other was still writing its report)
