@@ -367,13 +367,17 @@ constexpr bool kT2ExpMagic = NVFP4_TILE2_EXP_MAGIC != 0;
 #endif
 constexpr bool kT2Short = NVFP4_TILE2_SHORT != 0;
 
-// Strips (benchmarks only, 1 in the library until measured): each thread block quantizes kT2Strip consecutive
-// 64-column tiles of one tile row and stages their rowwise scale codes in shared memory, written after the strip's
-// last tile as one run of 4 * kT2Strip bytes a row (a whole 32-byte sector for 8 tiles) instead of 4-byte pieces
-// of one sector from 8 thread blocks (store_bench.cu's tile section: the rowwise scale bytes alone take 30 us at
-// 16384 x 6144, 210 GB/s). The same bytes; the columnwise stores are unchanged.
+// Strips: each thread block quantizes kT2Strip consecutive 64-column tiles of one tile row (its next tile's copy in
+// flight while it quantizes one) and stages their rowwise scale codes in shared memory, written after the strip's
+// last tile as one run of 4 * kT2Strip bytes a row instead of 4-byte pieces of one sector from kT2Strip thread
+// blocks (store_bench.cu's tile section: the rowwise scale bytes alone took 30 us at 16384 x 6144, 210 GB/s).
+// The same bytes. Measured on an H200 (benchmarks/RESULTS.md session 35 run 3, tile bench, against one tile a
+// block, session 34's walk = NVFP4_TILE2_STRIP=1): 16384 x 6144 BF16 row+col 141.2 vs 154.4 us, 2-D 148.4 vs
+// 158.9, row + RHT col 163.5 vs 172.1, col 82.9 vs 97.5; 4096 x 4096 BF16 within +-0.5 us except the SR modes
+// (+1.4 / +2.0 us); 4096 x 4096 FP32 row+col 36.9 vs 40.1. 8 tiles a strip: faster at 16384 x 6144 (140.2), slower
+// at 4096 x 4096 (fewer blocks than the SMs hold).
 #ifndef NVFP4_TILE2_STRIP
-#define NVFP4_TILE2_STRIP 1
+#define NVFP4_TILE2_STRIP 4
 #endif
 constexpr int kT2Strip = NVFP4_TILE2_STRIP;
 static_assert(kT2Strip >= 1 && kT2Strip <= 16, "NVFP4_TILE2_STRIP: 1..16 tiles");
@@ -921,10 +925,11 @@ void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) 
   check_launch("nvfp4 row_scaled_kernel");
 }
 
-// Grid of tile2_kernel: one thread block per tile by default (measured fastest on an H100 at 16384x6144
-// BF16: row+col 154 us against 172 us for one persistent wave, 2-D and RHT likewise; within 2 % at
-// 4096x4096: benchmarks/RESULTS.md, v7 tile table). waves > 0 (benchmarks) asks for that many waves of
-// resident thread blocks (occupancy per instantiation, queried once) walking the tiles instead.
+// Grid of tile2_kernel: one thread block per strip of kT2Strip tiles by default (one a tile, as before session 35,
+// measured fastest on an H100 at 16384x6144 BF16: row+col 154 us against 172 us for one persistent wave; on an H200
+// the persistent wave was the faster, 143 vs 154, and strips of 4 matched it: RESULTS.md session 35 run 3).
+// waves > 0 (benchmarks) asks for that many waves of resident thread blocks (occupancy per instantiation, queried
+// once) walking the strips instead.
 template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
 void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
   using C = Tile2Cfg<T>;
