@@ -313,7 +313,8 @@ V7_RHT_KW = [
     dict(rowwise=False, columnwise=True, rht=True),
     dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True, seed=77, offset=5),
 ]
-V7_SHAPES = [(16, 16), (128, 64), (144, 80), (272, 1040), (1, 16), (17, 48)]
+# (tile2 takes strips of 4 tiles a thread block: 352 columns are a strip of 4 and one of 2, the last tile partial)
+V7_SHAPES = [(16, 16), (128, 64), (144, 80), (272, 1040), (1, 16), (17, 48), (96, 352)]
 # (shape, dtype, kind): more tiles than resident thread blocks
 V7_BIG = [((2064, 4112), torch.bfloat16, "randn"), ((4096, 4160), torch.bfloat16, "special"),
           ((2064, 2064), torch.float32, "mixed"), ((1040, 4160), torch.float16, "huge")]
