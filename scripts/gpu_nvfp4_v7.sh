@@ -8,7 +8,7 @@
 # 4. the tile benchmark: v6 tile kernel vs v7 tile2 kernel (bytes compared, timings at 16384x6144 and
 #    4096x4096 BF16, 4096x4096 FP32; copy bandwidth of the same run), row-scaled v6 / v7 / fused;
 # 5. bench_quantize_nvfp4.py --quick --shapes 16384x6144 (the shipped kernels through the extension).
-# TILE_ONLY=1: the tile benchmark alone (nvcc only: no setup.sh needed).
+# EXTRA_TESTS: more pytest arguments. TILE_ONLY=1: the tile benchmark alone (nvcc only: no setup.sh needed).
 # Every stage runs under `timeout` (LIM_TEST 140, LIM_SAN 35 per tool, LIM_TILE 40, LIM_BENCH 45 s; override by
 # env); logs and JSON in $OUT (log.txt, tile_bench.log, bench_quantize.log, *.json); the tile table prints last.
 set -o pipefail
@@ -33,14 +33,14 @@ S=benchmarks/nvfp4_variants
       "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/s0.o" -DTB_TAG=s0 -DNVFP4_TILE2_SHORT=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/f1.o" -DTB_TAG=f1 -DNVFP4_SR_FMA_PIPE=0 "${FLAGS[@]}" & pids+=($!)
-  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st8.o" -DTB_TAG=st8 -DNVFP4_TILE2_STRIP=8 "${FLAGS[@]}" & pids+=($!)
-  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st1.o" -DTB_TAG=st1 -DNVFP4_TILE2_STRIP=1 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st4.o" -DTB_TAG=st4 -DNVFP4_TILE2_STRIP_WAVES=0 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st1.o" -DTB_TAG=st1 -DNVFP4_TILE2_STRIP_WAVES=1000000 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c fp_recipes/csrc/nvfp4_amax.cu -o "$B/amax.o" "${FLAGS[@]}" & pids+=($!)
   # fp8_cast.cu: the bias-gradient reduce that nvfp4 quantize() calls for a fused bias gradient (session 25)
   "$NVCC" -c fp_recipes/csrc/fp8_cast.cu -o "$B/fp8.o" "${FLAGS[@]}" & pids+=($!)
   rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/m0.o" "$B/s0.o" "$B/f1.o" "$B/st8.o" "$B/st1.o" "$B/amax.o" "$B/fp8.o" \
+  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/m0.o" "$B/s0.o" "$B/f1.o" "$B/st4.o" "$B/st1.o" "$B/amax.o" "$B/fp8.o" \
       "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
   echo "tile bench build rc=$rc in $(( $(date +%s) - t0 )) s"
 ) > "$OUT/tile_build.log" 2>&1 &
@@ -52,7 +52,8 @@ BUILD_PID=$!
   if [ -z "${TILE_ONLY:-}" ]; then
   echo "== pytest -m cuda"
   timeout "${LIM_TEST:-140}" python3 -m pytest -q -m cuda -p no:cacheprovider --durations=5 --maxfail=10 \
-      tests/test_cuda_nvfp4_kernels.py tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py 2>&1 | tail -n 30
+      tests/test_cuda_nvfp4_kernels.py tests/test_cuda_nvfp4_units.py tests/test_nvfp4_fast_gemm.py ${EXTRA_TESTS:-} 2>&1 \
+      | tail -n 30
   echo "pytest rc=$?"
   SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck; do

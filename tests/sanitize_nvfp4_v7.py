@@ -1,7 +1,8 @@
 """compute-sanitizer driver (memcheck, racecheck) for the v7 NVFP4 kernels: tile2_kernel in every mode it
 takes (plain row+col, column only, 2-D, SR, RHT, RHT SR; BF16/FP16/FP32) on shapes with more tiles than
 resident thread blocks (the persistent loop and its cp.async double buffer), partial tiles and unaligned
-columns, and row_scaled_kernel (fused row amax, given amax, 2 and 4 blocks per thread). Not a pytest file;
+columns, and row_scaled_kernel (fused row amax, given amax, 2 and 4 blocks per thread); every tile2 case again with strips of 4
+tiles a thread block forced (the walk it takes for large tensors), compared with the default walk. Not a pytest file;
 scripts/gpu_nvfp4_v7.sh runs it. Exits non-zero if any result differs from the reference twin
 (SANITIZE_REF=0: no reference runs, for a faster racecheck)."""
 
@@ -28,6 +29,9 @@ def same(a, b) -> bool:
 def main() -> int:
     torch.manual_seed(0)
     ref = os.environ.get("SANITIZE_REF", "1") == "1"
+    from fp_recipes import _extension
+
+    ext = _extension.extension()
     bad = runs = 0
     # 4160 columns x 1040 rows of BF16: 65 x 9 = 585 tiles (FP32: 65 x 17), more than one wave of blocks
     # on any GPU here; 48 x 33 / 160 x 130: element copies and partial tiles.
@@ -63,6 +67,16 @@ def main() -> int:
             want = R.nvfp4_quantize(x, **kw)
             if not all(same(g, w) for g, w in zip(got, want)):
                 print("MISMATCH", dtype, shape, kw)
+                bad += 1
+        if not kw.get("row_scaled"):  # tile2 with strips of 4 tiles a thread block forced: the same bytes
+            old = ext.nvfp4_set_tile2_strip_min_waves(0)
+            try:
+                strips = K.nvfp4_quantize(x, **kw)
+            finally:
+                ext.nvfp4_set_tile2_strip_min_waves(old)
+            runs += 1
+            if not all(same(g, w) for g, w in zip(got, strips)):
+                print("MISMATCH strips", dtype, shape, kw)
                 bad += 1
         if kw.get("row_scaled"):
             got2 = K.nvfp4_quantize(x, amax=K.nvfp4_row_amax(x), **kw)  # the row kernel with a given amax

@@ -321,6 +321,32 @@ def test_cuda_nvfp4_fused_bias_grad_matches_the_cast_and_the_reference(shape, dt
 
 @pytest.mark.cuda
 @needs_cuda
+@pytest.mark.parametrize("shape", [(80, 1040), (208, 352), (64, 80)])  # strips of 4 + 1, 4 + 2, one strip of 2
+@pytest.mark.parametrize("cfg", ["plain", "rht_sr", "4over6_fast"])
+def test_cuda_nvfp4_fused_bias_grad_in_strips(shape, cfg):
+    """The same with tile2's strips of 4 tiles a thread block forced (the launcher's walk for large tensors): the
+    fused cast's bytes and db against the plain quantization in the same walk and the reference bias gradient, and
+    the bytes against the default walk's."""
+    import _tile2_walk
+    from fp_recipes.ops import cuda_nvfp4
+
+    kw = NVFP4_FUSED_CONFIGS[cfg]
+    x = special_input(shape, torch.bfloat16, "huge", seed=shape[1], device="cuda")
+    tiles = cuda_nvfp4.nvfp4_quantize_planned(x, _nvfp4_plan(kw), None, 77, 5)
+    with _tile2_walk.walk("strips"):
+        got, db = cuda_nvfp4.nvfp4_quantize_planned_dbias(x, _nvfp4_plan(kw), 77, 5, torch.float32)
+        want = cuda_nvfp4.nvfp4_quantize_planned(x, _nvfp4_plan(kw), None, 77, 5)
+    assert same_bits(db, ref_fp8.bias_grad(x, torch.float32)), (cfg, shape)
+    for i, (a, b, c) in enumerate(zip(got, want, tiles)):
+        assert (a is None) == (b is None) == (c is None), i
+        if a is not None:
+            eq = same_bits if a.dtype == torch.float32 else lambda u, v: torch.equal(u.view(torch.uint8),
+                                                                                     v.view(torch.uint8))
+            assert eq(a, b) and eq(a, c), (cfg, shape, i)
+
+
+@pytest.mark.cuda
+@needs_cuda
 def test_cuda_nvfp4_fused_bias_grad_declines_what_it_does_not_fuse():
     from fp_recipes.ops import cuda_nvfp4
 

@@ -16,6 +16,7 @@ import torch
 from fp_recipes.ops import cuda_nvfp4 as K
 from fp_recipes.ops import ref_nvfp4 as R
 from _nvfp4_stress import fos_stress
+import _tile2_walk
 
 cuda = pytest.mark.cuda
 
@@ -320,6 +321,14 @@ V7_BIG = [((2064, 4112), torch.bfloat16, "randn"), ((4096, 4160), torch.bfloat16
           ((2064, 2064), torch.float32, "mixed"), ((1040, 4160), torch.float16, "huge")]
 
 
+@pytest.fixture(params=_tile2_walk.WALKS)
+def tile2_walk(request):
+    """tile2_kernel's walk: its default on these shapes (one 64-column tile a thread block: strips start at 16 waves
+    of tiles) and strips of 4 tiles forced, both against the twin."""
+    with _tile2_walk.walk(request.param):
+        yield request.param
+
+
 def _v7_kw_fits(shape, kw):
     m, n = shape
     if kw.get("rowwise", True) and n % 16:
@@ -335,7 +344,7 @@ def _v7_kw_fits(shape, kw):
 @pytest.mark.parametrize("shape", V7_SHAPES, ids=[f"{m}x{n}" for m, n in V7_SHAPES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("kind", ["randn", "special", "huge", "mixed", "zeros"])
-def test_v7_tile_modes(shape, dtype, kind):
+def test_v7_tile_modes(shape, dtype, kind, tile2_walk):
     x = make_input(shape, dtype, kind, seed=shape[0] * 3 + shape[1] + len(kind))
     for kw in V7_TILE_KW + (V7_RHT_KW if dtype == torch.bfloat16 else []):
         if _v7_kw_fits(shape, kw):
@@ -344,7 +353,7 @@ def test_v7_tile_modes(shape, dtype, kind):
 
 @cuda
 @pytest.mark.parametrize("shape,dtype,kind", V7_BIG, ids=[f"{s[0]}x{s[1]}-{k}" for s, _, k in V7_BIG])
-def test_v7_tile_many_tiles(shape, dtype, kind):
+def test_v7_tile_many_tiles(shape, dtype, kind, tile2_walk):
     x = make_input(shape, dtype, kind, seed=shape[1])
     for kw in V7_TILE_KW + (V7_RHT_KW if dtype == torch.bfloat16 else []):
         check_quantize(x, **kw)
@@ -353,7 +362,7 @@ def test_v7_tile_many_tiles(shape, dtype, kind):
 @cuda
 @pytest.mark.parametrize("shape", [(16, 1), (48, 33), (160, 130), (2064, 1001)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
-def test_v7_tile_unaligned_columns(shape, dtype):
+def test_v7_tile_unaligned_columns(shape, dtype, tile2_walk):
     """Columnwise only with N * sizeof(T) % 16 != 0: tile2 copies elements one by one (no cp.async)."""
     x = make_input(shape, dtype, "special", seed=41)
     check_quantize(x, rowwise=False, columnwise=True)

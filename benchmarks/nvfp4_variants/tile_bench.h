@@ -35,10 +35,10 @@ void attrs_s0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* 
 // b0 runs encode16_sr_fma on the FMA pipe)
 void run_f1(const Args&, int which, int waves, cudaStream_t);
 void attrs_f1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
-// st8 / st1: b0 (strips of 4 tiles since session 35) with strips of 8 consecutive 64-column tiles / one tile a
-// block, session 34's walk (NVFP4_TILE2_STRIP=8 / 1)
-void run_st8(const Args&, int which, int waves, cudaStream_t);
-void attrs_st8(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// st4 / st1: b0 with tile2's strips of 4 tiles a thread block always / never (NVFP4_TILE2_STRIP_WAVES=0 /
+// 1000000; b0 takes them from 16 waves of tiles on; session 35)
+void run_st4(const Args&, int which, int waves, cudaStream_t);
+void attrs_st4(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 void run_st1(const Args&, int which, int waves, cudaStream_t);
 void attrs_st1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

@@ -9,6 +9,7 @@
 #define quantize TB_CAT(quantize_, TB_TAG)
 #define set_software_e2m1 TB_CAT(set_software_e2m1_, TB_TAG)
 #define software_e2m1 TB_CAT(software_e2m1_, TB_TAG)
+#define set_tile2_strip_min_waves TB_CAT(set_tile2_strip_min_waves_, TB_TAG)
 #include "nvfp4_quantize.cu"
 #include "tile_bench.h"
 

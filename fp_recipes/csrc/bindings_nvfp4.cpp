@@ -67,6 +67,10 @@ void register_nvfp4(py::module_& m) {
       "Make the quantize kernels on `device` use the software E2M1 encoding even where the sm_100-family "
       "hardware conversion is compiled (True), or the hardware one again (False)",
       py::arg("on"), py::arg("device"));
+  m.def("nvfp4_set_tile2_strip_min_waves", &nvfp4::set_tile2_strip_min_waves,
+        "From how many waves of tiles (4 thread blocks an SM) on the row+col quantize kernel takes strips of 4 "
+        "tiles a thread block (0: always); returns the previous value (tests, benchmarks)",
+        py::arg("waves"));
   m.def(
       "nvfp4_software_e2m1",
       [](int device) {

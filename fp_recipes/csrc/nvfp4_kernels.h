@@ -63,6 +63,9 @@ void quantize(const QuantizeArgs& args, cudaStream_t stream);
 // before launching quantizations that should use it (fp_recipes/ops/cuda_nvfp4.py does, on first use).
 void set_software_e2m1(bool on);
 bool software_e2m1();
+// tile2_kernel takes strips of 4 tiles a thread block from this many waves (4 blocks an SM) of 128 x 64 tiles on
+// (default 16; 0: always). Returns the previous value. Host-side, every device.
+int set_tile2_strip_min_waves(int waves);
 
 // amax = max |x| over numel elements (FP32, NaN propagates as the canonical NaN 0x7FC00000).
 // Also (when rht_amax != nullptr) the amax of RHT(x) over 16-row groups of the (M, N) bf16 tensor.

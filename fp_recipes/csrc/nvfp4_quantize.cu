@@ -367,20 +367,20 @@ constexpr bool kT2ExpMagic = NVFP4_TILE2_EXP_MAGIC != 0;
 #endif
 constexpr bool kT2Short = NVFP4_TILE2_SHORT != 0;
 
-// Strips: each thread block quantizes kT2Strip consecutive 64-column tiles of one tile row (its next tile's copy in
-// flight while it quantizes one) and stages their rowwise scale codes in shared memory, written after the strip's
-// last tile as one run of 4 * kT2Strip bytes a row instead of 4-byte pieces of one sector from kT2Strip thread
-// blocks (store_bench.cu's tile section: the rowwise scale bytes alone took 30 us at 16384 x 6144, 210 GB/s).
-// The same bytes. Measured on an H200 (benchmarks/RESULTS.md session 35 run 3, tile bench, against one tile a
-// block, session 34's walk = NVFP4_TILE2_STRIP=1): 16384 x 6144 BF16 row+col 141.2 vs 154.4 us, 2-D 148.4 vs
-// 158.9, row + RHT col 163.5 vs 172.1, col 82.9 vs 97.5; 4096 x 4096 BF16 within +-0.5 us except the SR modes
-// (+1.4 / +2.0 us); 4096 x 4096 FP32 row+col 36.9 vs 40.1. 8 tiles a strip: faster at 16384 x 6144 (140.2), slower
-// at 4096 x 4096 (fewer blocks than the SMs hold).
-#ifndef NVFP4_TILE2_STRIP
-#define NVFP4_TILE2_STRIP 4
+// Strips (kStrip = kT2Strip): each thread block quantizes 4 consecutive 64-column tiles of one tile row (its next
+// tile's copy in flight while it quantizes one) and stages their rowwise scale codes in shared memory, written after
+// the strip's last tile as one 16-byte run a row instead of 4-byte pieces of one sector from 4 thread blocks
+// (store_bench.cu's tile section: the rowwise scale bytes alone took 30 us at 16384 x 6144, 210 GB/s). The same
+// bytes. Measured on an H200 (benchmarks/RESULTS.md session 35 runs 3-4) against one tile a block: 16384 x 6144
+// BF16 row+col 141.2 vs 154.4 us, 2-D 148.4 vs 158.9, row + RHT col 163.5 vs 172.1, col 82.9 vs 97.5 (12288 tiles,
+// 23 waves of 4 blocks an SM); 4096 x 4096 (2048 tiles, 4 waves) slower: SR row + RHT SR col 59.4 vs 56.2 in a
+// Linear step. So the launcher takes strips from NVFP4_TILE2_STRIP_WAVES waves of tiles on
+// (nvfp4_set_tile2_strip_min_waves; 0: always, as the tests force them on small shapes).
+constexpr int kT2Strip = 4;
+#ifndef NVFP4_TILE2_STRIP_WAVES
+#define NVFP4_TILE2_STRIP_WAVES 16
 #endif
-constexpr int kT2Strip = NVFP4_TILE2_STRIP;
-static_assert(kT2Strip >= 1 && kT2Strip <= 16, "NVFP4_TILE2_STRIP: 1..16 tiles");
+std::atomic<int> g_tile2_strip_min_waves{NVFP4_TILE2_STRIP_WAVES};
 
 __device__ __forceinline__ uint2 t2_encode16_short(const float (&x)[16], float enc) {
   uint32_t s[16];
@@ -643,13 +643,14 @@ struct T2Walk<1> {
   }
 };
 
-// A strip's staged rowwise scale codes (4 a tile, kT2Strip tiles a row in srow), written from column c0s on: two
-// threads a row, 16-byte stores where the run is whole and aligned, else byte stores of the whole blocks.
-template <typename T>
+// A strip's staged rowwise scale codes (4 a tile, kStrip tiles a row in srow), written from column c0s on: the
+// threads of a row (2 for 16-bit input) each a part, with vector stores where the run is whole and aligned, else byte
+// stores of the whole blocks.
+template <typename T, int kStrip>
 __device__ __forceinline__ void t2_flush_row_scales(const KParams& p, const uint8_t* srow, int64_t r0, int64_t c0s,
                                                     int tid) {
   using C = Tile2Cfg<T>;
-  constexpr int kRun = 4 * kT2Strip;
+  constexpr int kRun = 4 * kStrip;
   constexpr int kPer = kThreads / C::kRows;  // threads a row (2 for 16-bit input)
   constexpr int kPart = kRun / kPer;         // bytes each
   const int r = tid / kPer, part = tid % kPer;
@@ -683,15 +684,16 @@ constexpr int tile2_min_blocks() {
 // kFos != 0: 1-D 4over6 (quantize_block_1d<kFos>, the per-block code of tile_kernel and the rowwise
 // kernel: the same bytes), used for a grad_output cast with the fused bias gradient; 3 blocks per SM for
 // the fast error (80 registers, no spill), 2 for the strict one (128; bounded to 80 it spills 60-104 bytes).
-template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
+// kStrip: 1, a tile a step of the grid stride, or kT2Strip, strips of that many tiles (T2Walk).
+template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0, int kStrip = 1>
 __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2_kernel(KParams p) {
   using C = Tile2Cfg<T>;
   static_assert(!(k2D && kRHT), "2-D excludes RHT");
   static_assert(kFos == 0 || !(k2D || kSR || kRHT), "tile2 4over6 is 1-D, round to nearest, no RHT");
   __shared__ __align__(16) uint32_t tile[2][C::kTileWords];
   __shared__ uint32_t part[k2D ? C::kRows / 8 : 1][4];  // 2-D: max |x| bits of 8 rows x 16 columns
-  // kT2Strip > 1: the strip's rowwise scale codes, 4 * kT2Strip a tile row
-  __shared__ __align__(16) uint8_t srow[kT2Strip > 1 ? C::kRows * 4 * kT2Strip : 1];
+  // kStrip > 1: the strip's rowwise scale codes, 4 * kStrip a tile row
+  __shared__ __align__(16) uint8_t srow[kStrip > 1 ? C::kRows * 4 * kStrip : 1];
 
   const int tid = threadIdx.x;
   const bool do_row = p.data != nullptr, do_col = p.data_t != nullptr;
@@ -706,8 +708,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
   // word (column unit) cu.
   const int crb = tid % C::kRb, cu = tid / C::kRb;
 
-  // The walk over tiles: T2Walk<1> (the grid strides over tiles) or strips of kT2Strip tiles (T2Walk<kT2Strip>).
-  T2Walk<kT2Strip> walk(gx, tiles);
+  // The walk over tiles: T2Walk<1> (the grid strides over tiles) or strips of kStrip tiles.
+  T2Walk<kStrip> walk(gx, tiles);
   if (walk.valid()) t2_issue<T>(p, walk.ty * C::kRows, walk.tx() * 64, tid, vec_ok, tile[0]);
   t2_cp_commit();
   int buf = 0;
@@ -772,8 +774,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
           }
         }
         reinterpret_cast<uint2*>(p.data)[b] = q;
-        if constexpr (kT2Strip > 1) {
-          srow[r * (4 * kT2Strip) + slot * 4 + cb] = static_cast<uint8_t>(sf);
+        if constexpr (kStrip > 1) {
+          srow[r * (4 * kStrip) + slot * 4 + cb] = static_cast<uint8_t>(sf);
         } else {
           p.scale[b] = static_cast<uint8_t>(sf);
         }
@@ -827,10 +829,10 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
       }
     }
     __syncthreads();  // the tile (and the 2-D partial maxima) are reused two iterations on
-    if constexpr (kT2Strip > 1) {
+    if constexpr (kStrip > 1) {
       // After the strip's last tile (every code staged before the barrier above; the next strip's first
       // codes are written after the next iteration's barrier): each tile row's codes as one run.
-      if (do_row && strip_end) t2_flush_row_scales<T>(p, srow, r0, c0 - slot * 64, tid);
+      if (do_row && strip_end) t2_flush_row_scales<T, kStrip>(p, srow, r0, c0 - slot * 64, tid);
     }
   }
   t2_cp_wait<0>();
@@ -925,16 +927,16 @@ void launch_row_scaled(const KParams& kp, float* amax_out, cudaStream_t stream) 
   check_launch("nvfp4 row_scaled_kernel");
 }
 
-// Grid of tile2_kernel: one thread block per strip of kT2Strip tiles by default (one a tile, as before session 35,
-// measured fastest on an H100 at 16384x6144 BF16: row+col 154 us against 172 us for one persistent wave; on an H200
-// the persistent wave was the faster, 143 vs 154, and strips of 4 matched it: RESULTS.md session 35 run 3).
-// waves > 0 (benchmarks) asks for that many waves of resident thread blocks (occupancy per instantiation, queried
-// once) walking the strips instead.
-template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
-void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
+// Grid of tile2_kernel: one thread block per tile, or per strip of kT2Strip tiles from g_tile2_strip_min_waves waves
+// of tiles on (one block a tile measured fastest on an H100 at 16384x6144 BF16: row+col 154 us against 172 us for one
+// persistent wave; on an H200 the persistent wave was the faster, 143 vs 154, and strips of 4 matched it: RESULTS.md
+// session 35 run 3). waves > 0 (benchmarks) asks for that many waves of resident thread blocks (occupancy per
+// instantiation, queried once) walking the tiles or strips instead.
+template <typename T, bool k2D, bool kSR, bool kRHT, int kFos, int kStrip>
+void launch_tile2_grid(const KParams& kp, cudaStream_t stream, int waves) {
   using C = Tile2Cfg<T>;
-  // tiles, or strips of kT2Strip tiles of one tile row (T2Walk)
-  const int64_t tiles = ((kp.N + 63) / 64 + kT2Strip - 1) / kT2Strip * ((kp.M + C::kRows - 1) / C::kRows);
+  // tiles, or strips of kStrip tiles of one tile row (T2Walk)
+  const int64_t tiles = ((kp.N + 63) / 64 + kStrip - 1) / kStrip * ((kp.M + C::kRows - 1) / C::kRows);
   int64_t grid = tiles < 2147483647 ? tiles : 2147483647;  // the kernel's loop takes any grid size
   if (waves > 0) {
     // resident blocks per SM of this instantiation, queried once per device (thread-safe: relaxed
@@ -946,8 +948,8 @@ void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
     int per_sm = dev >= 0 ? occupancy[dev].load(std::memory_order_relaxed) : 0;
     if (per_sm == 0) {
       int occ = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT, kFos>, kThreads, 0) !=
-              cudaSuccess || occ < 1)
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, tile2_kernel<T, k2D, kSR, kRHT, kFos, kStrip>, kThreads,
+                                                        0) != cudaSuccess || occ < 1)
         occ = 1;
       per_sm = occ;
       if (dev >= 0) occupancy[dev].store(occ, std::memory_order_relaxed);
@@ -955,8 +957,23 @@ void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
     const int64_t want = static_cast<int64_t>(sms) * per_sm * waves;
     if (want < grid) grid = want;
   }
-  tile2_kernel<T, k2D, kSR, kRHT, kFos><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
+  tile2_kernel<T, k2D, kSR, kRHT, kFos, kStrip><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(kp);
   check_launch("nvfp4 tile2_kernel");
+}
+
+// Strips of tiles from g_tile2_strip_min_waves waves (of 4 thread blocks an SM) of tiles on.
+template <typename T>
+bool tile2_strips(const KParams& kp) {
+  using C = Tile2Cfg<T>;
+  const int64_t tiles = ((kp.N + 63) / 64) * ((kp.M + C::kRows - 1) / C::kRows);
+  return tiles >= static_cast<int64_t>(g_tile2_strip_min_waves.load(std::memory_order_relaxed)) * 4 *
+                      sm_count_cached();
+}
+
+template <typename T, bool k2D, bool kSR, bool kRHT, int kFos = 0>
+void launch_tile2_mode(const KParams& kp, cudaStream_t stream, int waves) {
+  if (tile2_strips<T>(kp)) launch_tile2_grid<T, k2D, kSR, kRHT, kFos, kT2Strip>(kp, stream, waves);
+  else launch_tile2_grid<T, k2D, kSR, kRHT, kFos, 1>(kp, stream, waves);
 }
 
 template <typename T, int kFos = 0>
@@ -1047,6 +1064,11 @@ bool launch_fused_row_scaled(const KParams& kp, FourOverSix fos, float* amax_out
 void set_software_e2m1(bool on) {
   const int v = on ? 1 : 0;
   check_cuda(cudaMemcpyToSymbol(c_e2m1_software, &v, sizeof(v)), "cudaMemcpyToSymbol(c_e2m1_software)");
+}
+
+int set_tile2_strip_min_waves(int waves) {
+  require(waves >= 0, "nvfp4: tile2 strip waves must be >= 0");
+  return g_tile2_strip_min_waves.exchange(waves);
 }
 
 bool software_e2m1() {
