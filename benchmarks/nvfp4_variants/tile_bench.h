@@ -41,4 +41,8 @@ void run_st4(const Args&, int which, int waves, cudaStream_t);
 void attrs_st4(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 void run_st1(const Args&, int which, int waves, cudaStream_t);
 void attrs_st1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// rs1: b0 with NVFP4_ROW_SCALED_FREE=1 (row_scaled_kernel with a given amax: every thread makes the row's scale,
+// no block barrier a row; session 35)
+void run_rs1(const Args&, int which, int waves, cudaStream_t);
+void attrs_rs1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

@@ -846,6 +846,14 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
 // the registers (max |x| bits over the row, NaN -> the canonical NaN, exactly what row_amax_kernel
 // writes) and written to amax_out[row]: "row amax + quantize" reads x once. The per-block math is
 // rowwise_block's (quantize_block_1d<kFos>, no scale table, no strict value table: the same bytes).
+// NVFP4_ROW_SCALED_FREE (benchmarks only, 0 in the library until measured): with a given amax (kFused false), every
+// thread makes the row's TensorScale itself instead of thread 0 for the block behind a barrier: the same divisions,
+// the same bytes; no block barrier a row, so warps run ahead independently.
+#ifndef NVFP4_ROW_SCALED_FREE
+#define NVFP4_ROW_SCALED_FREE 0
+#endif
+constexpr bool kRowScaledFree = NVFP4_ROW_SCALED_FREE != 0;
+
 template <typename T, int kFos, int kPer, bool kFused>
 __global__ void __launch_bounds__(kThreads) row_scaled_kernel(KParams p, float* amax_out) {
   __shared__ uint32_t red[2][kThreads / 32];
@@ -882,12 +890,17 @@ __global__ void __launch_bounds__(kThreads) row_scaled_kernel(KParams p, float* 
         amax_out[row] = __uint_as_float(m);
         ts[par] = make_tensor_scale(__uint_as_float(m), p.e4m3_max);
       }
-    } else if (tid == 0) {
+    } else if (!kRowScaledFree && tid == 0) {
       ts[par] = make_tensor_scale(__ldg(p.amax + row), p.e4m3_max);
     }
-    // ts[par] is rewritten two rows on, after every thread has passed the next row's barrier.
-    __syncthreads();
-    const TensorScale t = ts[par];
+    TensorScale t;
+    if constexpr (kRowScaledFree && !kFused) {
+      t = make_tensor_scale(__ldg(p.amax + row), p.e4m3_max);
+    } else {
+      // ts[par] is rewritten two rows on, after every thread has passed the next row's barrier.
+      __syncthreads();
+      t = ts[par];
+    }
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
       const int64_t j = tid + u * kThreads;
