@@ -1,6 +1,7 @@
-"""benchmarks/bench_model.py's ``--gemm-workspace``: the cuBLASLt workspace of fp_recipes' dense GEMMs for an A/B of
-the per-GEMM memsets (NOTES_fp8.md, session 33). The flag takes effect before anything runs: on a CPU the script
-stops at its GPU check right after it."""
+"""benchmarks/bench_model.py's A/B flags: ``--gemm-workspace`` (the cuBLASLt workspace of fp_recipes' dense GEMMs, for
+an A/B of the per-GEMM memsets: NOTES_fp8.md, session 33) and ``--nvfp4-row-scratch-ab`` (row-scaled NVFP4 GEMMs
+chunked by an FP32 scratch budget: NOTES_nvfp4.md, session 35). The flags take effect before anything runs: on a CPU
+the script stops at its GPU check right after them."""
 
 from __future__ import annotations
 
@@ -39,3 +40,22 @@ def test_gemm_workspace_ab_rows_set_and_restore_the_workspace(monkeypatch):
     with pytest.raises(RuntimeError), bench_model.gemm_workspace(8192):
         raise RuntimeError("a failing row")
     assert cublaslt.WORKSPACE_BYTES == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU main() would run the whole benchmark")
+def test_nvfp4_row_scratch_ab_rows_set_and_restore_the_budget():
+    """--nvfp4-row-scratch-ab BYTES runs each row-scaled NVFP4 row again inside nvfp4_row_scratch(BYTES): those rows
+    chunk their row-scaled GEMMs by that FP32 scratch budget, and the default (None: the row-count chunks) comes back
+    after each (also when a row raises)."""
+    import bench_model
+    from fp_recipes.gemm import nvfp4_emulated as E
+
+    assert E.ROW_CHUNK_SCRATCH_BYTES is None
+    assert bench_model.main(["--nvfp4-row-scratch-ab", str(16 * 2**20)]) == 1  # parses; stops at the GPU check
+    with bench_model.nvfp4_row_scratch(16 * 2**20):
+        assert E.ROW_CHUNK_SCRATCH_BYTES == 16 * 2**20
+        assert E.row_chunk(8192, 8192) == 512  # 16 MiB / (4 bytes x 8192 columns)
+    assert E.ROW_CHUNK_SCRATCH_BYTES is None and E.row_chunk(8192, 8192) == 2048  # 4 chunks of >= 1024 rows
+    with pytest.raises(RuntimeError), bench_model.nvfp4_row_scratch(4096):
+        raise RuntimeError("a failing row")
+    assert E.ROW_CHUNK_SCRATCH_BYTES is None
