@@ -16,6 +16,7 @@ Checkpoints are ``torch.distributed.checkpoint`` (model, optimizer and quantizer
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -90,14 +91,9 @@ def batch(tokens: torch.Tensor, step: int, rank: int, batch_size: int, seq: int)
     return torch.stack([tokens[s:s + seq + 1] for s in starts.tolist()])
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device, cuda: bool) -> None:
+    """The training run of one rank (the process group is up): the model sharded with FSDP2, the recipe from the
+    environment, an optional resume and checkpoint, the report and JSON on rank 0."""
     recipe = fp_recipes.recipe_from_env(default="delayed")  # None when FP_RECIPES_RECIPE=none
     model = build_model(args.size, args.seed).to(device)
     if args.quantized_all_gather and recipe is not None:
@@ -177,6 +173,23 @@ def main(argv=None) -> int:
                 "size": args.size, "bytes_sent_per_rank": s, "bytes_high_precision": hp,
                 "precompute_amaxes": precompute, "amax_reduces": amax_reduces, "amax_precomputed": amax_precomputed,
                 "device": torch.cuda.get_device_name(device) if cuda else "cpu"}))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    train(args, rank, world, device, cuda)
+    # train() has returned: the model, the optimizer and their FSDP2 DTensors (whose device mesh refers to the process
+    # group) are garbage, collected here while the interpreter is whole, so that tearing the group down below does
+    # not wait for interpreter shutdown. (A mitigation for a rare abort of rank 0 at exit, "terminate called without an
+    # active exception", after a finished run in tests/test_example_hf_fsdp.py; pytorch/pytorch#65513 describes gloo's
+    # threads destroyed unjoined when a group outlives its destroy_process_group.)
+    gc.collect()
     # every rank past its last collective before any tears the group down (gloo aborted a rank that destroyed it
     # while the other was still writing its report)
     dist.barrier()
