@@ -27,7 +27,8 @@ import warnings
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from unittest import mock
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -186,28 +187,18 @@ def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor,
     return step
 
 
-@contextlib.contextmanager
-def nvfp4_row_scratch(nbytes: int) -> Iterator[None]:
+def nvfp4_row_scratch(nbytes: int) -> ContextManager:
     """Row-scaled NVFP4 GEMMs chunked so that each chunk's FP32 scratch is at most ``nbytes`` (``nvfp4_emulated.py``)."""
     from fp_recipes.gemm import nvfp4_emulated
 
-    saved, nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES = nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES, nbytes
-    try:
-        yield
-    finally:
-        nvfp4_emulated.ROW_CHUNK_SCRATCH_BYTES = saved
+    return mock.patch.object(nvfp4_emulated, "ROW_CHUNK_SCRATCH_BYTES", nbytes)
 
 
-@contextlib.contextmanager
-def gemm_workspace(nbytes: int) -> Iterator[None]:
+def gemm_workspace(nbytes: int) -> ContextManager:
     """fp_recipes' dense GEMMs planned with an ``nbytes`` cuBLASLt workspace (the GEMM paths read it at every call)."""
     from fp_recipes.gemm import cublaslt
 
-    saved, cublaslt.WORKSPACE_BYTES = cublaslt.WORKSPACE_BYTES, nbytes
-    try:
-        yield
-    finally:
-        cublaslt.WORKSPACE_BYTES = saved
+    return mock.patch.object(cublaslt, "WORKSPACE_BYTES", nbytes)
 
 
 def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
