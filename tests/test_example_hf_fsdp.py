@@ -45,6 +45,27 @@ def test_env_only_recipe_checkpoint_and_resume(tmp_path, env, name):
     assert b["start"] == 2
     assert b["losses"] == a["losses"][2:]  # the resumed steps are bit-identical
     assert a["losses"][-1] < a["losses"][0]
+    # every gather took the amax precompute_weight_amaxes made after the optimizer step (the resumed run's too)
+    for r in (a, b):
+        assert r["precompute_amaxes"] and r["amax_precomputed"] > 0 and r["amax_reduces"] == 0, r
+
+
+@pytest.mark.slow
+def test_precomputed_amaxes_against_per_gather_reductions(tmp_path):
+    """--no-precompute-amaxes: every quantized gather all-reduces its weight's amax itself, and the run's losses
+    equal those of the run with precompute_weight_amaxes bit for bit."""
+    env = {"FP_RECIPES_RECIPE": "current"}
+    runs = {}
+    for tag, extra in (("pre", ()), ("own", ("--no-precompute-amaxes",))):
+        out = tmp_path / f"{tag}.json"
+        run = _launch(tmp_path, env, "--steps", "3", "--quantized-all-gather", *extra, "--json", str(out))
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-6000:]
+        runs[tag] = json.loads(out.read_text())
+    pre, own = runs["pre"], runs["own"]
+    assert pre["amax_precomputed"] > 0 and pre["amax_reduces"] == 0, pre
+    assert not own["precompute_amaxes"] and own["amax_precomputed"] == 0, own
+    assert own["amax_reduces"] == pre["amax_precomputed"]  # the same gathers, each reducing its own amax
+    assert own["losses"] == pre["losses"]
 
 
 def test_bad_arguments_are_one_line(tmp_path):
