@@ -201,10 +201,18 @@ def gemm_workspace(nbytes: int) -> ContextManager:
     return mock.patch.object(cublaslt, "WORKSPACE_BYTES", nbytes)
 
 
+def nvfp4_module_units(mode: str) -> ContextManager:
+    """A Linear's NVFP4 activation and gradient casts write ``mode``'s unit operands (NVFP4Quantizer.module_gemm_units;
+    the modules' quantizers are made at their first forward)."""
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+    return mock.patch.object(NVFP4Quantizer, "module_gemm_units", mode)
+
+
 def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                graphed: bool = False, python_host: bool = False,
                only: Optional[List[str]] = None, workspace_ab: Optional[int] = None,
-               row_scratch_ab: Optional[int] = None) -> List[Dict[str, Any]]:
+               row_scratch_ab: Optional[int] = None, units_ab: Optional[str] = None) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -243,6 +251,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
         if workspace_ab is not None:
             add(f"{name} [GEMM workspace {workspace_ab}]", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: gemm_workspace(workspace_ab))
+        if units_ab is not None and name.startswith("NVFP4"):
+            add(f"{name} [units {units_ab}]", lambda recipe=recipe: make_step(
+                build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_module_units(units_ab))
         if row_scratch_ab is not None and "row-scaled" in name:
             add(f"{name} [row scratch {row_scratch_ab >> 20} MiB]", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_row_scratch(row_scratch_ab))
@@ -297,7 +308,7 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
 
 
 def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool = True,
-                   python_host: bool = False) -> List[Dict[str, Any]]:
+                   python_host: bool = False, units_ab: Optional[str] = None) -> List[Dict[str, Any]]:
     """One Linear fwd+bwd per recipe: step time, GPU time and launches (profiler), host time; with
     ``compiled``, the FP8 rows under torch.compile(fullgraph=True) too (autocast outside); ``python_host``: each
     FP8 row again with the Python host path (eager casts and GEMMs, the traced ops' implementations), in this
@@ -318,6 +329,9 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
         cases.append((name, quantized(), recipe, False, None))
         if python_path is not None and name.startswith("FP8"):
             cases.append((name + " (Python host path)", quantized(), recipe, False, python_path))
+        if units_ab is not None and name.startswith("NVFP4"):
+            cases.append((f"{name} [units {units_ab}]", quantized(), recipe, False,
+                          lambda: nvfp4_module_units(units_ab)))
     if compiled:
         for name, recipe in recipes().items():
             if name.startswith("FP8"):
@@ -368,7 +382,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "(FP8 delayed / current CUDA graph)")
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
     p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
-                   help="which BF16 unit GEMM operands the NVFP4 quantize kernels write (NVFP4Quantizer.gemm_units)")
+                   help="which BF16 unit GEMM operands every NVFP4 quantize kernel writes (NVFP4Quantizer.gemm_units: "
+                   "default_gemm_units and module_gemm_units)")
+    p.add_argument("--nvfp4-units-ab", default=None, choices=["none", "rowwise", "auto", "all"],
+                   help="add each NVFP4 row (model and --linear) again with the modules' activation and gradient casts "
+                   "writing these unit operands (NVFP4Quantizer.module_gemm_units), in the same process")
     p.add_argument("--fp8-compile-visible-amax", action="store_true",
                    help="compiled current-scaling rows compute the amax in the graph, where Inductor can fuse it "
                    "into the producing kernel (Float8CurrentScalingQuantizer.compile_visible_amax)")
@@ -410,7 +428,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.nvfp4_gemm_units is not None:
         from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
-        NVFP4Quantizer.default_gemm_units = args.nvfp4_gemm_units
+        NVFP4Quantizer.default_gemm_units = NVFP4Quantizer.module_gemm_units = args.nvfp4_gemm_units
     if args.gemm_workspace is not None:
         from fp_recipes.gemm import cublaslt
 
@@ -423,10 +441,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "weights": args.weights, "weight_copy": args.weight_copy,
                               "fused_activation": args.fused_activation,
                               "fp8_compile_visible_amax": args.fp8_compile_visible_amax,
-                              "gemm_workspace": args.gemm_workspace}
+                              "gemm_workspace": args.gemm_workspace, "nvfp4_gemm_units": args.nvfp4_gemm_units,
+                              "nvfp4_units_ab": args.nvfp4_units_ab}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
-        rows = result["linear"] = linear_profile(compiled=not args.no_compiled, python_host=args.python_host_rows)
+        rows = result["linear"] = linear_profile(compiled=not args.no_compiled, python_host=args.python_host_rows,
+                                                 units_ab=args.nvfp4_units_ab)
         print(f"\n{'row':34s} {'GPU ms':>8s} {'x BF16':>7s} {'launches':>8s} {'host ms':>8s} {'step ms':>8s} "
               f"{'speed-up':>8s}")
         for r in rows:
@@ -440,7 +460,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{size}: hidden {hidden}, ffn {ffn}, tokens {tokens}, {layers} blocks", flush=True)
             rows += model_rows(size, args.warmup, args.iters, compiled=not args.no_compiled, only=args.rows,
                                graphed=args.graphed, python_host=args.python_host_rows,
-                               workspace_ab=args.gemm_workspace_ab, row_scratch_ab=args.nvfp4_row_scratch_ab)
+                               workspace_ab=args.gemm_workspace_ab, row_scratch_ab=args.nvfp4_row_scratch_ab,
+                               units_ab=args.nvfp4_units_ab)
         result["model"] = rows
         print(f"\n{'size':12s} {'row':32s} {'step ms':>8s} {'x BF16':>7s} {'host ms':>8s} {'peak MiB':>9s}")
         for r in rows:

@@ -33,8 +33,29 @@ export PYTHONUNBUFFERED=1
                 --json "$OUT/host_costs.json" 2>&1 | grep -v Warning | tail -n 40 ;;
       linear) timeout "${LIM_LIN:-60}" python3 benchmarks/bench_model.py --linear --no-compiled --json "$OUT/linear.json" \
                   2>&1 | grep -v Warning | tail -n 7 ;;
+      profile) for size in ${PROFILE_SIZES:-h2048_t8192 h4096_t4096}; do
+                 timeout "${LIM_PROFILE:-150}" python3 benchmarks/profile_model.py --size "$size" --top 40 \
+                     --rows "${PROFILE_ROWS:-BF16 eager,FP8 delayed,FP8 current,NVFP4 default,NVFP4 row-scaled+4over6 fast}" \
+                     > "$OUT/profile_$size.txt" 2>&1
+                 echo "profile $size rc=$?"; grep -E "^== |^   (GEMM|attention|quantize|other|norm|memset)" "$OUT/profile_$size.txt"
+               done ;;
+      units) timeout -s ABRT -k 15 "${LIM_UNITS:-200}" python3 -X faulthandler -m pytest -q -m cuda -p no:cacheprovider \
+                 --tb=short tests/test_cuda_nvfp4_units.py tests/test_nvfp4_host_path2.py tests/test_nvfp4_host_path.py \
+                 tests/test_cuda_fast_ops.py tests/test_bias_grad.py tests/test_cuda_graphs.py tests/test_host_sync.py \
+                 tests/test_layernorm_mlp.py tests/test_modules_linear.py tests/test_weight_columnwise.py \
+                 tests/test_nvfp4_fast_gemm.py > "$OUT/pytest_units.txt" 2>&1
+             echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_units.txt" | head -n 20; tail -n 1 "$OUT/pytest_units.txt" ;;
+      memcheck) SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+                timeout "${LIM_SAN:-60}" "$SAN" --tool memcheck python3 tests/sanitize_nvfp4_fast.py 2>&1 \
+                    | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -n 4
+                echo "memcheck rc=$?" ;;
+      units_ab) timeout "${LIM_LIN:-90}" python3 benchmarks/bench_model.py --linear --no-compiled --nvfp4-units-ab none \
+                    --json "$OUT/linear_units.json" 2>&1 | grep -v Warning | tail -n 9
+                timeout "${LIM_MODEL:-240}" python3 benchmarks/bench_model.py --sizes ${SIZES:-h4096_t4096,h2048_t8192} \
+                    --no-compiled --rows NVFP4 --nvfp4-units-ab none --json "$OUT/model_units.json" 2>&1 \
+                    | grep -v Warning | tail -n 12 ;;
       model) timeout "${LIM_MODEL:-150}" python3 benchmarks/bench_model.py --sizes ${SIZES:-h4096_t4096,h2048_t8192} \
-                 --no-compiled --rows ${ROWS:-NVFP4} --json "$OUT/model.json" 2>&1 | grep -v Warning | tail -n 10 ;;
+                 --no-compiled --rows "${ROWS:-NVFP4}" --json "$OUT/model.json" 2>&1 | grep -v Warning | tail -n 10 ;;
     esac
   done
   echo "== done ($(date +%T))"

@@ -44,6 +44,19 @@ def _check_units(x: torch.Tensor, unit_rowwise: bool = True, unit_columnwise: bo
         assert (ub[nan] == 0x7FC0).all(), f"{name} {what}: NaN is not torch's canonical BF16 NaN"
 
 
+def assert_units_decode(res: tuple, what: str) -> None:
+    """The unit operands of a planned quantization ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)``
+    are bit for bit the decode of the copies next to them (NaN: torch's canonical BF16 NaN)."""
+    for u, data, scale, name in ((res[6], res[0], res[1], "unit"), (res[7], res[3], res[4], "unit_t")):
+        if u is None:
+            continue
+        expect = E.decode_nvfp4_unit(data, scale, torch.bfloat16)
+        assert u.dtype == torch.bfloat16 and u.shape == expect.shape and u.is_contiguous(), f"{name} {what}"
+        nan = torch.isnan(expect)
+        ub, eb = u.view(torch.int16), expect.view(torch.int16)
+        assert torch.equal(torch.isnan(u), nan) and torch.equal(ub[~nan], eb[~nan]), f"{name} {what}"
+
+
 @cuda
 @pytest.mark.parametrize("mode", MODES, ids=[_mode_id(m) for m in MODES])
 @pytest.mark.parametrize("shape", [(16, 16), (48, 32), (80, 1040), (208, 160)], ids=lambda s: f"{s[0]}x{s[1]}")
@@ -229,7 +242,101 @@ def test_quantizer_writes_units_by_role():
         assert t.gemm_unit is None and t.gemm_unit_t is None
 
 
+@cuda
+@pytest.mark.parametrize("recipe_kw", [{}, dict(row_scaled_activation=True, disable_rht=True,
+                                                disable_2d_quantization=True, disable_stochastic_rounding=True,
+                                                nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)],
+                         ids=["default", "rowscaled-4over6"])
+def test_linear_units_peak_memory_not_above_decoding(recipe_kw):
+    """A Linear's casts writing the rowwise unit operands (its default) allocate no more at the step's peak than
+    decoding in the GEMMs: x's unit replaces the fprop decode of x, dy's the dgrad decode of dy, and dy's is freed
+    before wgrad decodes dy's columnwise copy. Same-size allocations in the same order give the same peak; the 1 MiB
+    allowance is the caching allocator's rounding of the small buffers (amaxes, alpha)."""
+    import fp_recipes
+    from fp_recipes import Linear, NVFP4BlockScaling
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+    recipe = NVFP4BlockScaling(**recipe_kw)
+    x0 = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(2048, 3072, device="cuda", dtype=torch.bfloat16)
+    peaks = {}
+    for mode in ("none", "rowwise"):
+        torch.manual_seed(0)
+        mod = Linear(1024, 3072, bias=True, params_dtype=torch.bfloat16, device="cuda")
+        saved = NVFP4Quantizer.module_gemm_units
+        NVFP4Quantizer.module_gemm_units = mode
+        try:
+            for _ in range(2):  # the second step: every plan and workspace made
+                x = x0.clone().requires_grad_(True)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                with fp_recipes.autocast(recipe=recipe):
+                    y = mod(x)
+                y.backward(dy)
+                torch.cuda.synchronize()
+                peaks[mode] = torch.cuda.max_memory_allocated() - base
+        finally:
+            NVFP4Quantizer.module_gemm_units = saved
+        assert {q.gemm_units for qs in mod.quantizer_sets for q in qs.quantizers.values() if q is not None} == \
+            ({"none"} if mode == "none" else {"none", "rowwise"})
+        del mod, x, y
+    assert peaks["rowwise"] <= peaks["none"] + (1 << 20), peaks
+
+
 # ---- CPU ---------------------------------------------------------------------------------------------
+
+def test_cpu_module_quantizers_serve_their_gemms():
+    """A Linear's and LayerNormLinear's activation and gradient quantizers write the rowwise unit operand (the
+    casts feed that call's GEMMs alone); weights (cached, all-gathered) and a GroupedLinear's experts (all cast
+    before their GEMMs run) do not."""
+    import fp_recipes
+    from fp_recipes import GroupedLinear, LayerNormLinear, Linear, NVFP4BlockScaling
+    from fp_recipes.quantizers.roles import TensorKind
+
+    mods = [Linear(64, 32), LayerNormLinear(64, 32), GroupedLinear(2, 64, 32)]
+    with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
+        mods[0](torch.randn(16, 64))
+        mods[1](torch.randn(16, 64))
+        mods[2](torch.randn(32, 64), [16, 16])
+    for mod in mods:
+        grouped = type(mod) is GroupedLinear
+        for qs in mod.quantizer_sets:
+            for tensor, q in qs.quantizers.items():
+                want = "rowwise" if tensor is not TensorKind.WEIGHT and not grouped else "none"
+                assert q.gemm_units == want, (type(mod).__name__, tensor)
+
+
+def test_cpu_linear_releases_dy_unit_before_wgrad(monkeypatch):
+    """The Linear backward frees dy's rowwise GEMM cache after dgrad, before wgrad (which reads the columnwise
+    copy), so no BF16 operand outlives the GEMM that reads it."""
+    import fp_recipes
+    from fp_recipes import Linear, NVFP4BlockScaling
+    from fp_recipes.modules import linear_function as LF
+    from fp_recipes.quantizers.nvfp4 import NVFP4Tensor
+
+    events = []
+    real_gemm = LF.gemm
+
+    def gemm(a, b, **kw):
+        events.append(("gemm", kw.get("transpose_a", False), kw.get("transpose_b", False)))
+        return real_gemm(a, b, **kw)
+
+    real_release = NVFP4Tensor.release_rowwise_gemm_cache
+
+    def release(self):
+        events.append(("release",))
+        real_release(self)
+
+    monkeypatch.setattr(LF, "gemm", gemm)
+    monkeypatch.setattr(NVFP4Tensor, "release_rowwise_gemm_cache", release)
+    mod = Linear(64, 32)
+    x = torch.randn(32, 64, requires_grad=True)
+    with fp_recipes.autocast(recipe=NVFP4BlockScaling()):
+        y = mod(x)
+    y.sum().backward()
+    assert events == [("gemm", False, False), ("gemm", False, True), ("release",), ("gemm", True, True)], events
+
 
 def test_cpu_quantizer_writes_no_units_and_checks_mode():
     from fp_recipes.quantizers.factory import make_quantizer

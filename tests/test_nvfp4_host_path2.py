@@ -179,7 +179,30 @@ def test_errors_after_a_cached_launch_are_the_general_paths(fake_kernels, monkey
     assert not fresh.launches
 
 
-def test_amax_override_and_units_take_the_general_path(fake_kernels):
+@pytest.mark.parametrize("name,kw", COMBOS, ids=COMBO_IDS)
+def test_cached_launch_with_units_calls_what_the_wrapper_calls(fake_kernels, name, kw):
+    """Unit operands (a Linear's activation and gradient casts write the rowwise one) take the resolved launch:
+    the same kernel calls, unit pointers included, as ``nvfp4_quantize_with_units``."""
+    opts = _options(**kw)
+    plan = C.QuantizePlan(**opts)
+    x = torch.randn(48, 64).bfloat16()
+    for units in ((True, False), (False, True), (True, True)):
+        fake_kernels.calls.clear()
+        got = C.nvfp4_quantize_planned(x, plan, None, 5, 2**40 + 3, units)
+        planned = list(fake_kernels.calls)
+        fake_kernels.calls.clear()
+        want, unit, unit_t = C.nvfp4_quantize_with_units(x, unit_rowwise=units[0], unit_columnwise=units[1], seed=5,
+                                                         offset=2**40 + 3, **opts)
+        assert planned == fake_kernels.calls and planned, f"{name} units {units}"
+        _same_structure(got, want)
+        for g, w in ((got[6], unit), (got[7], unit_t)):
+            assert (g is None) == (w is None), f"{name} units {units}"
+            if w is not None:
+                assert g.shape == w.shape and g.dtype == torch.bfloat16 and g.is_contiguous()
+    assert list(plan.launches) == [(x.shape, x.dtype)]
+
+
+def test_amax_override_takes_the_general_path(fake_kernels):
     plan = C.QuantizePlan(**_options(columnwise=True))
     x = torch.randn(32, 64)
     got = C.nvfp4_quantize_planned(x, plan, torch.tensor(3.0), 0, 0)
@@ -397,6 +420,55 @@ def _operands(m, n, k, gen_seed, row_scaled=False):
 def _python_host_path(monkeypatch):
     monkeypatch.setattr(_extension, "_fast", None)
     monkeypatch.setattr(_extension, "_fast_loaded", True)
+
+
+@cuda
+@pytest.mark.parametrize("host", ["cpp", "python"])
+@pytest.mark.parametrize("name,kw", [c for c in COMBOS if c[0] in ("rowwise", "rht", "rht-sr", "2d", "row-scaled",
+                                                                  "row-scaled-4over6", "col")], ids=lambda v: str(v))
+def test_cached_launch_units_bytes_equal_general_path(monkeypatch, host, name, kw):
+    """The resolved launch's unit operands (C++ and Python host paths) and its copies: the general path's bytes, and
+    each unit bit-equal to decoding its copy."""
+    from test_cuda_nvfp4_units import assert_units_decode
+
+    if host == "python":
+        _python_host_path(monkeypatch)
+    opts = _options(**kw)
+    for units in ((True, False), (True, True), (False, True)):
+        plan = C.QuantizePlan(**opts)
+        for rep, x in enumerate(_inputs((272, 2064) if not opts["rht"] else (272, 2048), torch.bfloat16, (1, 2))):
+            got = C.nvfp4_quantize_planned(x, plan, None, 77, rep, units)
+            want, unit, unit_t = C.nvfp4_quantize_with_units(x, unit_rowwise=units[0], unit_columnwise=units[1],
+                                                             seed=77, offset=rep, **opts)
+            what = f"{name} {host} units {units} call {rep}"
+            _assert_same(got, want, what)
+            for g, w in ((got[6], unit), (got[7], unit_t)):
+                assert (g is None) == (w is None), what
+                if w is not None:
+                    assert torch.equal(g.view(torch.int16), w.view(torch.int16)), what
+            assert_units_decode(got, what)
+        assert list(plan.launches) == [(torch.Size(x.shape), x.dtype)]
+
+
+@cuda
+@pytest.mark.parametrize("host", ["cpp", "python"])
+def test_fused_bias_grad_with_units(monkeypatch, host):
+    """A gradient's cast with its bias gradient and the rowwise unit in one launch: the copies and db of the fused
+    cast without units, the unit bit-equal to decoding the rowwise copy."""
+    from test_cuda_nvfp4_units import assert_units_decode
+
+    if host == "python":
+        _python_host_path(monkeypatch)
+    for opts in (_options(columnwise=True, rht=True, stochastic_rounding=True), _options(columnwise=True)):
+        plan, plan0 = C.QuantizePlan(**opts), C.QuantizePlan(**opts)
+        for rep, x in enumerate(_inputs((256, 1024), torch.bfloat16, (3, 4))):
+            got, db = C.nvfp4_quantize_planned_dbias(x, plan, 9, rep, torch.bfloat16, (True, False))
+            want, db0 = C.nvfp4_quantize_planned_dbias(x, plan0, 9, rep, torch.bfloat16)
+            what = f"{opts} call {rep}"
+            _assert_same(got, want, what)
+            assert torch.equal(db.view(torch.int16), db0.view(torch.int16)), what
+            assert got[6] is not None and got[7] is None and want[6] is None, what
+            assert_units_decode(got, what)
 
 
 def _fresh_alpha(monkeypatch):

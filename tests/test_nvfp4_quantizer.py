@@ -231,7 +231,8 @@ class _FakeCudaNvfp4:
         self.calls.append(("planned", seed, offset))
         return self._outputs(x, seed, offset)
 
-    def nvfp4_quantize_planned_dbias(self, x, plan, seed, offset, bias_dtype):
+    def nvfp4_quantize_planned_dbias(self, x, plan, seed, offset, bias_dtype, units=None):
+        assert units is None  # (the quantizer asks for unit operands on CUDA tensors only)
         self.calls.append((tuple(x.shape), seed, offset, bias_dtype))
         return None if self.decline else (self._outputs(x, seed, offset), ops.bias_grad(x, bias_dtype))
 

@@ -134,6 +134,8 @@ const char* nv_quantize(const Nvfp4QuantizeCall* c) {
     a.bias_partials = c->bias_partials;
     a.bias_out = c->bias_out;
     if (c->bias_out != nullptr) a.bias_dtype = code(c->bias_dtype);
+    a.unit = static_cast<uint16_t*>(c->unit);
+    a.unit_t = static_cast<uint16_t*>(c->unit_t);
     nvfp4::quantize(a, static_cast<cudaStream_t>(c->stream));
   });
 }

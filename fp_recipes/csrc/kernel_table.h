@@ -12,8 +12,9 @@
 
 namespace fp_recipes {
 
-constexpr int kKernelTableVersion = 3;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update;
-                                        // 3: the FP8 cast of an activation of x
+constexpr int kKernelTableVersion = 4;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update;
+                                        // 3: the FP8 cast of an activation of x;
+                                        // 4: Nvfp4QuantizeCall's unit operands
 
 // One NVFP4 quantize launch (nvfp4_kernels.h QuantizeArgs, C types; null pointers: absent).
 struct Nvfp4QuantizeCall {
@@ -39,6 +40,8 @@ struct Nvfp4QuantizeCall {
   int bias_dtype;  // -1: none
   void* stream;
   int device;
+  void* unit;    // BF16 (rows, cols) unit operand of the rowwise copy, or null (QuantizeArgs::unit)
+  void* unit_t;  // BF16 (cols, rows) unit operand of the columnwise copy, or null
 };
 
 // One copy to decode into BF16 unit values (nvfp4_kernels.h UnitDecodeJob): `blocks` 16-element blocks.

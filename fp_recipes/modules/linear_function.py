@@ -21,7 +21,7 @@ from .. import ops
 from ..autocast import AutocastState
 from ..ops.activations import ELEMENTWISE as _ACTIVATIONS
 from ..gemm import gemm
-from ..quantizers.base import shallow_copy
+from ..quantizers.base import QuantizedTensor, shallow_copy
 from ..quantizers.factory import make_quantizer
 from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, QuantizerSpec, ScalingKind,
                                 TensorKind)
@@ -81,7 +81,11 @@ class GemmQuantizers:
         for tensor in _OPERANDS:
             spec = recipe.plan(QuantizerRole(module, tensor, gemm_index, name))
             specs[tensor] = spec
-            quantizers[tensor] = make_quantizer(spec)
+            q = quantizers[tensor] = make_quantizer(spec)
+            # x and dy feed this call's GEMMs alone, one call at a time (a weight's copy may be cached or
+            # all-gathered; a grouped layer's experts are all cast before their GEMMs run)
+            if q is not None and tensor is not TensorKind.WEIGHT and module is not ModuleKind.GROUPED_LINEAR:
+                q.serve_module_gemms()
         override = next((s.backward_override for s in specs.values() if s.backward_override), None)
         return cls(specs, quantizers, amax_reduction_group, override)
 
@@ -320,6 +324,9 @@ def columnwise_only(q: Any) -> Any:
     saved activation memory). Anything without a columnwise copy is kept whole."""
     name = type(q).__name__
     if name not in ("Float8Tensor", "NVFP4Tensor") or q.data_t is None or q.data is None:
+        if name == "NVFP4Tensor" and (q.gemm_unit is not None or q.gemm_unit_t is not None):
+            q = shallow_copy(q)  # kept whole, but never with the forward GEMM's BF16 operand
+            q.gemm_unit = q.gemm_unit_t = None
         return q
     # the same (already validated) fields without the rowwise copy: no constructor checks per call
     new = shallow_copy(q)
@@ -471,6 +478,8 @@ class QuantizedLinearFunction(torch.autograd.Function):
                 # second tensor of dx's size here would raise the step's peak above the unfused modules'
                 dx = _ACTIVATIONS[activation].backward_(dx, pre)
         if need_dw:
+            if need_dx and isinstance(qdy, QuantizedTensor):
+                qdy.release_rowwise_gemm_cache()  # (wgrad reads dy's columnwise copy)
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
         if need_db and db is None:
             # FP32 column sums of dy in the fixed order of ops.bias_grad (the order the fused casts use)

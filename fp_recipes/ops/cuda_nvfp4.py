@@ -614,20 +614,20 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
     columnwise) unit operands to write as :func:`nvfp4_quantize_with_units` does, or None. Returns
     ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)``, absent ones None."""
     launch = None
-    if amax is None and units is None:
+    if amax is None:
         launch = plan.launches.get((x.shape, x.dtype))
         if launch is not None:  # this shape and dtype passed the checks below before
             _require_cuda(x, "nvfp4_quantize")
-            res = launch.run(x.contiguous(), seed, offset)
+            res = launch.run(x.contiguous(), seed, offset, units=units)
             if res is not None:
                 return res
     if not plan.valid:
         _check_options(x, amax, seed=seed, offset=offset, **plan.options)  # raises nvfp4_quantize's error
     _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
-    if launch is None and amax is None and units is None:
+    if launch is None and amax is None:
         launch = _new_launch(x, plan)
         if launch is not None:
-            res = launch.run(x.contiguous(), seed, offset)
+            res = launch.run(x.contiguous(), seed, offset, units=units)
             if res is not None:
                 return res
     if amax is not None:
@@ -647,8 +647,8 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
 
 
 def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int, offset: int,
-                                 bias_dtype: torch.dtype) -> Optional[tuple]:
-    """:func:`nvfp4_quantize_planned` (no amax override, no unit operands) of a grad_output ``x`` (M, N) with
+                                 bias_dtype: torch.dtype, units: Optional[tuple] = None) -> Optional[tuple]:
+    """:func:`nvfp4_quantize_planned` (no amax override; ``units`` as there) of a grad_output ``x`` (M, N) with
     its bias gradient fused into the columnwise quantization: ``(outputs, db)``, ``db`` the bytes of
     ``ops.bias_grad(x, bias_dtype)`` (the tile kernel writes the 64-row tile sums, one small launch reduces
     them; the standalone bias gradient reads x once more). None where the fused launch does not apply (no
@@ -670,7 +670,7 @@ def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int,
     m, n = x.shape
     partials = torch.empty(((m + 63) // 64, n), dtype=torch.float32, device=x.device)
     db = torch.empty((n,), dtype=bias_dtype, device=x.device)
-    res = launch.run(x.contiguous(), seed, offset, bias=(partials, db))
+    res = launch.run(x.contiguous(), seed, offset, bias=(partials, db), units=units)
     return None if res is None else (res, db)
 
 
@@ -693,8 +693,8 @@ def _new_launch(x: torch.Tensor, plan: QuantizePlan) -> Optional["_Launch"]:
 
 
 class _Launch:
-    """One quantizer plan's quantization of one input shape and dtype (no amax override, no unit
-    operands): the output shapes, the dtype code and how the amaxes are laid out, resolved once, so a
+    """One quantizer plan's quantization of one input shape and dtype (no amax override; unit operands
+    on request): the output shapes, the dtype code and how the amaxes are laid out, resolved once, so a
     call allocates only the outputs it returns and makes the kernel calls directly. The same launches,
     arguments and bytes as :func:`_quantize_kernels` with ``share_amax=True``; :meth:`run` returns None
     where that path is needed (unaligned x, a device whose E2M1 check chose the reference twin)."""
@@ -723,20 +723,25 @@ class _Launch:
         self.tail = (rht, block_2d, fos, mse, float(e4m3_max), sr)
         # the same launch as one C++ call (fp_recipes._torch_ops, FP_RECIPES_TORCH_OPS), where it is available
         fast = _extension.fast_ops() if x.is_cuda else None
+        if fast is not None and not getattr(fast, "nvfp4_launch_units", False):
+            fast = None  # (a build older than the unit operands of run(): the lines of run() take it)
         self.cpp = None if fast is None else fast.Nvfp4Launch(
             m, n, self.code, _MODE_CODES[self.mode], rowwise, columnwise, row_scaled, block_2d, rht, self.need_g, fos,
             mse, float(e4m3_max), sr)
 
-    def run(self, x: torch.Tensor, seed: int, offset: int, bias: Optional[tuple] = None) -> Optional[tuple]:
-        """The outputs ``(data, scale, amax, data_t, scale_t, amax_t, None, None)`` (absent copies None),
+    def run(self, x: torch.Tensor, seed: int, offset: int, bias: Optional[tuple] = None,
+            units: Optional[tuple] = None) -> Optional[tuple]:
+        """The outputs ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)`` (absent ones None),
         or None (nothing launched) where the general path must run. ``bias``: ``(partials, db)`` to write
-        x's bias gradient into (see :func:`nvfp4_quantize_planned_dbias`)."""
+        x's bias gradient into (see :func:`nvfp4_quantize_planned_dbias`). ``units``: (rowwise, columnwise)
+        BF16 unit operands to write too (of the copies this plan makes)."""
         x_ptr = x.data_ptr()
         dev_t = x.device
         if x_ptr % 16 or (x.is_cuda and (_E2M1.get(dev_t.index) or _e2m1_mode(dev_t)) == "reference"):
             return None
+        unit_row, unit_col = (False, False) if units is None else (bool(units[0]), bool(units[1]))
         if self.cpp is not None and x.is_cuda:  # the lines below as one C++ call (None: the general path)
-            return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)))
+            return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)), unit_row, unit_col)
         m, n, code = self.m, self.n, self.code
         stream, dev = _stream_of(dev_t), dev_t.index
         ext = backend.extension() or _ext()  # (_ext raises the missing extension's error)
@@ -786,19 +791,22 @@ class _Launch:
             data_t = torch.empty(self.data_t_shape, dtype=torch.uint8, device=dev_t)
             scale_t = torch.empty(self.scale_t_shape, dtype=torch.float8_e4m3fn, device=dev_t)
             data_t_ptr, scale_t_ptr = data_t.data_ptr(), scale_t.data_ptr()
+        unit = torch.empty((m, n), dtype=torch.bfloat16, device=dev_t) if unit_row and self.rowwise else None
+        unit_t = torch.empty((n, m), dtype=torch.bfloat16, device=dev_t) if unit_col and self.columnwise else None
+        unit_ptrs = (0 if unit is None else unit.data_ptr(), 0 if unit_t is None else unit_t.data_ptr())
         rht, block_2d, fos, mse, e4m3_max, sr = self.tail
         args = (x_ptr, code, m, n, data_ptr, scale_ptr, g_ptr if (self.rowwise or block_2d) else 0, self.row_scaled,
                 data_t_ptr, scale_t_ptr, t_ptr, rht, block_2d, fos, mse, e4m3_max, sr, seed, offset, stream, dev)
         if row_amax_out:
-            ext.nvfp4_quantize(*args, 0, 0, row_amax_out)  # unit, unit_t, row_amax_out
+            ext.nvfp4_quantize(*args, *unit_ptrs, row_amax_out)  # unit, unit_t, row_amax_out
         elif bias is not None:
             partials, db = bias
-            ext.nvfp4_quantize(*args, 0, 0, 0, partials.data_ptr(), db.data_ptr(), _DTYPE_CODES[db.dtype])
+            ext.nvfp4_quantize(*args, *unit_ptrs, 0, partials.data_ptr(), db.data_ptr(), _DTYPE_CODES[db.dtype])
         else:
-            ext.nvfp4_quantize(*args, 0, 0)  # unit, unit_t (the arguments _quantize_kernels passes)
+            ext.nvfp4_quantize(*args, *unit_ptrs)  # unit, unit_t (the arguments _quantize_kernels passes)
         if not self.rowwise:
             rowwise_amax = None
-        return data, scale, rowwise_amax, data_t, scale_t, t_am, None, None
+        return data, scale, rowwise_amax, data_t, scale_t, t_am, unit, unit_t
 
 
 @backend.register_cuda_impl("nvfp4_dequantize")

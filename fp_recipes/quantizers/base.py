@@ -42,6 +42,10 @@ class QuantizedTensor:
     def from_state_dict(cls, state: Dict[str, Any]) -> "QuantizedTensor":
         raise NotImplementedError
 
+    def release_rowwise_gemm_cache(self) -> None:
+        """The rowwise copy's last GEMM has run: free what only that GEMM reads (nothing here; an NVFP4
+        tensor's BF16 unit operand), so it does not live on through the GEMMs that read the other copy."""
+
 
 # Dynamo before torch 2.13 cannot trace ``obj.__dict__``: traced copies go field by field there
 _DICT_TRACEABLE = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
@@ -71,6 +75,12 @@ class Quantizer:
 
     def __call__(self, x: torch.Tensor) -> QuantizedTensor:
         return self.quantize(x)
+
+    def serve_module_gemms(self) -> None:
+        """Called once by a module that owns this quantizer for an operand its own GEMMs alone read, right
+        after each cast and one call at a time (a Linear's activation and gradient): a format may then make,
+        in the cast, what those GEMMs would otherwise make from its output (NVFP4 on Hopper: the BF16 unit
+        operand). Nothing here."""
 
     def fuses_activation(self, activation: str, x: torch.Tensor) -> bool:
         """Whether :meth:`quantize_activation` applies ``activation`` inside its own cast of ``x`` (the

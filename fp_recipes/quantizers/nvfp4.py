@@ -167,6 +167,9 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
         """Free the cached BF16 GEMM operands (the GEMM then decodes the packed copies itself)."""
         self.gemm_unit = self.gemm_unit_t = None
 
+    def release_rowwise_gemm_cache(self) -> None:
+        self.gemm_unit = None
+
     def split_saved(self) -> "tuple[tuple, NVFP4Tensor]":
         """(its tensors, a shell without them), for ``ctx.save_for_backward`` (``modules/replay.pack``):
         the fields are known, so nothing is searched per call (the GEMM unit caches go with them)."""
@@ -248,6 +251,12 @@ class NVFP4Quantizer(Quantizer):
 
     #: gemm_units of new quantizers (benchmarks/bench_model.py --nvfp4-gemm-units sets it)
     default_gemm_units = "none"
+    #: gemm_units of a Linear's activation and gradient quantizers (:meth:`serve_module_gemms`): the rowwise
+    #: copy's unit operand, written by the cast. The tile kernels are bound by their instruction issue, so the
+    #: extra stores overlap their arithmetic: on an H200 (16384 x 6144) +29 us for x's row unit in the RHT
+    #: kernel where a decode pass costs ~66 us (benchmarks/NOTES_nvfp4.md, session 36). Rowwise only: the
+    #: Linear frees it after dgrad, so no BF16 operand lives longer than the decoded one did (peak memory).
+    module_gemm_units = "rowwise"
 
     def __init__(self, spec: QuantizerSpec, *, seed: Optional[int] = None) -> None:
         if spec.scaling is not ScalingKind.NVFP4 or spec.fmt is not QFormat.NVFP4:
@@ -285,6 +294,10 @@ class NVFP4Quantizer(Quantizer):
         self._seed = seed
         self._plan: Optional[_QuantizePlan] = None  # of self.spec: see quantize()
 
+    def serve_module_gemms(self) -> None:
+        """A Linear's activation or gradient quantizer: its CUDA casts write :attr:`module_gemm_units`."""
+        self.gemm_units = type(self).module_gemm_units
+
     def quantize(self, x: torch.Tensor, amax: Optional[torch.Tensor] = None) -> NVFP4Tensor:
         """Quantize ``x`` (..., K); ``amax`` overrides the global amax (0-dim, or (M,) when row_scaled),
         e.g. after a cross-rank MAX reduction."""
@@ -320,12 +333,12 @@ class NVFP4Quantizer(Quantizer):
         columnwise copy, the bias gradient comes from the same kernel (x is read once, not twice)."""
         if not torch.compiler.is_compiling() and x.ndim == 2:
             plan = self._eager_plan()
-            if plan.cuda is not None and self.gemm_units == "none" and \
-                    resolved("nvfp4_quantize", x) is plan.cuda.nvfp4_quantize:
+            if plan.cuda is not None and resolved("nvfp4_quantize", x) is plan.cuda.nvfp4_quantize:
                 check_input(x, plan.what)
                 seed, offset = self._seed_offset()
+                units = None if self.gemm_units == "none" else self._units_wanted(x)
                 try:
-                    fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype)
+                    fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype, units)
                 except (ValueError, TypeError) as exc:
                     raise self._input_error(exc, x, x) from exc
                 if fused is not None:

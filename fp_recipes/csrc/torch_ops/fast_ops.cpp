@@ -614,10 +614,11 @@ struct Nvfp4Launch {
   double e4m3_max;
   bool sr;
 
-  // (data, scale, rowwise amax, data_t, scale_t, amax_t, None, None), or None (nothing launched) where the
+  // (data, scale, rowwise amax, data_t, scale_t, amax_t, unit, unit_t), or None (nothing launched) where the
   // Python path must run: x not 16-byte aligned or contiguous, not on the current CUDA device, another shape.
+  // unit_row / unit_col: also the BF16 unit GEMM operand of the rowwise / columnwise copy (where it is made).
   py::object run(const at::Tensor& x, uint64_t seed, uint64_t offset, const c10::optional<at::Tensor>& partials,
-                 const c10::optional<at::Tensor>& db) const {
+                 const c10::optional<at::Tensor>& db, bool unit_row, bool unit_col) const {
     if (!x.is_contiguous() || !on_current_device(x) || x.dim() != 2 || x.size(0) != m || x.size(1) != n ||
         code_of(x.scalar_type()) != code || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16)
       return py::none();
@@ -675,6 +676,9 @@ struct Nvfp4Launch {
       data_t = at::empty({n, m / 2}, opts.dtype(at::kByte));
       scale_t = at::empty({n, m / 16}, opts.dtype(at::kFloat8_e4m3fn));
     }
+    at::Tensor unit, unit_t;
+    if (unit_row && rowwise) unit = at::empty({m, n}, opts.dtype(at::kBFloat16));
+    if (unit_col && columnwise) unit_t = at::empty({n, m}, opts.dtype(at::kBFloat16));
     const bool with_bias = partials.has_value() && db.has_value();
     fp_recipes::Nvfp4QuantizeCall c{};
     c.x = xp;
@@ -702,12 +706,14 @@ struct Nvfp4Launch {
     c.bias_dtype = with_bias ? code_of(db->scalar_type()) : -1;
     c.stream = stream;
     c.device = dev;
+    c.unit = unit.defined() ? unit.data_ptr() : nullptr;
+    c.unit_t = unit_t.defined() ? unit_t.data_ptr() : nullptr;
     check(t.nvfp4_quantize(&c));
     py::object none = py::none();
     auto opt = [&](const at::Tensor& v) -> py::object { return v.defined() ? py::cast(v) : none; };
     at::Tensor rowwise_amax = rowwise ? (row_am.defined() ? row_am : g_am) : at::Tensor();
-    return py::make_tuple(opt(data), opt(scale), opt(rowwise_amax), opt(data_t), opt(scale_t), opt(t_am), none,
-                          none);
+    return py::make_tuple(opt(data), opt(scale), opt(rowwise_amax), opt(data_t), opt(scale_t), opt(t_am), opt(unit),
+                          opt(unit_t));
   }
 };
 
@@ -716,7 +722,8 @@ struct Nvfp4Launch {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp_recipes' torch-linked host fast path of the eager FP8 casts and GEMMs (use fp_recipes.ops)";
   m.def("init", &init, py::arg("table"), "Take fp_recipes._C.kernel_table(); call once before the others.");
-  m.attr("fp8_cast_acts") = true;  // fp8_cast takes act, and register_traced_ops the activation casts' ops
+  m.attr("fp8_cast_acts") = true;
+  m.attr("nvfp4_launch_units") = true;  // Nvfp4Launch.run takes unit_row / unit_col  // fp8_cast takes act, and register_traced_ops the activation casts' ops
   m.def("fp8_cast", &fp8_cast, py::arg("x"), py::arg("out_code"), py::arg("rowwise"), py::arg("columnwise"),
         py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
         py::arg("bias_dtype"), py::arg("act") = 0,
@@ -768,7 +775,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("row_scaled"), py::arg("block_2d"), py::arg("rht"), py::arg("need_g"), py::arg("four_over_six"),
            py::arg("mse"), py::arg("e4m3_max"), py::arg("stochastic_rounding"))
       .def("run", &Nvfp4Launch::run, py::arg("x"), py::arg("seed"), py::arg("offset"), py::arg("partials"),
-           py::arg("db"));
+           py::arg("db"), py::arg("unit_row") = false, py::arg("unit_col") = false);
   m.def("buffers", []() {
     std::lock_guard<std::mutex> lock(g_buffers.mutex);
     return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size(), g_alpha_ws_count.load());
