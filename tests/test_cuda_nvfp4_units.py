@@ -20,6 +20,10 @@ from test_cuda_nvfp4_kernels import FIELDS, MODES, _mode_id, _mode_kwargs, asser
 
 cuda = pytest.mark.cuda
 
+#: NVFP4BlockScaling options of the Linear tests: the default recipe and row-scaled + 4over6 fast
+LINEAR_RECIPES = [{}, dict(row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True,
+                           disable_stochastic_rounding=True, nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)]
+
 
 def _check_units(x: torch.Tensor, unit_rowwise: bool = True, unit_columnwise: bool = True, **kw) -> None:
     from fp_recipes.ops import cuda_nvfp4 as C
@@ -30,18 +34,12 @@ def _check_units(x: torch.Tensor, unit_rowwise: bool = True, unit_columnwise: bo
     what = f"({kw}, {x.dtype}, {tuple(x.shape)})"
     for f in FIELDS:
         assert_same_bytes(getattr(got, f), getattr(want, f), f"{f} {what}")
-    for u, data, scale, asked, name in ((unit, got.data, got.scale, unit_rowwise, "unit"),
-                                        (unit_t, got.data_t, got.scale_t, unit_columnwise, "unit_t")):
+    for u, data, asked, name in ((unit, got.data, unit_rowwise, "unit"), (unit_t, got.data_t, unit_columnwise, "unit_t")):
         if data is None or not asked:
             assert u is None, f"{name} {what}: written although its copy or the flag is off"
-            continue
-        expect = E.decode_nvfp4_unit(data, scale, torch.bfloat16)
-        assert u.dtype == torch.bfloat16 and u.shape == expect.shape and u.is_contiguous(), name
-        nan = torch.isnan(expect)
-        assert torch.equal(torch.isnan(u), nan), f"{name} {what}: NaN positions differ"
-        ub, eb = u.view(torch.int16), expect.view(torch.int16)
-        assert torch.equal(ub[~nan], eb[~nan]), f"{name} {what}: {(ub != eb)[~nan].sum().item()} values differ"
-        assert (ub[nan] == 0x7FC0).all(), f"{name} {what}: NaN is not torch's canonical BF16 NaN"
+        else:
+            assert u is not None, f"{name} {what}: not written"
+    assert_units_decode((got.data, got.scale, None, got.data_t, got.scale_t, None, unit, unit_t), what)
 
 
 def assert_units_decode(res: tuple, what: str) -> None:
@@ -53,8 +51,10 @@ def assert_units_decode(res: tuple, what: str) -> None:
         expect = E.decode_nvfp4_unit(data, scale, torch.bfloat16)
         assert u.dtype == torch.bfloat16 and u.shape == expect.shape and u.is_contiguous(), f"{name} {what}"
         nan = torch.isnan(expect)
+        assert torch.equal(torch.isnan(u), nan), f"{name} {what}: NaN positions differ"
         ub, eb = u.view(torch.int16), expect.view(torch.int16)
-        assert torch.equal(torch.isnan(u), nan) and torch.equal(ub[~nan], eb[~nan]), f"{name} {what}"
+        assert torch.equal(ub[~nan], eb[~nan]), f"{name} {what}: {(ub != eb)[~nan].sum().item()} values differ"
+        assert (ub[nan] == 0x7FC0).all(), f"{name} {what}: NaN is not torch's canonical BF16 NaN"
 
 
 @cuda
@@ -182,10 +182,7 @@ def test_amax_inside_cuda_graph():
 # ---- in a Linear -----------------------------------------------------------------------------------
 
 @cuda
-@pytest.mark.parametrize("recipe_kw", [{}, dict(row_scaled_activation=True, disable_rht=True,
-                                                disable_2d_quantization=True, disable_stochastic_rounding=True,
-                                                nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)],
-                         ids=["default", "rowscaled-4over6"])
+@pytest.mark.parametrize("recipe_kw", LINEAR_RECIPES, ids=["default", "rowscaled-4over6"])
 def test_linear_units_same_bits_as_decode(recipe_kw):
     """fwd+bwd of one Linear with the cached unit operands ("rowwise", "auto", "all") and without ("none"):
     the GEMMs read bit-identical BF16 inputs, so y, dx and dw are identical (same cuBLASLt call, same
@@ -243,10 +240,7 @@ def test_quantizer_writes_units_by_role():
 
 
 @cuda
-@pytest.mark.parametrize("recipe_kw", [{}, dict(row_scaled_activation=True, disable_rht=True,
-                                                disable_2d_quantization=True, disable_stochastic_rounding=True,
-                                                nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True)],
-                         ids=["default", "rowscaled-4over6"])
+@pytest.mark.parametrize("recipe_kw", LINEAR_RECIPES, ids=["default", "rowscaled-4over6"])
 def test_linear_units_peak_memory_not_above_decoding(recipe_kw):
     """A Linear's casts writing the rowwise unit operands (its default) allocate no more at the step's peak than
     decoding in the GEMMs: x's unit replaces the fprop decode of x, dy's the dgrad decode of dy, and dy's is freed
