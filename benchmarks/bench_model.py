@@ -112,6 +112,9 @@ WEIGHT_COPY = ["auto"]
 #: never writes the GELU's output; current scaling's quantizer takes the composition by default, quantizers/
 #: float8.py), measured in the same process as the default rows
 FUSED_ACTIVATION = [False]
+#: --compiled-nvfp4: the NVFP4 rows under torch.compile(fullgraph=True) too (not measured on a GPU before session 36:
+#: traced, the emulated GEMM is the torch-ops emulation and a stochastically rounded cast the pure-torch twin)
+COMPILED_NVFP4 = [False]
 
 
 def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda",
@@ -260,14 +263,15 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
         if FUSED_ACTIVATION[0] and name == "FP8 delayed":  # (current scaling takes the composition: float8.py)
             add(f"{name} (fused GELU)", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
-    from fp_recipes.modules.base import compile_supported
+    from fp_recipes.modules.base import COMPILE_MIN_TORCH, compile_supported
     if compiled and not compile_supported():
-        print(f"  fp_recipes torch.compile rows skipped: they need torch >= 2.13 (this is {torch.__version__})")
+        print(f"  fp_recipes torch.compile rows skipped: they need torch >= {'.'.join(map(str, COMPILE_MIN_TORCH))} "
+              f"(this is {torch.__version__})")
     elif compiled:
         # fp_recipes modules under torch.compile (fullgraph: a graph break would be an error, not a
         # silent slowdown); autocast outside the compiled model, as a training loop writes it.
         for name, recipe in recipes().items():
-            if name.startswith("FP8"):
+            if name.startswith("FP8") or (COMPILED_NVFP4[0] and name.startswith("NVFP4")):
                 add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
                     m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
                 if FUSED_ACTIVATION[0] and name == "FP8 delayed":
@@ -398,6 +402,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--fused-activation", action="store_true",
                    help="add the FP8 delayed rows (eager and compiled) again with the MLP's GELU applied in FC2's input "
                    "cast (LayerNormMLP's path) instead of torch's GELU before FC2, in the same process")
+    p.add_argument("--compiled-nvfp4", action="store_true",
+                   help="model rows: the NVFP4 recipes under torch.compile(fullgraph=True) too (unless --no-compiled)")
     p.add_argument("--python-host-rows", action="store_true",
                    help="add each FP8 row (eager and compiled; --linear too) again with the Python host path "
                    "(FP_RECIPES_TORCH_OPS=off: Python casts and GEMMs, the traced ops' Python implementations), "
@@ -421,6 +427,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     CACHE_WEIGHTS[0] = args.weights == "fixed"
     WEIGHT_COPY[0] = args.weight_copy
     FUSED_ACTIVATION[0] = args.fused_activation
+    COMPILED_NVFP4[0] = args.compiled_nvfp4
     if args.fp8_compile_visible_amax:
         from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
 

@@ -1,6 +1,7 @@
 """benchmarks/bench_model.py's A/B flags: ``--gemm-workspace`` (the cuBLASLt workspace of fp_recipes' dense GEMMs, for
 an A/B of the per-GEMM memsets: NOTES_fp8.md, session 33) and ``--nvfp4-row-scratch-ab`` (row-scaled NVFP4 GEMMs
-chunked by an FP32 scratch budget: NOTES_nvfp4.md, session 35). The flags take effect before anything runs: on a CPU
+chunked by an FP32 scratch budget: NOTES_nvfp4.md, session 35), the NVFP4 unit-operand flags and --compiled-nvfp4
+(session 36). The flags take effect before anything runs: on a CPU
 the script stops at its GPU check right after them."""
 
 from __future__ import annotations
@@ -59,3 +60,27 @@ def test_nvfp4_row_scratch_ab_rows_set_and_restore_the_budget():
     with pytest.raises(RuntimeError), bench_model.nvfp4_row_scratch(4096):
         raise RuntimeError("a failing row")
     assert E.ROW_CHUNK_SCRATCH_BYTES is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU main() would run the whole benchmark")
+def test_nvfp4_unit_flags(monkeypatch):
+    """--nvfp4-units-ab MODE runs each NVFP4 row again inside nvfp4_module_units(MODE): the modules' activation and
+    gradient quantizers made there write MODE's unit operands, and "rowwise" (the default) comes back after each.
+    --nvfp4-gemm-units MODE sets every NVFP4 quantizer's, modules' included; --compiled-nvfp4 adds compiled NVFP4 rows."""
+    import bench_model
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+    monkeypatch.setattr(NVFP4Quantizer, "default_gemm_units", NVFP4Quantizer.default_gemm_units)
+    monkeypatch.setattr(NVFP4Quantizer, "module_gemm_units", NVFP4Quantizer.module_gemm_units)
+    monkeypatch.setattr(bench_model, "COMPILED_NVFP4", [False])
+    assert NVFP4Quantizer.module_gemm_units == "rowwise" and NVFP4Quantizer.default_gemm_units == "none"
+    assert bench_model.main(["--nvfp4-units-ab", "none", "--compiled-nvfp4"]) == 1  # parses; stops at the GPU check
+    assert bench_model.COMPILED_NVFP4[0]
+    with bench_model.nvfp4_module_units("none"):
+        assert NVFP4Quantizer.module_gemm_units == "none"
+    assert NVFP4Quantizer.module_gemm_units == "rowwise"
+    with pytest.raises(RuntimeError), bench_model.nvfp4_module_units("auto"):
+        raise RuntimeError("a failing row")
+    assert NVFP4Quantizer.module_gemm_units == "rowwise"
+    assert bench_model.main(["--nvfp4-gemm-units", "all"]) == 1
+    assert NVFP4Quantizer.module_gemm_units == "all" and NVFP4Quantizer.default_gemm_units == "all"
