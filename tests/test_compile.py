@@ -354,3 +354,43 @@ def test_a_trace_loads_the_extension_before_the_ops_need_it():
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+class _OpRecorder(CountingBackend):
+    """CountingBackend that also records the targets of every call in the graphs (and their subgraphs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets = set()
+
+    def __call__(self, gm, example_inputs):
+        for mod in gm.modules():
+            if isinstance(mod, torch.fx.GraphModule):
+                self.targets.update(str(n.target) for n in mod.graph.nodes if n.op == "call_function")
+        return super().__call__(gm, example_inputs)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_row_scaled_4over6"])
+def test_nvfp4_emulated_gemm_as_one_traced_op(monkeypatch, name):
+    """With ``nvfp4_emulated.TRACED_AS_OP`` the traced NVFP4 GEMMs are one ``fp_recipes::nvfp4_emulated_gemm`` op each
+    (on CUDA it runs the eager kernels; here the torch emulation inside it): one graph for the model, training bit for
+    bit as eager. Without it the graph holds the torch-ops emulation and no such op."""
+    from fp_recipes.gemm import nvfp4_emulated
+
+    for as_op in (True, False):
+        monkeypatch.setattr(nvfp4_emulated, "TRACED_AS_OP", as_op)
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        recipe = RECIPES[name]()
+        eager_model = Model()
+        compiled_model = copy.deepcopy(eager_model)
+        backend = _OpRecorder()
+        compiled = torch.compile(make_step(compiled_model, recipe, "outside"), fullgraph=True, backend=backend)
+        eager = train(eager_model, make_step(eager_model, recipe, "outside"), recipe, "outside", steps=2)
+        got = train(compiled_model, compiled, recipe, "outside", steps=2)
+        assert backend.graphs == 1
+        assert ("fp_recipes.nvfp4_emulated_gemm.default" in backend.targets) == as_op, sorted(backend.targets)[:40]
+        for step, ((l0, g0, s0), (l1, g1, s1)) in enumerate(zip(eager, got)):
+            assert torch.equal(l0, l1), (as_op, step, l0.item(), l1.item())
+            assert_same(g0, g1, f"as_op={as_op} step {step} gradients")
+            assert_same(s0, s1, f"as_op={as_op} step {step} state")

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import _common, nvfp4_native
+from . import _common, nvfp4_emulated, nvfp4_native
 from .nvfp4_emulated import decode_nvfp4_unit, emulated_cuda_eager, gemm_nvfp4_emulated, row_scale_factor
 from .operands import Nvfp4Operand
 
@@ -280,4 +280,6 @@ def gemm_nvfp4_nvfp4(a: Nvfp4Operand, b: Nvfp4Operand, *, out_dtype: torch.dtype
         out = emulated_cuda_eager(a, b, out_dtype, bias)
         if out is not None:
             return out
+    elif compiling and nvfp4_emulated.TRACED_AS_OP:
+        return nvfp4_emulated.gemm_nvfp4_emulated_traced(a, b, out_dtype, bias)
     return gemm_nvfp4_emulated(a, b, out_dtype, bias)

@@ -19,12 +19,13 @@ from typing import Any, Optional
 import torch
 
 from .. import _extension, formats, ops
+from ..ops.op_library import define_op, register_fake
 from . import cublaslt
 from ._common import finish, mm_bf16_fp32_accum
 from .operands import Nvfp4Operand
 
 __all__ = ["decode_nvfp4_unit", "nvfp4_alpha", "apply_global_factors", "gemm_nvfp4_emulated",
-           "gemm_nvfp4_emulated_cuda", "cached_unit", "row_chunk"]
+           "gemm_nvfp4_emulated_cuda", "gemm_nvfp4_emulated_traced", "cached_unit", "row_chunk"]
 
 _PAIR_TABLES: dict = {}
 
@@ -135,6 +136,41 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
     if torch.compiler.is_compiling():
         return None
     return emulated_cuda_eager(a, b, out_dtype, bias)
+
+
+#: Under torch.compile, whether the emulated GEMM is one opaque op (``torch.ops.fp_recipes.nvfp4_emulated_gemm``) that
+#: runs this module's eager CUDA path (decode kernel, cuBLASLt, row epilogue: the values of the eager step) instead of
+#: the torch-ops emulation, which Inductor compiles. Off until a GPU measures the two (``bench_model.py
+#: --compiled-nvfp4 --nvfp4-traced-gemm-op-ab``; prepared in session 36, not yet run on a GPU).
+TRACED_AS_OP = False
+
+
+def _emulated_gemm_op_impl(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_row_scaled: bool,
+                           a_e4m3_max: int, b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor,
+                           b_row_scaled: bool, b_e4m3_max: int, out_dtype: torch.dtype,
+                           bias: Optional[torch.Tensor]) -> torch.Tensor:
+    a = Nvfp4Operand(a_data, a_scale, a_amax, a_row_scaled, a_e4m3_max, False)
+    b = Nvfp4Operand(b_data, b_scale, b_amax, b_row_scaled, b_e4m3_max, False)
+    out = emulated_cuda_eager(a, b, out_dtype, bias) if a_data.is_cuda else None
+    return gemm_nvfp4_emulated(a, b, out_dtype, bias) if out is None else out
+
+
+_emulated_gemm_op = define_op("nvfp4_emulated_gemm", _emulated_gemm_op_impl)
+
+
+@register_fake(_emulated_gemm_op)
+def _(a_data, a_scale, a_amax, a_row_scaled, a_e4m3_max, b_data, b_scale, b_amax, b_row_scaled, b_e4m3_max,
+      out_dtype, bias):
+    return a_data.new_empty((a_data.shape[0], b_data.shape[0]), dtype=out_dtype)
+
+
+def gemm_nvfp4_emulated_traced(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
+                               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The emulated GEMM as one op for a traced graph (:data:`TRACED_AS_OP`): the eager path's values on CUDA (its
+    launches; cuBLAS's accumulation order, as eager), the torch emulation's elsewhere. Both operands' copies as they
+    are stored; the unit caches are not read (a traced cast writes none)."""
+    return _emulated_gemm_op(a.data, a.scale, a.amax, a.row_scaled, a.e4m3_max, b.data, b.scale, b.amax, b.row_scaled,
+                             b.e4m3_max, out_dtype, bias)
 
 
 def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype,
