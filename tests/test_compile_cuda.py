@@ -155,3 +155,25 @@ def test_compiled_current_scaling_with_the_amax_in_the_graph_calls_the_cast_from
     assert names.count("fp_recipes::fp8_quantize") == recasts  # W's columnwise copy from the forward's scale
     for absent in ("fp_recipes::fp8_current_scaling_quantize", "fp_recipes::fp8_current_cast_dbias"):
         assert absent not in names, absent
+
+
+NVFP4_RECIPES = {
+    "nvfp4": lambda: fp_recipes.NVFP4BlockScaling(),
+    "nvfp4_rs46": lambda: fp_recipes.NVFP4BlockScaling(
+        row_scaled_activation=True, disable_rht=True, disable_2d_quantization=True, disable_stochastic_rounding=True,
+        nvfp4_4over6="all", nvfp4_4over6_err_use_fast_math=True),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", list(NVFP4_RECIPES))
+def test_compiled_nvfp4_with_the_gemm_op_is_eager_bit_for_bit(monkeypatch, name, backend):
+    """With ``nvfp4_emulated.TRACED_AS_OP`` a traced NVFP4 GEMM is one op running the eager CUDA path (decode, the
+    same cached cuBLASLt call, the row epilogue), and the traced casts are the eager kernels' ops (a stochastically
+    rounded cast: the pure-torch twin, byte-identical by contract): compiled training equals eager bit for bit.
+    (Session 36: prepared, not yet run on a GPU.)"""
+    from fp_recipes.gemm import nvfp4_emulated
+
+    monkeypatch.setattr(nvfp4_emulated, "TRACED_AS_OP", True)
+    monkeypatch.setitem(RECIPES, name, NVFP4_RECIPES[name])
+    test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backend)
