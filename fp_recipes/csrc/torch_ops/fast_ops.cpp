@@ -722,8 +722,8 @@ struct Nvfp4Launch {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp_recipes' torch-linked host fast path of the eager FP8 casts and GEMMs (use fp_recipes.ops)";
   m.def("init", &init, py::arg("table"), "Take fp_recipes._C.kernel_table(); call once before the others.");
-  m.attr("fp8_cast_acts") = true;
-  m.attr("nvfp4_launch_units") = true;  // Nvfp4Launch.run takes unit_row / unit_col  // fp8_cast takes act, and register_traced_ops the activation casts' ops
+  m.attr("fp8_cast_acts") = true;  // fp8_cast takes act, and register_traced_ops the activation casts' ops
+  m.attr("nvfp4_launch_units") = true;  // Nvfp4Launch.run takes unit_row / unit_col
   m.def("fp8_cast", &fp8_cast, py::arg("x"), py::arg("out_code"), py::arg("rowwise"), py::arg("columnwise"),
         py::arg("current"), py::arg("pow2"), py::arg("eps"), py::arg("scale"), py::arg("record"),
         py::arg("bias_dtype"), py::arg("act") = 0,
