@@ -280,10 +280,9 @@ class NVFP4Quantizer(Quantizer):
         # tensor, read by the emulated GEMM instead of a decode pass; the bytes of the copies are unchanged):
         # "none" (default), "rowwise", "auto" = the rowwise copy's and, for gradients only, the columnwise
         # copy's (activation and weight columnwise copies wait for the backward, where a BF16 cache would
-        # hold 4x the packed bytes), "all". Default "none": measured on H200 (benchmarks/NOTES_nvfp4.md,
-        # 2026-11-25) "auto" saved 4 us of 775 per Linear 4096^3 step (the tile kernel's extra stores
-        # cost about what the decode pass did) and raised the model's peak memory by 22 % (a gradient's
-        # two BF16 caches live through its backward).
+        # hold 4x the packed bytes), "all". Default "none" (a cast whose output may be stored, cached or sent
+        # must not carry a BF16 copy); a Linear's activation and gradient quantizers take module_gemm_units
+        # (serve_module_gemms). "auto" there raised the h4096 model's peak above BF16's (NOTES_nvfp4.md, session 36).
         self.gemm_units = type(self).default_gemm_units
         self._seed_t: Optional[torch.Tensor] = None
         self._offset_t: Optional[torch.Tensor] = None
