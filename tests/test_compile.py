@@ -95,6 +95,26 @@ def assert_same(a: dict, b: dict, what: str) -> None:
             assert a[k] == b[k], f"{what}: {k} differs: {a[k]} / {b[k]}"
 
 
+def assert_same_training(eager: list, got: list, what: str) -> None:
+    """Two :func:`train` histories: the same losses, gradients and state after every step, bit for bit."""
+    assert len(eager) == len(got)
+    for step, ((l0, g0, s0), (l1, g1, s1)) in enumerate(zip(eager, got)):
+        assert torch.equal(l0, l1), (what, step, l0.item(), l1.item())
+        assert_same(g0, g1, f"{what} step {step} gradients")
+        assert_same(s0, s1, f"{what} step {step} state")
+
+
+def eager_and_compiled(recipe, where: str, backend, steps: int = STEPS) -> tuple:
+    """:func:`train` histories of one model eagerly and of its copy compiled (fullgraph) with ``backend``."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager_model = Model()
+    compiled_model = copy.deepcopy(eager_model)
+    compiled = torch.compile(make_step(compiled_model, recipe, where), fullgraph=True, backend=backend)
+    eager = train(eager_model, make_step(eager_model, recipe, where), recipe, where, steps=steps)
+    return eager, train(compiled_model, compiled, recipe, where, steps=steps)
+
+
 def train(model, step_fn, recipe, where, steps=STEPS, seed=0):
     """Losses, gradients and state after each step of SGD on fixed random batches."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -129,21 +149,11 @@ def make_step(model, recipe, where):
 @pytest.mark.parametrize("where", ["inside", "outside"])
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_compiled_training_is_eager_training_bit_for_bit(name, where):
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    recipe = RECIPES[name]()
-    eager_model = Model()
-    compiled_model = copy.deepcopy(eager_model)
     backend = CountingBackend()
-    compiled = torch.compile(make_step(compiled_model, recipe, where), fullgraph=True, backend=backend)
-    eager = train(eager_model, make_step(eager_model, recipe, where), recipe, where)
-    got = train(compiled_model, compiled, recipe, where)
+    eager, got = eager_and_compiled(RECIPES[name](), where, backend)
     # one graph for the whole model (4 layer shapes) and all steps: no recompilation per shape or step
     assert backend.graphs == 1
-    for step, ((l0, g0, s0), (l1, g1, s1)) in enumerate(zip(eager, got)):
-        assert torch.equal(l0, l1), (step, l0.item(), l1.item())
-        assert_same(g0, g1, f"step {step} gradients")
-        assert_same(s0, s1, f"step {step} state")
+    assert_same_training(eager, got, name)
     if name == "delayed":
         # the state did move: histories hold amaxes, scales left 1
         state = got[-1][2]
@@ -379,18 +389,8 @@ def test_nvfp4_emulated_gemm_as_one_traced_op(monkeypatch, name):
 
     for as_op in (True, False):
         monkeypatch.setattr(nvfp4_emulated, "TRACED_AS_OP", as_op)
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        recipe = RECIPES[name]()
-        eager_model = Model()
-        compiled_model = copy.deepcopy(eager_model)
         backend = _OpRecorder()
-        compiled = torch.compile(make_step(compiled_model, recipe, "outside"), fullgraph=True, backend=backend)
-        eager = train(eager_model, make_step(eager_model, recipe, "outside"), recipe, "outside", steps=2)
-        got = train(compiled_model, compiled, recipe, "outside", steps=2)
+        eager, got = eager_and_compiled(RECIPES[name](), "outside", backend, steps=2)
         assert backend.graphs == 1
         assert ("fp_recipes.nvfp4_emulated_gemm.default" in backend.targets) == as_op, sorted(backend.targets)[:40]
-        for step, ((l0, g0, s0), (l1, g1, s1)) in enumerate(zip(eager, got)):
-            assert torch.equal(l0, l1), (as_op, step, l0.item(), l1.item())
-            assert_same(g0, g1, f"as_op={as_op} step {step} gradients")
-            assert_same(s0, s1, f"as_op={as_op} step {step} state")
+        assert_same_training(eager, got, f"{name} as_op={as_op}")

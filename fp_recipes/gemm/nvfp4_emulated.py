@@ -181,9 +181,7 @@ def emulated_cuda_eager(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype
     fast = _extension.fast_ops()
     if fast is not None and cublaslt.available():
         # this function as one C++ call (fp_recipes._torch_ops: the same launches); None: the Python code below
-        chunk_rows, chunk_max = ROW_CHUNK_MIN_ROWS, ROW_CHUNK_MAX_CHUNKS
-        if ROW_CHUNK_SCRATCH_BYTES and (a.row_scaled or b.row_scaled):
-            chunk_rows, chunk_max = row_chunk_args(a.data.shape[0], b.data.shape[0])
+        chunk_rows, chunk_max = row_chunk_args(a.data.shape[0], b.data.shape[0])  # (read for row-scaled products)
         out = fast.nvfp4_emulated_gemm(a.data, a.scale, a.amax, a.unit, a.row_scaled, a.e4m3_max, b.data, b.scale,
                                        b.amax, b.unit, b.row_scaled, b.e4m3_max, out_dtype, bias,
                                        cublaslt.WORKSPACE_BYTES, chunk_rows, chunk_max)
