@@ -494,10 +494,9 @@ class NVFP4Quantizer(Quantizer):
             raise ValueError(f"NVFP4Quantizer.gemm_units must be 'none', 'rowwise', 'auto' or 'all', got {mode!r}")
         if mode == "none" or not x2.is_cuda or torch.compiler.is_compiling():
             return None
-        from ..ops import backend
+        from ..ops import cuda_nvfp4
 
-        ext = backend.extension()
-        if ext is None or not hasattr(ext, "nvfp4_decode_unit_bf16"):
+        if not cuda_nvfp4.unit_operands_available():
             return None
         spec = self.spec
         col = spec.columnwise and (mode == "all" or (mode == "auto" and spec.role.tensor is TensorKind.GRAD_OUTPUT))
