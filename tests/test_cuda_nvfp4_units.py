@@ -360,3 +360,23 @@ def test_cpu_cached_unit_only_when_it_fits():
         assert E.cached_unit(op, torch.device("cpu")) is None
     op.unit = None
     assert E.cached_unit(op, torch.device("cpu")) is None
+
+
+def test_cpu_saved_operands_never_keep_a_gemm_unit():
+    """What the Linear saves for its backward (``columnwise_only``) never holds the forward GEMM's BF16 unit operand:
+    not when it drops the rowwise copy, and not when it keeps a tensor whole (no columnwise copy); the forward's own
+    tensor keeps its cache."""
+    from fp_recipes.modules.linear_function import columnwise_only
+    from fp_recipes.quantizers.nvfp4 import NVFP4Tensor
+
+    x = torch.randn(32, 64)
+    for columnwise in (True, False):
+        q = R.nvfp4_quantize(x, columnwise=columnwise)
+        t = NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=False, e4m3_max=448,
+                        four_over_six=False, rht_columnwise=False, orig_dtype=x.dtype, shape=x.shape)
+        unit = E.decode_nvfp4_unit(q.data, q.scale, torch.bfloat16)
+        t.gemm_unit = unit
+        saved = columnwise_only(t)
+        assert saved is not t and saved.gemm_unit is None and saved.gemm_unit_t is None, columnwise
+        assert (saved.data is None) == columnwise and saved.data_t is t.data_t
+        assert t.gemm_unit is unit

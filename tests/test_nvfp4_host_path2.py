@@ -580,3 +580,27 @@ def test_gemm_alpha_workspace_per_thread(monkeypatch, host):
         for rep, outs in enumerate(got[t]):
             for j, out in enumerate(outs):
                 assert torch.equal(out, want[t + 2 * j]), f"thread {t}, repeat {rep}, GEMM {j}"
+
+
+def test_cached_launch_takes_the_cpp_launch_only_with_unit_operands(monkeypatch):
+    """The resolved launch hands its runs to the C++ ``Nvfp4Launch`` only where that build takes unit operands
+    (``nvfp4_launch_units``); an older ``_torch_ops`` build is left to the Python lines of ``_Launch.run``, which pass
+    the units, instead of failing on (or dropping) them."""
+    from types import SimpleNamespace
+
+    made = []
+
+    class Fast:
+        def Nvfp4Launch(self, *args):  # noqa: N802 (the C++ class's name)
+            made.append(args)
+            return "cpp"
+
+    x = SimpleNamespace(shape=torch.Size((32, 64)), dtype=torch.bfloat16, is_cuda=True)
+    plan = C.QuantizePlan(**_options(columnwise=True))
+    for units_attr, want in ((True, "cpp"), (False, None)):
+        fast = Fast()
+        if units_attr:
+            fast.nvfp4_launch_units = True
+        monkeypatch.setattr(_extension, "fast_ops", lambda fast=fast: fast)
+        assert C._Launch(plan, x).cpp == want
+    assert len(made) == 1
