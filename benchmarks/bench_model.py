@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from unittest import mock
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -112,17 +112,22 @@ WEIGHT_COPY = ["auto"]
 #: never writes the GELU's output; current scaling's quantizer takes the composition by default, quantizers/
 #: float8.py), measured in the same process as the default rows
 FUSED_ACTIVATION = [False]
-#: --compiled-nvfp4: the NVFP4 rows under torch.compile(fullgraph=True) too (not measured on a GPU before session 36:
-#: traced, the emulated GEMM is the torch-ops emulation and a stochastically rounded cast the pure-torch twin);
-#: [1], --nvfp4-traced-gemm-op-ab: each again with the GEMM as one op running the eager kernels (nvfp4_emulated.TRACED_AS_OP)
+#: --compiled-nvfp4: the NVFP4 rows under torch.compile(fullgraph=True) too (traced, each emulated GEMM and each
+#: stochastically rounded cast is one op running the eager kernels); [1], --nvfp4-traced-ops-ab: each again with the
+#: torch-ops forms Inductor compiles instead (the emulation's table decode, the pure-torch SR twin), in one process
 COMPILED_NVFP4 = [False, False]
 
 
-def nvfp4_traced_gemm_op() -> ContextManager:
-    """Traced NVFP4 GEMMs as one op running the eager CUDA path (``nvfp4_emulated.TRACED_AS_OP``)."""
+@contextlib.contextmanager
+def nvfp4_traced_torch_ops() -> Iterator[None]:
+    """Traced NVFP4 GEMMs and SR casts as torch ops for Inductor (``nvfp4_emulated.TRACED_AS_OP`` and
+    ``NVFP4Quantizer.traced_sr_as_op`` off), the form before session 37."""
     from fp_recipes.gemm import nvfp4_emulated
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
-    return mock.patch.object(nvfp4_emulated, "TRACED_AS_OP", True)
+    with mock.patch.object(nvfp4_emulated, "TRACED_AS_OP", False), \
+            mock.patch.object(NVFP4Quantizer, "traced_sr_as_op", False):
+        yield
 
 
 def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda",
@@ -283,9 +288,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                 add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
                     m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
                 if COMPILED_NVFP4[1] and name.startswith("NVFP4"):
-                    add(f"{name} torch.compile [GEMM op]", lambda recipe=recipe: (lambda m: make_step(
+                    add(f"{name} torch.compile [traced torch ops]", lambda recipe=recipe: (lambda m: make_step(
                         m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
-                        host_path=nvfp4_traced_gemm_op)
+                        host_path=nvfp4_traced_torch_ops)
                 if FUSED_ACTIVATION[0] and name == "FP8 delayed":
                     add(f"{name} torch.compile (fused GELU)", lambda recipe=recipe: (lambda m: make_step(
                         m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(
@@ -416,9 +421,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "cast (LayerNormMLP's path) instead of torch's GELU before FC2, in the same process")
     p.add_argument("--compiled-nvfp4", action="store_true",
                    help="model rows: the NVFP4 recipes under torch.compile(fullgraph=True) too (unless --no-compiled)")
-    p.add_argument("--nvfp4-traced-gemm-op-ab", action="store_true",
-                   help="with --compiled-nvfp4: each compiled NVFP4 row again with its GEMMs as one op running the eager "
-                   "kernels (fp_recipes.gemm.nvfp4_emulated.TRACED_AS_OP), in the same process")
+    p.add_argument("--nvfp4-traced-ops-ab", action="store_true",
+                   help="with --compiled-nvfp4: each compiled NVFP4 row again with its GEMMs and SR casts as the torch "
+                   "ops Inductor compiles (the emulation, the pure-torch twin) instead of one op each, in one process")
     p.add_argument("--python-host-rows", action="store_true",
                    help="add each FP8 row (eager and compiled; --linear too) again with the Python host path "
                    "(FP_RECIPES_TORCH_OPS=off: Python casts and GEMMs, the traced ops' Python implementations), "
@@ -442,7 +447,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     CACHE_WEIGHTS[0] = args.weights == "fixed"
     WEIGHT_COPY[0] = args.weight_copy
     FUSED_ACTIVATION[0] = args.fused_activation
-    COMPILED_NVFP4[:] = [args.compiled_nvfp4, args.nvfp4_traced_gemm_op_ab]
+    COMPILED_NVFP4[:] = [args.compiled_nvfp4, args.nvfp4_traced_ops_ab]
     if args.fp8_compile_visible_amax:
         from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
 

@@ -74,13 +74,14 @@ def test_nvfp4_unit_flags(monkeypatch):
     monkeypatch.setattr(NVFP4Quantizer, "module_gemm_units", NVFP4Quantizer.module_gemm_units)
     monkeypatch.setattr(bench_model, "COMPILED_NVFP4", [False, False])
     assert NVFP4Quantizer.module_gemm_units == "rowwise" and NVFP4Quantizer.default_gemm_units == "none"
-    assert bench_model.main(["--nvfp4-units-ab", "none", "--compiled-nvfp4", "--nvfp4-traced-gemm-op-ab"]) == 1
+    assert bench_model.main(["--nvfp4-units-ab", "none", "--compiled-nvfp4", "--nvfp4-traced-ops-ab"]) == 1
     assert bench_model.COMPILED_NVFP4 == [True, True]  # (parsed; main stopped at its GPU check)
     from fp_recipes.gemm import nvfp4_emulated
 
-    with bench_model.nvfp4_traced_gemm_op():
-        assert nvfp4_emulated.TRACED_AS_OP
-    assert not nvfp4_emulated.TRACED_AS_OP
+    assert nvfp4_emulated.TRACED_AS_OP and NVFP4Quantizer.traced_sr_as_op  # the defaults: one op each
+    with bench_model.nvfp4_traced_torch_ops():
+        assert not nvfp4_emulated.TRACED_AS_OP and not NVFP4Quantizer.traced_sr_as_op
+    assert nvfp4_emulated.TRACED_AS_OP and NVFP4Quantizer.traced_sr_as_op
     with bench_model.nvfp4_module_units("none"):
         assert NVFP4Quantizer.module_gemm_units == "none"
     assert NVFP4Quantizer.module_gemm_units == "rowwise"

@@ -394,3 +394,37 @@ def test_nvfp4_emulated_gemm_as_one_traced_op(monkeypatch, name):
         assert backend.graphs == 1
         assert ("fp_recipes.nvfp4_emulated_gemm.default" in backend.targets) == as_op, sorted(backend.targets)[:40]
         assert_same_training(eager, got, f"{name} as_op={as_op}")
+
+
+def test_nvfp4_stochastic_rounding_as_one_traced_op(monkeypatch):
+    """A traced stochastically rounded NVFP4 cast (the default recipe's gradients) is one
+    ``fp_recipes::nvfp4_quantize_sr_state`` op reading the seed and counter tensors when the graph runs (on CUDA
+    the kernels; here the reference twin inside it): one graph, training bit for bit as eager, the counter
+    advancing every step. With ``NVFP4Quantizer.traced_sr_as_op`` off the graph inlines the pure-torch twin."""
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+    for as_op in (True, False):
+        monkeypatch.setattr(NVFP4Quantizer, "traced_sr_as_op", as_op)
+        backend = _OpRecorder()
+        eager, got = eager_and_compiled(RECIPES["nvfp4"](), "outside", backend, steps=2)
+        assert backend.graphs == 1
+        assert ("fp_recipes.nvfp4_quantize_sr_state.default" in backend.targets) == as_op, sorted(backend.targets)
+        assert_same_training(eager, got, f"nvfp4 traced_sr_as_op={as_op}")
+        assert got[0][2]["fc._extra_state"] != got[1][2]["fc._extra_state"]  # the counter moved between steps
+
+
+def test_nvfp4_sr_state_op_checks_its_counter_tensors():
+    """The traced SR cast's seed and counter must be CPU int64 0-dim tensors (read without a device sync)."""
+    from fp_recipes.ops import cuda_nvfp4
+
+    x = torch.randn(16, 32)
+    seed, offset = torch.tensor(7, dtype=torch.int64), torch.tensor(3, dtype=torch.int64)
+    got = cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=offset, rowwise=True, columnwise=True)
+    want = fp_recipes.ops.reference.nvfp4_quantize(x, rowwise=True, columnwise=True, stochastic_rounding=True,
+                                                   seed=7, offset=3)
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+    with pytest.raises(ValueError, match="0-dim int64"):
+        cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=torch.tensor([3]))
+    with pytest.raises(ValueError, match="CPU int64 0-dim tensor"):
+        cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=torch.tensor(3, dtype=torch.int64, device="meta"))

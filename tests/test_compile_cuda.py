@@ -44,7 +44,12 @@ class Stack(torch.nn.Module):
 
 
 def _state(model: torch.nn.Module) -> dict:
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    """State tensors and every module's extra state (NVFP4's SR seeds and counters), the latter as text."""
+    out = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    for name, m in model.named_modules():
+        if isinstance(m, modules_base.QuantizedModule):
+            out[f"{name}._extra_state"] = repr(m.get_extra_state())
+    return out
 
 
 @pytest.fixture
@@ -89,7 +94,8 @@ def test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backe
         s0, s1 = _state(eager), _state(model)
         assert s0.keys() == s1.keys()
         for k in s0:
-            assert torch.equal(s0[k], s1[k]), f"step {step}: {k} differs"
+            same = s0[k] == s1[k] if isinstance(s0[k], str) else torch.equal(s0[k], s1[k])
+            assert same, f"step {step}: {k} differs"
 
 
 def _compiled_step_ops(recipe, copy: str) -> list:
@@ -167,13 +173,15 @@ NVFP4_RECIPES = {
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("name", list(NVFP4_RECIPES))
-def test_compiled_nvfp4_with_the_gemm_op_is_eager_bit_for_bit(monkeypatch, name, backend):
-    """With ``nvfp4_emulated.TRACED_AS_OP`` a traced NVFP4 GEMM is one op running the eager CUDA path (decode, the
-    same cached cuBLASLt call, the row epilogue), and the traced casts are the eager kernels' ops (a stochastically
-    rounded cast: the pure-torch twin, byte-identical by contract): compiled training equals eager bit for bit.
-    (Session 36: prepared, not yet run on a GPU.)"""
+def test_compiled_nvfp4_with_one_op_per_gemm_and_sr_cast_is_eager_bit_for_bit(name, backend):
+    """Traced, an NVFP4 GEMM is one op running the eager CUDA path (decode, the same cached cuBLASLt call, the row
+    epilogue: ``nvfp4_emulated.TRACED_AS_OP``), a stochastically rounded cast one op running the kernels with the
+    seed and counter read when the graph runs (``NVFP4Quantizer.traced_sr_as_op``), the other casts the kernels'
+    ops: compiled training equals eager bit for bit, quantizer state (the SR counters) included."""
     from fp_recipes.gemm import nvfp4_emulated
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
 
-    monkeypatch.setattr(nvfp4_emulated, "TRACED_AS_OP", True)
-    monkeypatch.setitem(RECIPES, name, NVFP4_RECIPES[name])
-    test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backend)
+    assert nvfp4_emulated.TRACED_AS_OP and NVFP4Quantizer.traced_sr_as_op  # (the defaults)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(RECIPES, name, NVFP4_RECIPES[name])
+        test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backend)

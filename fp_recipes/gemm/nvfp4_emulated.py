@@ -140,9 +140,9 @@ def gemm_nvfp4_emulated_cuda(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.
 
 #: Under torch.compile, whether the emulated GEMM is one opaque op (``torch.ops.fp_recipes.nvfp4_emulated_gemm``) that
 #: runs this module's eager CUDA path (decode kernel, cuBLASLt, row epilogue: the values of the eager step) instead of
-#: the torch-ops emulation, which Inductor compiles. Off until a GPU measures the two (``bench_model.py
-#: --compiled-nvfp4 --nvfp4-traced-gemm-op-ab``; prepared in session 36, not yet run on a GPU).
-TRACED_AS_OP = False
+#: the torch-ops emulation, which Inductor compiles into a table decode per operand (measured on an H200, session 37:
+#: ``bench_model.py --compiled-nvfp4 --nvfp4-traced-ops-ab``; benchmarks/RESULTS.md).
+TRACED_AS_OP = True
 
 
 def _emulated_gemm_op_impl(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, a_row_scaled: bool,

@@ -32,6 +32,7 @@ __all__ = ["nvfp4_amax", "nvfp4_row_amax", "nvfp4_quantize", "nvfp4_dequantize",
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _FOS_OFF, _FOS_STRICT, _FOS_FAST = 0, 1, 2
 _MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
 def _ext():
@@ -295,12 +296,34 @@ _quantize_op = define_op("nvfp4_quantize", _quantize_op_impl)
 
 
 @register_fake(_quantize_op)
-def _(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math,
+def _quantize_op_fake(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math,
       rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi):
     m, n = x.shape
     shapes = _output_shapes(m, n, rowwise, columnwise, row_scaled)
     dtypes = (torch.uint8, torch.float8_e4m3fn, torch.float32) * 2
     return tuple(x.new_empty(s, dtype=d) for s, d in zip(shapes, dtypes))
+
+
+def _quantize_sr_state_op_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
+                               block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
+                               err_fast_math: bool, rht: bool, seed: torch.Tensor, offset: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                          torch.Tensor]:
+    # the seed and counter are CPU tensors (checked by the wrapper): reading them never waits on a GPU
+    s, o = int(seed) & _MASK64, int(offset) & _MASK64
+    args = (x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math, rht,
+            True, s & _MASK32, s >> 32, o & _MASK32, o >> 32)
+    return _quantize_impl(*args) if x.is_cuda else _quantize_reference(*args)
+
+
+_quantize_sr_state_op = define_op("nvfp4_quantize_sr_state", _quantize_sr_state_op_impl)
+
+
+@register_fake(_quantize_sr_state_op)
+def _(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math, rht, seed,
+      offset):
+    return _quantize_op_fake(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
+                             err_fast_math, rht, True, 0, 0, 0, 0)
 
 
 def _dequantize_op_impl(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, e4m3_max: int,
@@ -522,6 +545,16 @@ def nvfp4_row_amax(x: torch.Tensor) -> torch.Tensor:
     return _row_amax_op(x.contiguous())
 
 
+def _quantized(res: tuple, rowwise: bool, columnwise: bool) -> NVFP4Quantized:
+    """The op's six tensors as the reference's result: the copies not asked for (empty tensors) as None."""
+    data, scale, out_amax, data_t, scale_t, amax_t = res
+    if not rowwise:
+        data = scale = out_amax = None
+    if not columnwise:
+        data_t = scale_t = amax_t = None
+    return NVFP4Quantized(data, scale, out_amax, data_t, scale_t, amax_t)
+
+
 @backend.register_cuda_impl("nvfp4_quantize")
 def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, rowwise: bool = True,
                    columnwise: bool = False, block_2d: bool = False, row_scaled: bool = False,
@@ -543,12 +576,33 @@ def nvfp4_quantize(x: torch.Tensor, *, amax: Optional[torch.Tensor] = None, roww
         # Eager: the launches directly, without the custom op's dispatch (tens of microseconds of host
         # time per call on a training step's hot path); the same function, so the same bytes.
         res = _quantize_impl(*args, share_amax=True, checked=True)
-    data, scale, out_amax, data_t, scale_t, amax_t = res
-    if not rowwise:
-        data = scale = out_amax = None
-    if not columnwise:
-        data_t = scale_t = amax_t = None
-    return NVFP4Quantized(data, scale, out_amax, data_t, scale_t, amax_t)
+    return _quantized(res, rowwise, columnwise)
+
+
+def nvfp4_quantize_sr_from_state(x: torch.Tensor, *, seed: torch.Tensor, offset: torch.Tensor,
+                                 amax: Optional[torch.Tensor] = None, rowwise: bool = True, columnwise: bool = False,
+                                 block_2d: bool = False, row_scaled: bool = False, four_over_six: bool = False,
+                                 e4m3_max: int = 448, err_mode: str = "MAE", err_fast_math: bool = False,
+                                 rht: bool = False) -> NVFP4Quantized:
+    """A stochastically rounded :func:`nvfp4_quantize` whose Philox seed and counter are CPU int64 0-dim tensors
+    (their 64-bit patterns), read when the op runs: the form a graph traced by torch.compile holds, so that the
+    counter is neither a constant of the graph nor the pure-torch twin's Philox (compiled into many kernels). The
+    op runs the CUDA kernels on a CUDA tensor and the reference twin elsewhere (the same bytes). Keeping the tensors
+    on the CPU also keeps a CUDA graph (``mode="reduce-overhead"``) from capturing the op with a fixed counter:
+    torch.compile does not graph a region that reads a CPU tensor."""
+    _check_options(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, err_mode, rht,
+                   True, seed, offset)
+    for name, t in (("seed", seed), ("offset", offset)):
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"nvfp4_quantize_sr_from_state: {name} must be a CPU int64 0-dim tensor (read without "
+                             f"waiting on a GPU), got {where}")
+    if amax is not None:
+        amax = amax.contiguous()
+    res = _quantize_sr_state_op(x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d),
+                                bool(row_scaled), bool(four_over_six), int(e4m3_max), err_mode == "MSE",
+                                bool(err_fast_math), bool(rht), seed, offset)
+    return _quantized(res, rowwise, columnwise)
 
 
 def nvfp4_quantize_with_units(x: torch.Tensor, *, unit_rowwise: bool, unit_columnwise: bool,

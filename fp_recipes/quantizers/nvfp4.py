@@ -257,6 +257,10 @@ class NVFP4Quantizer(Quantizer):
     #: kernel where a decode pass costs ~66 us (benchmarks/NOTES_nvfp4.md, session 36). Rowwise only: the
     #: Linear frees it after dgrad, so no BF16 operand lives longer than the decoded one did (peak memory).
     module_gemm_units = "rowwise"
+    #: Under torch.compile, a stochastically rounded cast is one op (``fp_recipes::nvfp4_quantize_sr_state``: the
+    #: CUDA kernels on a GPU, reading the seed and counter tensors when the graph runs) rather than the pure-torch
+    #: twin, whose Philox rounds Inductor compiles into many kernels. The same bytes either way (the twins' contract).
+    traced_sr_as_op = True
 
     def __init__(self, spec: QuantizerSpec, *, seed: Optional[int] = None) -> None:
         if spec.scaling is not ScalingKind.NVFP4 or spec.fmt is not QFormat.NVFP4:
@@ -391,11 +395,17 @@ class NVFP4Quantizer(Quantizer):
                 q, unit, unit_t = cuda_nvfp4.nvfp4_quantize_with_units(
                     x2, unit_rowwise=units[0], unit_columnwise=units[1], **kwargs)
             elif traced_offset:
-                # traced with the seed and counter as tensors: the pure-torch twin (byte-identical to the
-                # CUDA kernel, whose op takes them as ints) is what the graph holds, on every device
-                from ..ops import reference
+                # traced with the seed and counter as tensors, read when the graph runs
+                from ..ops import cuda_nvfp4
 
-                q = reference.nvfp4_quantize(x2, **kwargs)
+                if self.traced_sr_as_op and (not x2.is_cuda or
+                                             resolved("nvfp4_quantize", x2) is cuda_nvfp4.nvfp4_quantize):
+                    del kwargs["stochastic_rounding"]
+                    q = cuda_nvfp4.nvfp4_quantize_sr_from_state(x2, **kwargs)
+                else:  # the pure-torch twin (byte-identical to the kernels)
+                    from ..ops import reference
+
+                    q = reference.nvfp4_quantize(x2, **kwargs)
             else:
                 q = ops.nvfp4_quantize(x2, **kwargs)
         except (ValueError, TypeError) as exc:
