@@ -424,6 +424,13 @@ def test_nvfp4_sr_state_op_checks_its_counter_tensors():
                                                    seed=7, offset=3)
     for a, b in zip(got, want):
         assert (a is None and b is None) or torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+    from fp_recipes.ops.op_library import CUDAGRAPH_UNSAFE
+
+    if CUDAGRAPH_UNSAFE is not None:  # kept out of torch.compile's CUDA graphs (it reads the counter when it runs)
+        assert CUDAGRAPH_UNSAFE in torch.ops.fp_recipes.nvfp4_quantize_sr_state.default.tags
+        assert CUDAGRAPH_UNSAFE not in torch.ops.fp_recipes.nvfp4_quantize.default.tags
+        for host_effect in ("delayed_record_forward", "delayed_record_backward", "delayed_flush_forward"):
+            assert CUDAGRAPH_UNSAFE in getattr(torch.ops.fp_recipes, host_effect).default.tags, host_effect
     with pytest.raises(ValueError, match="0-dim int64"):
         cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=torch.tensor([3]))
     with pytest.raises(ValueError, match="CPU int64 0-dim tensor"):

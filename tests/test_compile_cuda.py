@@ -71,11 +71,18 @@ def test_compiled_current_scaling_with_the_amax_in_the_graph_is_eager_bit_for_bi
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backend):
+    _compiled_training_is_eager_training(name, backend=backend)
+
+
+def _compiled_training_is_eager_training(name: str, **compile_kw) -> None:
+    """Four SGD steps of the Stack under RECIPES[name], eager and compiled (``compile_kw``): outputs, gradients,
+    parameters and quantizer state equal bit for bit after every step."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = Stack()
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    compiled = torch.compile(model, fullgraph=True, **compile_kw)
+    graphed = compile_kw.get("mode") == "reduce-overhead"
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, model)]
     recipe = RECIPES[name]()
     for step in range(4):
@@ -83,10 +90,12 @@ def test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backe
         outs = []
         for m, run, opt in ((eager, eager, opts[0]), (model, compiled, opts[1])):
             opt.zero_grad(set_to_none=True)
+            if graphed and run is compiled:
+                torch.compiler.cudagraph_mark_step_begin()
             with fp_recipes.autocast(recipe=recipe):
                 y = run(x)
             y.float().square().mean().backward()
-            outs.append((y.detach(), {k: p.grad.clone() for k, p in m.named_parameters()}))
+            outs.append((y.detach().clone(), {k: p.grad.clone() for k, p in m.named_parameters()}))
             opt.step()
         assert torch.equal(outs[0][0], outs[1][0]), f"step {step}: outputs differ"
         for k, g in outs[0][1].items():
@@ -185,3 +194,20 @@ def test_compiled_nvfp4_with_one_op_per_gemm_and_sr_cast_is_eager_bit_for_bit(na
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(RECIPES, name, NVFP4_RECIPES[name])
         test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backend)
+
+
+def test_reduce_overhead_nvfp4_with_stochastic_rounding_is_eager_bit_for_bit():
+    """``mode="reduce-overhead"`` (Inductor's CUDA graphs) with the default NVFP4 recipe: the stochastically rounded
+    casts read their counter when they run (the op is ``cudagraph_unsafe``, so it runs between the captured
+    partitions), so every step draws new numbers exactly as eager mode does, and the two train bit for bit."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(RECIPES, "nvfp4", NVFP4_RECIPES["nvfp4"])
+        _compiled_training_is_eager_training("nvfp4", mode="reduce-overhead")
+
+
+@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+def test_reduce_overhead_delayed_scaling_is_eager_bit_for_bit():
+    """``mode="reduce-overhead"`` with delayed scaling: the ops that record each cast's amax with the reducer (host
+    state, tagged ``cudagraph_unsafe``) run at every step rather than once at capture, so the amax histories and
+    scales move as in eager mode and training matches it bit for bit."""
+    _compiled_training_is_eager_training("delayed", mode="reduce-overhead")

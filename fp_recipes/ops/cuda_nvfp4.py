@@ -316,7 +316,9 @@ def _quantize_sr_state_op_impl(x: torch.Tensor, amax: Optional[torch.Tensor], ro
     return _quantize_impl(*args) if x.is_cuda else _quantize_reference(*args)
 
 
-_quantize_sr_state_op = define_op("nvfp4_quantize_sr_state", _quantize_sr_state_op_impl)
+# cudagraph_unsafe: a CUDA graph would capture the counter read at capture time, and every replay would draw the
+# same numbers; Inductor runs the op outside its captured partitions instead
+_quantize_sr_state_op = define_op("nvfp4_quantize_sr_state", _quantize_sr_state_op_impl, cudagraph_unsafe=True)
 
 
 @register_fake(_quantize_sr_state_op)
@@ -587,9 +589,9 @@ def nvfp4_quantize_sr_from_state(x: torch.Tensor, *, seed: torch.Tensor, offset:
     """A stochastically rounded :func:`nvfp4_quantize` whose Philox seed and counter are CPU int64 0-dim tensors
     (their 64-bit patterns), read when the op runs: the form a graph traced by torch.compile holds, so that the
     counter is neither a constant of the graph nor the pure-torch twin's Philox (compiled into many kernels). The
-    op runs the CUDA kernels on a CUDA tensor and the reference twin elsewhere (the same bytes). Keeping the tensors
-    on the CPU also keeps a CUDA graph (``mode="reduce-overhead"``) from capturing the op with a fixed counter:
-    torch.compile does not graph a region that reads a CPU tensor."""
+    op runs the CUDA kernels on a CUDA tensor and the reference twin elsewhere (the same bytes). The op is tagged
+    ``cudagraph_unsafe``: under ``mode="reduce-overhead"`` Inductor runs it between its CUDA graphs (graph partition)
+    or graphs nothing, never a replay with the counter of the capture."""
     _check_options(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, err_mode, rht,
                    True, seed, offset)
     for name, t in (("seed", seed), ("offset", offset)):
