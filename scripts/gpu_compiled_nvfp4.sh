@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# After `source .device/setup.sh`: the NVFP4 model under torch.compile, never measured on a GPU before (session 36
-# prepared it). 1. tests/test_compile_cuda.py (the GEMM as one op: compiled training bit for bit as eager);
-# 2. bench_model.py's NVFP4 rows eager and compiled, each compiled row again with the GEMM op
-# (--nvfp4-traced-ops-ab: the torch-ops forms against the default ops); 3. the CUDA suite's files that session 36's last call did not reach (REST=1).
+# After `source .device/setup.sh`: the NVFP4 model under torch.compile (session 37: each GEMM and SR cast one op).
+# 1. tests/test_compile_cuda.py (TEST_K: a -k filter, e.g. "nvfp4" or "reduce_overhead"); 2. bench_model.py's NVFP4
+# rows eager and compiled at SIZES, each compiled row again with the torch-ops forms (--nvfp4-traced-ops-ab; NO_AB=1
+# skips them); 3. with REST=1, the CUDA suite from REST_FROM on (alphabetical).
 # Logs and JSON in $OUT. Limits: LIM_TEST, LIM_MODEL, LIM_REST.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_compiled_nvfp4_out}
@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest_compile.txt" | head -n 20; tail -n 1 "$OUT/pytest_compile.txt"
   echo "== bench_model NVFP4 eager + compiled ($(date +%T))"
   timeout -k 10 "${LIM_MODEL:-420}" python3 benchmarks/bench_model.py --sizes "${SIZES:-h2048_t8192,h4096_t4096}" \
-      --rows NVFP4 --compiled-nvfp4 --nvfp4-traced-ops-ab --json "$OUT/model_compiled_nvfp4.json" 2>&1 \
+      --rows NVFP4 --compiled-nvfp4 $([ -n "${NO_AB:-}" ] || echo --nvfp4-traced-ops-ab) --json "$OUT/model_compiled_nvfp4.json" 2>&1 \
       | grep -v Warning | tail -n 14
   if [ -n "${REST:-}" ]; then
     echo "== the rest of the CUDA suite ($(date +%T))"
