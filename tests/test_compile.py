@@ -435,3 +435,36 @@ def test_nvfp4_sr_state_op_checks_its_counter_tensors():
         cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=torch.tensor([3]))
     with pytest.raises(ValueError, match="CPU int64 0-dim tensor"):
         cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=torch.tensor(3, dtype=torch.int64, device="meta"))
+
+
+def test_compiled_nvfp4_sr_op_inside_checkpoint_under_torch_autocast(monkeypatch):
+    """As a fine-tuning job runs it: the model inside non-reentrant activation checkpointing, under
+    ``torch.autocast(bfloat16)`` and fp_recipes' autocast, compiled whole. The traced graph holds the SR op, the
+    recomputed forward repeats no stochastic rounding (only gradients are rounded so), and training equals eager
+    bit for bit, SR counters included."""
+    from torch.utils.checkpoint import checkpoint
+
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+    monkeypatch.setattr(NVFP4Quantizer, "traced_sr_as_op", True)
+    recipe = RECIPES["nvfp4"]()
+
+    def make(model):
+        def step(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = checkpoint(model, x, use_reentrant=False)
+            return y.float().square().mean()
+        return step
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager_model = Model()
+    compiled_model = copy.deepcopy(eager_model)
+    backend = _OpRecorder()
+    compiled = torch.compile(make(compiled_model), fullgraph=True, backend=backend)
+    eager = train(eager_model, make(eager_model), recipe, "outside", steps=2)
+    got = train(compiled_model, compiled, recipe, "outside", steps=2)
+    assert backend.graphs == 1
+    assert "fp_recipes.nvfp4_quantize_sr_state.default" in backend.targets, sorted(backend.targets)
+    assert_same_training(eager, got, "nvfp4 checkpoint + torch.autocast")
+    assert got[0][2]["fc._extra_state"] != got[1][2]["fc._extra_state"]  # the counter moved
