@@ -20,7 +20,7 @@ from _fsdp_worker import torchrun
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 600  # ~2-3 min on 2 CPU cores (graph capture per recipe and mode); a hang fails after this
-RECIPES = ("delayed", "delayed_no_reduce", "current", "nvfp4", "nvfp4_1d_4over6")
+RECIPES = ("delayed", "delayed_no_reduce", "current", "nvfp4", "nvfp4_1d_4over6", "nvfp4_sr")
 
 
 @pytest.fixture(scope="module")
