@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import _extension
+from ..ops.workspace import persistent_cuda_tensor
 
 __all__ = ["available", "bf16_gemm_device_alpha", "fp8_gemm", "fp8_gemms", "fp8_gemms_ptr", "status"]
 
@@ -117,7 +118,11 @@ def _workspace(device: torch.device, stream: int, nbytes: Optional[int] = None) 
     if ws is None:
         while len(_workspaces) >= _MAX_WORKSPACES:
             _workspaces.pop(next(iter(_workspaces)))
-        ws = _workspaces[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        make = lambda: torch.empty(nbytes, dtype=torch.uint8, device=device)  # noqa: E731
+        # (kept across calls: from the default pool unless this stream is being captured, when the graph's pool
+        # holds it as before)
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ws = _workspaces[key] = make() if capturing else persistent_cuda_tensor(make, device)
     return ws
 
 

@@ -25,7 +25,9 @@ def operand_kind(t: object) -> str:
     if kind is not None:
         return kind
     kind = _kind_of(t)
-    if kind != "other":
+    # (not kept while torch.compile traces: a write to module state there is a side effect of the traced
+    # autograd.Function, which Dynamo then cannot trace: a model compiled before any eager step failed)
+    if kind != "other" and not torch.compiler.is_compiling():
         _KIND_OF_TYPE[type(t)] = kind
     return kind
 

@@ -9,6 +9,7 @@ marked with :func:`device_agnostic` (cheap scalar math) runs as is on every devi
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -54,3 +55,6 @@ def __getattr__(name: str) -> Callable[..., Any]:
     fn = dispatch(name)
     globals()[name] = fn
     return fn
+
+
+backend.bind_package(sys.modules[__name__])

@@ -12,6 +12,8 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, Optional
 
+import torch
+
 # the extension and the stream handle live one layer down (fp_recipes/_extension.py), where the GEMM
 # launchers (fp_recipes/gemm/cublaslt.py) import them too without importing this module
 from .._extension import current_stream, extension, extension_error  # noqa: F401  (re-exported)
@@ -83,19 +85,27 @@ def resolved(name: str, x: Any) -> Callable:
     CUDA tensor the registered kernel wrapper (or, without one, the dispatcher: its reference after
     the one warning), elsewhere the dispatcher. For per-call hot paths (the quantizers): the dispatcher
     scans the arguments and looks the implementation up on every call."""
-    global _ops
     if x.is_cuda:
         fn = _resolved.get(name)
         if fn is not None:
             return fn
-    if _ops is None:
-        import fp_recipes.ops as ops  # the package that imports this module: loaded by now
-
-        _ops = ops
     if not x.is_cuda:
         return getattr(_ops, name)
-    fn = _resolved[name] = cuda_impl(name) or getattr(_ops, name)
+    fn = cuda_impl(name) or getattr(_ops, name)
+    if not torch.compiler.is_compiling():  # (a write to module state inside a trace is a side effect Dynamo
+        _resolved[name] = fn               # cannot keep inside a traced autograd.Function)
     return fn
+
+
+def bind_package(ops: Any) -> None:
+    """Called once by ``fp_recipes.ops`` at its import, which also loads the extension and the CUDA op
+    modules then: nothing :func:`resolved` and the dispatchers reach imports anything later. torch.compile
+    cannot trace an import, so a model compiled before its first eager step would otherwise meet one
+    inside the trace."""
+    global _ops
+    _ops = ops
+    extension()
+    _load_cuda_modules()
 
 
 def registered_cuda_ops() -> list[str]:

@@ -162,6 +162,12 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
     (eager only): ``[unit_rowwise, unit_columnwise]`` flags in, replaced by the BF16 unit operands the
     quantize kernel wrote (or None) on return. ``checked``: the eager wrappers already made x a contiguous
     CUDA tensor (the custom op checks it here)."""
+    if amax is None and units is None and not share_amax and x.is_cuda and TRACED_OPS_PLANNED:
+        res = _op_launch_run(x, (rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
+                                 err_fast_math, rht, stochastic_rounding),
+                             (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo)
+        if res is not None:
+            return res
     if x.is_cuda and _e2m1_mode(x.device) == "reference":
         if units is not None:
             units[:] = [None, None]
@@ -171,6 +177,48 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
     return _quantize_kernels(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
                              err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi,
                              share_amax=share_amax, units=units, checked=checked)
+
+
+#: the custom ops' implementations (what a torch.compile graph runs) take the eager casts' resolved launches
+#: (:class:`_Launch`: one C++ call where fp_recipes._torch_ops is built), not :func:`_quantize_kernels`' Python
+#: launches; False: the latter (an A/B of the host time; the bytes are the same)
+TRACED_OPS_PLANNED = True
+
+# _quantize_impl's flags -> the plan whose resolved launches the ops take (its launches keep their amaxes in separate
+# allocations: a custom op's outputs may not share storage)
+_OP_PLANS: Dict[tuple, "QuantizePlan"] = {}
+
+
+def _op_launch_run(x: torch.Tensor, flags: tuple, seed: int, offset: int) -> Optional[tuple]:
+    """The six outputs of a custom op's quantization of ``x`` (no amax given, no unit operands) through a
+    resolved launch, each its own tensor (absent ones empty); None where :func:`_quantize_kernels` must run."""
+    plan = _OP_PLANS.get(flags)
+    if plan is None:
+        rowwise, columnwise, block_2d, row_scaled, fos, e4m3_max, mse, fast, rht, sr = flags
+        plan = _OP_PLANS[flags] = QuantizePlan(
+            rowwise=rowwise, columnwise=columnwise, block_2d=block_2d, row_scaled=row_scaled, four_over_six=fos,
+            e4m3_max=e4m3_max, err_mode="MSE" if mse else "MAE", err_fast_math=fast, rht=rht,
+            stochastic_rounding=sr)
+    launch = plan.launches.get((x.shape, x.dtype))
+    if launch is None:
+        if not plan.valid or not x.is_contiguous() or x.dim() != 2 or x.dtype not in _DTYPE_CODES:
+            return None
+        _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
+        launch = _new_launch(x, plan, separate_amaxes=True)
+        if launch is None:
+            return None
+    elif not x.is_contiguous():
+        return None
+    res = launch.run(x, seed, offset)
+    if res is None:
+        return None
+    data, scale, amax, data_t, scale_t, amax_t = res[:6]
+    dev = x.device
+    if amax is not None and amax_t is not None and amax_t.data_ptr() == amax.data_ptr():
+        amax_t = amax_t.clone()  # (both copies scaled by x's amax: one tensor for both)
+    return (_empty_u8(dev) if data is None else data, _empty_e4m3(dev) if scale is None else scale,
+            _empty_f32(dev) if amax is None else amax, _empty_u8(dev) if data_t is None else data_t,
+            _empty_e4m3(dev) if scale_t is None else scale_t, _empty_f32(dev) if amax_t is None else amax_t)
 
 
 def _quantize_reference(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
@@ -738,13 +786,14 @@ _MAX_LAUNCHES = 64
 _MODE_CODES = {"plain": 0, "both": 1, "row": 2, "fused_row": 3}  # _Launch.mode -> fast_ops.cpp AmaxMode
 
 
-def _new_launch(x: torch.Tensor, plan: QuantizePlan) -> Optional["_Launch"]:
+def _new_launch(x: torch.Tensor, plan: QuantizePlan, separate_amaxes: bool = False) -> Optional["_Launch"]:
     """The resolved launch of ``x``'s shape and dtype, kept in ``plan`` once ``x`` passed every check of
-    the plan's options; None for an empty ``x`` or past the cap (the general path takes those)."""
+    the plan's options; None for an empty ``x`` or past the cap (the general path takes those).
+    ``separate_amaxes``: see :class:`_Launch`."""
     if not x.numel() or len(plan.launches) >= _MAX_LAUNCHES:
         return None
     _require_cuda(x, "nvfp4_quantize")
-    launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x)
+    launch = plan.launches[(x.shape, x.dtype)] = _Launch(plan, x, separate_amaxes)
     return launch
 
 
@@ -758,7 +807,8 @@ class _Launch:
     __slots__ = ("m", "n", "code", "rowwise", "columnwise", "row_scaled", "block_2d", "rht", "mode", "need_g",
                  "data_shape", "scale_shape", "data_t_shape", "scale_t_shape", "row_shape", "tail", "cpp")
 
-    def __init__(self, plan: "QuantizePlan", x: torch.Tensor) -> None:
+    def __init__(self, plan: "QuantizePlan", x: torch.Tensor, separate_amaxes: bool = False) -> None:
+        # separate_amaxes (a custom op's launch): x's amax and the post-RHT one in two allocations, not views of one
         m, n = x.shape
         rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math, rht, sr = plan.flags
         self.m, self.n, self.code = m, n, _DTYPE_CODES[x.dtype]
@@ -770,7 +820,7 @@ class _Launch:
             # row amax launch (with the global amax of the columnwise copy)
             self.mode = "fused_row" if rowwise and not columnwise else "row"
         else:
-            self.mode = "both" if self.need_g and rht else "plain"
+            self.mode = "both" if self.need_g and rht and not separate_amaxes else "plain"
         self.data_shape, self.scale_shape = (m, n // 2), (m, n // BLOCK)
         self.data_t_shape, self.scale_t_shape = (n, m // 2), (n, m // BLOCK)
         self.row_shape = (m,)
@@ -960,7 +1010,8 @@ def _alpha_ws(device: torch.device, stream: int) -> torch.Tensor:
     if ws is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return torch.empty((4,), dtype=torch.float32, device=device)
-        ws = _ALPHA_WS[key] = torch.zeros((4,), dtype=torch.float32, device=device)
+        ws = _ALPHA_WS[key] = workspace.persistent_cuda_tensor(
+            lambda: torch.zeros((4,), dtype=torch.float32, device=device), device)
     return ws
 
 

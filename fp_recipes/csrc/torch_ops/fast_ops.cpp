@@ -19,9 +19,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -87,22 +90,77 @@ uint64_t key_of(const at::Device& device, void* stream) {
   return (reinterpret_cast<uint64_t>(stream) << 8) ^ static_cast<uint64_t>(device.index());
 }
 
+// A zeroed buffer kept for the process's life, made on a short-lived helper thread with the caller's device and
+// current stream (ops/workspace.py persistent_cuda_tensor): torch routes a CUDA-graph pool's allocations by thread
+// (torch.compile's mode="reduce-overhead" warms its graphs up so), and refuses to replay when a tensor it did not
+// return stays alive in the pool. Not while the stream is being captured: callers check first.
+at::Tensor* persistent_buffer(const at::Device& device, at::ScalarType dtype, int64_t numel, bool zeroed) {
+  const c10::Stream stream = cuda_impl().getStream(device);
+  at::Tensor* out = nullptr;
+  std::exception_ptr error;
+  std::thread helper([&] {
+    try {
+      const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+      const c10::Device previous_device = impl.exchangeDevice(device);
+      const c10::Stream previous_stream = impl.exchangeStream(stream);
+      const auto options = at::TensorOptions().dtype(dtype).device(device);
+      out = new at::Tensor(zeroed ? at::zeros({numel}, options) : at::empty({numel}, options));
+      impl.exchangeStream(previous_stream);
+      impl.setDevice(previous_device);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  {
+    // the helper may need the GIL (the allocator's history recording takes Python stacks): not held while waiting
+    std::optional<py::gil_scoped_release> release;
+    if (PyGILState_Check()) release.emplace();
+    helper.join();
+  }
+  if (error) std::rethrow_exception(error);
+  return out;
+}
+
 uint32_t* amax_workspace(const at::Device& device, void* stream) {
   bool capturing = false;
   check(table().stream_capturing(stream, &capturing));
   if (capturing) return nullptr;  // a replay would share the capture stream's buffer: the launcher memsets
+  const uint64_t key = key_of(device, stream);
+  {
+    std::lock_guard<std::mutex> lock(g_buffers.mutex);
+    const auto it = g_buffers.amax_ws.find(key);
+    if (it != g_buffers.amax_ws.end()) return reinterpret_cast<uint32_t*>(it->second->data_ptr<int32_t>());
+  }
+  // made without the lock held (the helper thread may wait for the GIL), kept unless another thread was first
+  at::Tensor* made = persistent_buffer(device, at::kInt, 4, true);
   std::lock_guard<std::mutex> lock(g_buffers.mutex);
-  at::Tensor*& ws = g_buffers.amax_ws[key_of(device, stream)];
-  if (ws == nullptr) ws = new at::Tensor(at::zeros({4}, at::TensorOptions().dtype(at::kInt).device(device)));
+  at::Tensor*& ws = g_buffers.amax_ws[key];
+  if (ws == nullptr)
+    ws = made;
+  else
+    delete made;
   return reinterpret_cast<uint32_t*>(ws->data_ptr<int32_t>());
 }
 
 void* gemm_workspace(const at::Device& device, void* stream, int64_t nbytes) {
   if (nbytes == 0) return nullptr;
+  bool capturing = false;
+  check(table().stream_capturing(stream, &capturing));
+  const uint64_t key = key_of(device, stream);
+  {
+    std::lock_guard<std::mutex> lock(g_buffers.mutex);
+    const auto it = g_buffers.gemm_ws.find(key);
+    if (it != g_buffers.gemm_ws.end() && it->second->numel() >= nbytes) return it->second->data_ptr();
+  }
+  // made without the lock held (see amax_workspace); captured: the graph's pool holds it
+  at::Tensor* made = capturing ? new at::Tensor(at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device)))
+                               : persistent_buffer(device, at::kByte, nbytes, false);
   std::lock_guard<std::mutex> lock(g_buffers.mutex);
-  at::Tensor*& ws = g_buffers.gemm_ws[key_of(device, stream)];
+  at::Tensor*& ws = g_buffers.gemm_ws[key];
   if (ws == nullptr || ws->numel() < nbytes)  // an older, smaller one stays alive: launches may still read it
-    ws = new at::Tensor(at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device)));
+    ws = made;
+  else
+    delete made;
   return ws->data_ptr();
 }
 
@@ -121,7 +179,7 @@ at::Tensor alpha_workspace(const at::Device& device, void* stream) {
   if (capturing) return at::empty({4}, f32);
   at::Tensor*& ws = t_alpha_ws[key_of(device, stream)];
   if (ws == nullptr) {
-    ws = new at::Tensor(at::zeros({4}, f32));
+    ws = persistent_buffer(device, at::kFloat, 4, true);
     ++g_alpha_ws_count;
   }
   return *ws;
