@@ -366,15 +366,19 @@ def test_a_trace_loads_the_extension_before_the_ops_need_it():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
-#: the recipes of RECIPES as code for a fresh process
-_RECIPE_CODE = {
-    "delayed": "fp_recipes.DelayedScaling(amax_history_len=4)",
-    "current": "fp_recipes.Float8CurrentScaling()",
-    "nvfp4": "fp_recipes.NVFP4BlockScaling()",
-    "nvfp4_row_scaled_4over6": "fp_recipes.NVFP4BlockScaling(row_scaled_activation=True, nvfp4_4over6='weights', "
-                               "disable_rht=True, disable_stochastic_rounding=True, disable_2d_quantization=True)",
-    "per_token": "fp_recipes.PerTokenScaling()",
-}
+def run_compiled_first(name: str, device: str, backend: str) -> None:
+    """tests/_compiled_first.py in a fresh process: a model compiled before any eager quantized step trains."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("_compiled_first.py")
+    root = str(worker.parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    out = subprocess.run([sys.executable, str(worker), name, device, backend], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -383,33 +387,10 @@ def test_a_model_compiled_before_any_eager_step_trains(name):
     first trace meets every first use (the ops package's lookups, the GEMM dispatch's type table; a write to
     module state inside a traced autograd.Function failed it with "An intermediate tensor 'scale_t' ... aliases
     an input or output" for NVFP4, and an import inside the trace with "Bad import result" on torch 2.11)."""
-    import subprocess
-    import sys
+    from _compiled_first import RECIPES as WORKER_RECIPES
 
-    assert set(_RECIPE_CODE) == set(RECIPES)
-    code = (
-        "import torch, fp_recipes\n"
-        "torch.manual_seed(0)\n"
-        "class M(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.ln_fc = fp_recipes.LayerNormLinear(64, 128)\n"
-        "        self.experts = fp_recipes.GroupedLinear(2, 128, 64)\n"
-        "        self.head = fp_recipes.Linear(64, 32, bias=False)\n"
-        "    def forward(self, x):\n"
-        "        return self.head(self.experts(self.ln_fc(x), [32, 16]))\n"
-        "m = M()\n"
-        "f = torch.compile(m, fullgraph=True, backend='eager')\n"
-        f"recipe = {_RECIPE_CODE[name]}\n"
-        "x = torch.randn(48, 64, requires_grad=True)\n"
-        "for _ in range(2):\n"
-        "    with fp_recipes.autocast(recipe=recipe):\n"
-        "        y = f(x)\n"
-        "    y.float().square().mean().backward()\n"
-        "assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in m.parameters())\n"
-        "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    assert set(WORKER_RECIPES) == set(RECIPES)
+    run_compiled_first(name, "cpu", "eager")
 
 
 class _OpRecorder(CountingBackend):

@@ -212,16 +212,19 @@ def test_compiled_nvfp4_with_one_op_per_gemm_and_sr_cast_is_eager_bit_for_bit(na
 def _reduce_overhead_training_in_a_process(name: str) -> None:
     """:func:`_compiled_training_is_eager_training` under ``mode="reduce-overhead"`` in a fresh process: a crash
     there (session 38 saw a segmentation fault) fails this test instead of ending the whole GPU suite."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
+    root = str(Path(__file__).parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "import test_compile_cuda as t\n"
             "t.RECIPES.update(t.NVFP4_RECIPES)\n"
             f"t._compiled_training_is_eager_training({name!r}, mode='reduce-overhead')\n"
             "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
         f"exit status {out.returncode}:\n{out.stderr[-3000:]}"
 
@@ -251,26 +254,8 @@ def test_a_model_compiled_before_any_eager_step_trains_on_cuda(name):
     """A fresh process whose first quantized step on the GPU is compiled (Inductor), forward and backward: the first
     trace meets every first use of the CUDA path (the extension, the CUDA op modules, the ops package's lookups).
     On torch 2.11 an import inside that trace failed it ("Bad import result", benchmarks/RESULTS.md session 38)."""
-    import subprocess
-    import sys
+    from test_compile import run_compiled_first
 
     if name != "nvfp4" and not _fp8_device():
         pytest.skip("FP8 GEMMs need sm_89+")
-    recipe = {"delayed": "fp_recipes.DelayedScaling(amax_history_len=4)", "current": "fp_recipes.Float8CurrentScaling()",
-              "nvfp4": "fp_recipes.NVFP4BlockScaling()"}[name]
-    code = (
-        "import torch, fp_recipes\n"
-        "torch.manual_seed(0)\n"
-        "kw = dict(params_dtype=torch.bfloat16, device='cuda')\n"
-        "m = torch.nn.Sequential(fp_recipes.LayerNormLinear(64, 128, **kw), fp_recipes.Linear(128, 64, bias=False, **kw))\n"
-        "f = torch.compile(m, fullgraph=True)\n"
-        f"recipe = {recipe}\n"
-        "x = torch.randn(48, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n"
-        "for _ in range(2):\n"
-        "    with fp_recipes.autocast(recipe=recipe):\n"
-        "        y = f(x)\n"
-        "    y.float().square().mean().backward()\n"
-        "assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in m.parameters())\n"
-        "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_compiled_first(name, "cuda", "inductor")
