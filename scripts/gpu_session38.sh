@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # After `source .device/setup.sh`: session 38's checks. 1. the reduce-overhead tests of tests/test_compile_cuda.py
 # (TEST_K); 2. where one Linear step's host time goes (profile_host.py, eager and compiled, a small shape so that
-# the GPU never holds the host back: PROFILE_SHAPE, PROFILE_RECIPES); 3. with MODEL=1, bench_model's NVFP4 rows
-# eager and compiled at SIZES. Logs in $OUT.
+# the GPU never holds the host back: PROFILE_SHAPE, PROFILE_RECIPES; NO_PROFILE=1 skips it); 3. with DIAG=1,
+# scripts/diag_reduce_overhead.py (which variant of the NVFP4 step crashes under reduce-overhead); 4. with MODEL=1,
+# bench_model's NVFP4 rows eager and compiled at SIZES. Logs in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_session38_out}
 mkdir -p "$OUT"
@@ -26,6 +27,11 @@ export PYTHONUNBUFFERED=1
     timeout -k 10 "${LIM_PROF:-150}" python3 benchmarks/profile_host.py --recipes nvfp4 --compiled \
         --shape "${PROFILE_SHAPE:-1024,1024,1024}" --steps 300 --top 45 > "$OUT/profile_host_compiled.txt" 2>&1
     echo "rc=$?"; grep "=====" "$OUT/profile_host_compiled.txt"
+  fi
+  if [ -n "${DIAG:-}" ]; then
+    echo "== diag_reduce_overhead ($(date +%T))"
+    timeout -k 10 "${LIM_DIAG:-400}" python3 scripts/diag_reduce_overhead.py ${DIAG_VARIANTS:+--variants "$DIAG_VARIANTS"} \
+        2>&1 | tee "$OUT/diag_reduce_overhead.txt"
   fi
   if [ -n "${MODEL:-}" ]; then
     echo "== bench_model NVFP4 eager + compiled ($(date +%T))"
