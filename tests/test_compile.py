@@ -464,17 +464,11 @@ def test_nvfp4_sr_state_op_checks_its_counter_tensors():
         cuda_nvfp4.nvfp4_quantize_sr_from_state(x, seed=seed, offset=torch.tensor(3, dtype=torch.int64, device="meta"))
 
 
-def test_compiled_nvfp4_sr_op_inside_checkpoint_under_torch_autocast(monkeypatch):
-    """As a fine-tuning job runs it: the model inside non-reentrant activation checkpointing, under
-    ``torch.autocast(bfloat16)`` and fp_recipes' autocast, compiled whole. The traced graph holds the SR op, the
-    recomputed forward repeats no stochastic rounding (only gradients are rounded so), and training equals eager
-    bit for bit, SR counters included."""
+def checkpointed_eager_and_compiled(recipe, backend, steps: int = 2) -> tuple:
+    """:func:`train` histories of the Model run as a fine-tuning job runs it (inside non-reentrant activation
+    checkpointing, under ``torch.autocast(bfloat16)``, ``recipe``'s autocast outside), eagerly and compiled whole
+    (fullgraph) with ``backend``."""
     from torch.utils.checkpoint import checkpoint
-
-    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
-
-    monkeypatch.setattr(NVFP4Quantizer, "traced_sr_as_op", True)
-    recipe = RECIPES["nvfp4"]()
 
     def make(model):
         def step(x):
@@ -487,10 +481,21 @@ def test_compiled_nvfp4_sr_op_inside_checkpoint_under_torch_autocast(monkeypatch
     torch.manual_seed(0)
     eager_model = Model()
     compiled_model = copy.deepcopy(eager_model)
-    backend = _OpRecorder()
     compiled = torch.compile(make(compiled_model), fullgraph=True, backend=backend)
-    eager = train(eager_model, make(eager_model), recipe, "outside", steps=2)
-    got = train(compiled_model, compiled, recipe, "outside", steps=2)
+    eager = train(eager_model, make(eager_model), recipe, "outside", steps=steps)
+    return eager, train(compiled_model, compiled, recipe, "outside", steps=steps)
+
+
+def test_compiled_nvfp4_sr_op_inside_checkpoint_under_torch_autocast(monkeypatch):
+    """As a fine-tuning job runs it: the model inside non-reentrant activation checkpointing, under
+    ``torch.autocast(bfloat16)`` and fp_recipes' autocast, compiled whole. The traced graph holds the SR op, the
+    recomputed forward repeats no stochastic rounding (only gradients are rounded so), and training equals eager
+    bit for bit, SR counters included."""
+    from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer
+
+    monkeypatch.setattr(NVFP4Quantizer, "traced_sr_as_op", True)
+    backend = _OpRecorder()
+    eager, got = checkpointed_eager_and_compiled(RECIPES["nvfp4"](), backend)
     assert backend.graphs == 1
     assert "fp_recipes.nvfp4_quantize_sr_state.default" in backend.targets, sorted(backend.targets)
     assert_same_training(eager, got, "nvfp4 checkpoint + torch.autocast")
@@ -508,22 +513,5 @@ def test_compiled_checkpoint_under_torch_autocast_trains_like_eager(name):
     """The whole model inside non-reentrant activation checkpointing under ``torch.autocast(bfloat16)``, compiled
     (aot_eager: AOT autograd's partitioner decides what the backward recomputes), trains bit for bit as eager.
     (The default NVFP4 recipe: test_compiled_nvfp4_sr_op_inside_checkpoint_under_torch_autocast.)"""
-    from torch.utils.checkpoint import checkpoint
-
-    recipe = RECIPES[name]()
-
-    def make(model):
-        def step(x):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = checkpoint(model, x, use_reentrant=False)
-            return y.float().square().mean()
-        return step
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    eager_model = Model()
-    compiled_model = copy.deepcopy(eager_model)
-    compiled = torch.compile(make(compiled_model), fullgraph=True, backend="aot_eager")
-    eager = train(eager_model, make(eager_model), recipe, "outside", steps=2)
-    got = train(compiled_model, compiled, recipe, "outside", steps=2)
+    eager, got = checkpointed_eager_and_compiled(RECIPES[name](), "aot_eager")
     assert_same_training(eager, got, f"{name} checkpoint + torch.autocast")
