@@ -125,20 +125,9 @@ uint32_t* amax_workspace(const at::Device& device, void* stream) {
   bool capturing = false;
   check(table().stream_capturing(stream, &capturing));
   if (capturing) return nullptr;  // a replay would share the capture stream's buffer: the launcher memsets
-  const uint64_t key = key_of(device, stream);
-  {
-    std::lock_guard<std::mutex> lock(g_buffers.mutex);
-    const auto it = g_buffers.amax_ws.find(key);
-    if (it != g_buffers.amax_ws.end()) return reinterpret_cast<uint32_t*>(it->second->data_ptr<int32_t>());
-  }
-  // made without the lock held (the helper thread may wait for the GIL), kept unless another thread was first
-  at::Tensor* made = persistent_buffer(device, at::kInt, 4, true);
   std::lock_guard<std::mutex> lock(g_buffers.mutex);
-  at::Tensor*& ws = g_buffers.amax_ws[key];
-  if (ws == nullptr)
-    ws = made;
-  else
-    delete made;
+  at::Tensor*& ws = g_buffers.amax_ws[key_of(device, stream)];
+  if (ws == nullptr) ws = persistent_buffer(device, at::kInt, 4, true);
   return reinterpret_cast<uint32_t*>(ws->data_ptr<int32_t>());
 }
 
@@ -146,21 +135,11 @@ void* gemm_workspace(const at::Device& device, void* stream, int64_t nbytes) {
   if (nbytes == 0) return nullptr;
   bool capturing = false;
   check(table().stream_capturing(stream, &capturing));
-  const uint64_t key = key_of(device, stream);
-  {
-    std::lock_guard<std::mutex> lock(g_buffers.mutex);
-    const auto it = g_buffers.gemm_ws.find(key);
-    if (it != g_buffers.gemm_ws.end() && it->second->numel() >= nbytes) return it->second->data_ptr();
-  }
-  // made without the lock held (see amax_workspace); captured: the graph's pool holds it
-  at::Tensor* made = capturing ? new at::Tensor(at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device)))
-                               : persistent_buffer(device, at::kByte, nbytes, false);
   std::lock_guard<std::mutex> lock(g_buffers.mutex);
-  at::Tensor*& ws = g_buffers.gemm_ws[key];
+  at::Tensor*& ws = g_buffers.gemm_ws[key_of(device, stream)];
   if (ws == nullptr || ws->numel() < nbytes)  // an older, smaller one stays alive: launches may still read it
-    ws = made;
-  else
-    delete made;
+    ws = capturing ? new at::Tensor(at::empty({nbytes}, at::TensorOptions().dtype(at::kByte).device(device)))
+                   : persistent_buffer(device, at::kByte, nbytes, false);  // (captured: the graph's pool holds it)
   return ws->data_ptr();
 }
 
