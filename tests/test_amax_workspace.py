@@ -8,6 +8,7 @@ before the FP8 casts took one."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fp_recipes.ops import cuda_fp8, cuda_nvfp4, workspace
@@ -52,3 +53,44 @@ def test_fp8_casts_take_no_workspace_from_an_older_extension(monkeypatch):
         monkeypatch.setattr(cuda_fp8.backend, "extension", lambda ext=ext: ext)
         got = cuda_fp8._amax_ws(torch.device("cpu"), 3)
         assert (got != 0) == want_ws
+
+
+def _pool_of(ptr: int):
+    """The memory pool id of the caching-allocator segment holding ``ptr`` ((0, 0): the default pool)."""
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return tuple(seg.get("segment_pool_id", (0, 0)))
+    raise AssertionError(f"no segment holds {ptr:#x}")
+
+
+@pytest.mark.cuda
+def test_kept_buffers_stay_out_of_a_graph_pool_the_thread_allocates_to(monkeypatch):
+    """torch.compile's mode="reduce-overhead" warms its CUDA graphs up with every allocation of the calling thread
+    routed to the graph's pool, and refuses to run when a tensor it did not return stays alive there (session 38,
+    H200). The amax workspace, the emulated GEMM's alpha workspace and cuBLASLt's workspace are kept across calls:
+    made meanwhile, each must come from the default pool (ops/workspace.py persistent_cuda_tensor)."""
+    from fp_recipes.gemm import cublaslt
+
+    monkeypatch.setattr(workspace, "AMAX_WS", {})
+    monkeypatch.setattr(cuda_nvfp4, "_ALPHA_WS", {})
+    monkeypatch.setattr(cublaslt, "_workspaces", {})
+    dev = torch.device("cuda", torch.cuda.current_device())
+    pool = torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        stream = side.cuda_stream
+        torch._C._cuda_beginAllocateCurrentThreadToPool(dev.index, pool)
+        try:
+            control = torch.empty(1024, device=dev)  # routed to the pool, as Inductor's warm-up allocations are
+            amax_ptr = workspace.amax_ws(dev, stream)
+            alpha = cuda_nvfp4._alpha_ws(dev, stream)
+            gemm_ws = cublaslt._workspace(dev, stream, 4096)
+        finally:
+            torch._C._cuda_endAllocateToPool(dev.index, pool)
+    torch.cuda.synchronize()
+    assert _pool_of(control.data_ptr()) != (0, 0), "the control allocation should be in the graph's pool"
+    for name, ptr in (("amax", amax_ptr), ("alpha", alpha.data_ptr()), ("cuBLASLt", gemm_ws.data_ptr())):
+        assert _pool_of(ptr) == (0, 0), f"the {name} workspace was allocated into the graph's pool"
+    assert not workspace.AMAX_WS[(dev.index, stream)].any() and not alpha.any()  # (zeroed, on their stream)
+    del control
+    torch._C._cuda_releasePool(dev.index, pool)

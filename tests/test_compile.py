@@ -381,6 +381,27 @@ def run_compiled_first(name: str, device: str, backend: str) -> None:
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def test_importing_the_ops_package_loads_everything_a_trace_would_otherwise_import():
+    """torch.compile cannot trace an import (on torch 2.11, "Bad import result" in a model compiled before its
+    first eager step): ``fp_recipes.ops`` binds itself for ``backend.resolved`` and loads the extension and the CUDA
+    op modules when it is imported. A fresh process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, fp_recipes.ops as ops\n"
+            "from fp_recipes import _extension\n"
+            "assert ops.backend._ops is ops, 'backend.resolved would import the ops package on first use'\n"
+            "assert _extension._ext_loaded, 'the extension would load on first use'\n"
+            "assert {'fp_recipes.ops.cuda_fp8', 'fp_recipes.ops.cuda_nvfp4'} <= set(sys.modules)\n"
+            "print('ok')\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_a_model_compiled_before_any_eager_step_trains(name):
     """A fresh process whose first quantized step is compiled, forward and backward, every module kind: the
