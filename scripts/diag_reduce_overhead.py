@@ -31,7 +31,7 @@ VARIANTS = {
 }
 
 
-def run(variant: str, timeout: int) -> str:
+def run(variant: str, timeout: int, log_dir: str = "", gdb: bool = False) -> str:
     name, prelude = VARIANTS[variant]
     code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
             "import fp_recipes, test_compile_cuda as t\n"
@@ -41,11 +41,16 @@ def run(variant: str, timeout: int) -> str:
             f"t._compiled_training_is_eager_training({name!r}, mode='reduce-overhead')\n"
             "print('ok')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    cmd = [sys.executable, "-X", "faulthandler", "-c", code]
+    if gdb:  # a native backtrace of the crashing thread (all threads) when gdb is on the machine
+        cmd = ["gdb", "-q", "-batch", "-ex", "set pagination off", "-ex", "handle SIGUSR1 SIGUSR2 nostop noprint",
+               "-ex", "run", "-ex", "thread apply all bt 25", "--args"] + cmd
     try:
-        out = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
-                             timeout=timeout, env=env)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return "timeout"
+    if log_dir:
+        Path(log_dir, f"{variant}{'_gdb' if gdb else ''}.log").write_text(out.stdout + "\n---- stderr\n" + out.stderr)
     if out.returncode == 0 and out.stdout.strip().endswith("ok"):
         return "pass"
     last = [ln for ln in out.stderr.splitlines() if ln.strip()][-3:]
@@ -57,9 +62,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--timeout", type=int, default=240)
+    p.add_argument("--log-dir", default="", help="write each variant's full stdout and stderr here")
+    p.add_argument("--gdb", action="store_true", help="run each variant under gdb and log every thread's backtrace")
     args = p.parse_args()
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
     for v in args.variants.split(","):
-        print(f"{v:14s} {run(v, args.timeout)}", flush=True)
+        print(f"{v:14s} {run(v, args.timeout, args.log_dir, args.gdb)}", flush=True)
 
 
 if __name__ == "__main__":

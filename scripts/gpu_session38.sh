@@ -30,8 +30,13 @@ export PYTHONUNBUFFERED=1
   fi
   if [ -n "${DIAG:-}" ]; then
     echo "== diag_reduce_overhead ($(date +%T))"
-    timeout -k 10 "${LIM_DIAG:-400}" python3 scripts/diag_reduce_overhead.py ${DIAG_VARIANTS:+--variants "$DIAG_VARIANTS"} \
+    timeout -k 10 "${LIM_DIAG:-400}" python3 scripts/diag_reduce_overhead.py ${DIAG_VARIANTS:+--variants "$DIAG_VARIANTS"} --log-dir "$OUT/diag" \
         2>&1 | tee "$OUT/diag_reduce_overhead.txt"
+    if [ -n "${DIAG_GDB:-}" ]; then
+      if command -v gdb >/dev/null; then
+        timeout -k 10 "${LIM_GDB:-200}" python3 scripts/diag_reduce_overhead.py --variants "$DIAG_GDB" --gdb --log-dir "$OUT/diag" 2>&1 | tee -a "$OUT/diag_reduce_overhead.txt"
+      else echo "no gdb on this machine"; fi
+    fi
   fi
   if [ -n "${MODEL:-}" ]; then
     echo "== bench_model NVFP4 eager + compiled ($(date +%T))"
