@@ -3,15 +3,13 @@ segmentation fault in the compiled backward with the default recipe). Each varia
 Stack for four steps in a fresh process and compares it with eager training (tests/test_compile_cuda.py); the
 table says which variants pass, fail or crash (the exit status of the process).
 
-    python scripts/diag_reduce_overhead.py [--variants default,no_sr,graph_advance,python_casts,torch_ops_sr,rs46,current]
+    python scripts/diag_reduce_overhead.py [--variants default,no_sr,python_casts,torch_ops_sr,rs46,current]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,15 +26,6 @@ VARIANTS = {
     # the SR cast as the pure-torch twin (Inductor compiles it; the counter still read when the graph runs)
     "torch_ops_sr": ("nvfp4", "from fp_recipes.quantizers.nvfp4 import NVFP4Quantizer\n"
                               "NVFP4Quantizer.traced_sr_as_op = False\n"),
-    # session 38's form: the op leaves the counter alone and the graph adds to it (the backward writes the
-    # forward's counter input back with a copy_)
-    "graph_advance": ("nvfp4", "from fp_recipes.ops import cuda_nvfp4\n"
-                               "_f = cuda_nvfp4.nvfp4_quantize_sr_from_state\n"
-                               "def _graph_advance(x, *, advance=0, **kw):\n"
-                               "    q = _f(x, **kw)\n"
-                               "    kw['offset'].add_(advance)\n"
-                               "    return q\n"
-                               "cuda_nvfp4.nvfp4_quantize_sr_from_state = _graph_advance\n"),
     "rs46": ("nvfp4_rs46", ""),
     "current": ("current", ""),
 }
@@ -62,10 +51,6 @@ def run(variant: str, timeout: int, log_dir: str = "", gdb: bool = False) -> str
         return "timeout"
     if log_dir:
         Path(log_dir, f"{variant}{'_gdb' if gdb else ''}.log").write_text(out.stdout + "\n---- stderr\n" + out.stderr)
-        # the generated code of the frames the crash went through (faulthandler names them)
-        for i, path in enumerate(dict.fromkeys(re.findall(r'File "(/tmp/torchinductor_[^"]+\.py)"', out.stderr))):
-            if os.path.exists(path):
-                shutil.copy(path, Path(log_dir, f"{variant}_frame{i}_{Path(path).name}"))
     if out.returncode == 0 and out.stdout.strip().endswith("ok"):
         return "pass"
     last = [ln for ln in out.stderr.splitlines() if ln.strip()][-3:]

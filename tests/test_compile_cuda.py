@@ -209,9 +209,10 @@ def test_compiled_nvfp4_with_one_op_per_gemm_and_sr_cast_is_eager_bit_for_bit(na
     assert planned[0] > 0
 
 
-def _reduce_overhead_training_in_a_process(name: str) -> None:
+def _reduce_overhead_training_in_a_process(name: str, expect_ok: bool = True) -> str:
     """:func:`_compiled_training_is_eager_training` under ``mode="reduce-overhead"`` in a fresh process: a crash
-    there (session 38 saw a segmentation fault) fails this test instead of ending the whole GPU suite."""
+    there (session 38 saw a segmentation fault) fails this test instead of ending the whole GPU suite. Returns the
+    process's stderr."""
     import os
     import subprocess
     import sys
@@ -220,23 +221,34 @@ def _reduce_overhead_training_in_a_process(name: str) -> None:
     root = str(Path(__file__).parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            "import test_compile_cuda as t\n"
+            "import fp_recipes, test_compile_cuda as t\n"
             "t.RECIPES.update(t.NVFP4_RECIPES)\n"
+            "t.RECIPES['nvfp4_nosr'] = lambda: fp_recipes.NVFP4BlockScaling(disable_stochastic_rounding=True)\n"
             f"t._compiled_training_is_eager_training({name!r}, mode='reduce-overhead')\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
-        f"exit status {out.returncode}:\n{out.stderr[-3000:]}"
+    if expect_ok:
+        assert out.returncode == 0 and out.stdout.strip().endswith("ok"), \
+            f"exit status {out.returncode}:\n{out.stderr[-3000:]}"
+    else:
+        assert out.returncode == 1, f"exit status {out.returncode} (a crash is negative):\n{out.stderr[-3000:]}"
+    return out.stderr
 
 
-def test_reduce_overhead_nvfp4_with_stochastic_rounding_is_eager_bit_for_bit():
-    """``mode="reduce-overhead"`` (Inductor's CUDA graphs) with the default NVFP4 recipe: the stochastically rounded
-    casts read their counter when they run (the op is ``cudagraph_unsafe``, so it runs between the captured
-    partitions), so every step draws new numbers exactly as eager mode does, and the two train bit for bit. Until
-    session 39 the process crashed here (segmentation fault in the compiled backward, H200, torch 2.11) while the
-    graph wrote the advanced counter back to the forward's input (tests/test_compile.py
-    test_the_traced_sr_counter_moves_inside_the_op_not_as_a_backward_write_back)."""
-    _reduce_overhead_training_in_a_process("nvfp4")
+def test_reduce_overhead_nvfp4_with_stochastic_rounding_is_refused_with_a_clear_error():
+    """``mode="reduce-overhead"`` with the default NVFP4 recipe (stochastic rounding) raises an error naming the
+    alternatives, where it used to crash the process (session 38) or, with the counter moved inside the op, leave
+    the quantizer's counter unmoved (session 39: CUDA-graph trees hand the backward a counter tensor that is not
+    the quantizer's). Both found on an H200 with torch 2.11."""
+    err = _reduce_overhead_training_in_a_process("nvfp4", expect_ok=False)
+    assert "NVFP4 stochastic rounding is not supported under torch.compile(mode=\"reduce-overhead\")" in err, \
+        err[-3000:]
+
+
+def test_reduce_overhead_nvfp4_without_stochastic_rounding_is_eager_bit_for_bit():
+    """``mode="reduce-overhead"`` with NVFP4 round-to-nearest (no counter in the graph): trains bit for bit as
+    eager."""
+    _reduce_overhead_training_in_a_process("nvfp4_nosr")
 
 
 @pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")

@@ -354,34 +354,41 @@ def _quantize_op_fake(x, amax, rowwise, columnwise, block_2d, row_scaled, four_o
 
 def _quantize_sr_state_op_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool, columnwise: bool,
                                block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
-                               err_fast_math: bool, rht: bool, seed: torch.Tensor, offset: torch.Tensor,
-                               advance: int
+                               err_fast_math: bool, rht: bool, seed: torch.Tensor, offset: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                           torch.Tensor]:
     # the seed and counter are CPU tensors (checked by the wrapper): reading them never waits on a GPU
     s, o = int(seed) & _MASK64, int(offset) & _MASK64
     args = (x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math, rht,
             True, s & _MASK32, s >> 32, o & _MASK32, o >> 32)
-    out = _quantize_impl(*args) if x.is_cuda else _quantize_reference(*args)
-    if advance:
-        # the counter moves on here, inside the op, not as an add + copy_ in the graph: AOT autograd writes a
-        # backward's mutation of a forward input back with a copy_ at the backward's end, and under
-        # mode="reduce-overhead" that CPU write-back crashed the process (H200, session 39). ``.data``: the
-        # counter's version does not change, so a forward that saved it is not refused by autograd.
-        offset.data.add_(advance)  # int64 wraps as the 64-bit counter does
-    return out
+    return _quantize_impl(*args) if x.is_cuda else _quantize_reference(*args)
 
 
 # cudagraph_unsafe: a CUDA graph would capture the counter read at capture time, and every replay would draw the
-# same numbers; Inductor runs the op outside its captured partitions instead. side_effect: it moves the counter on
-# (a mutation the schema does not declare, see above), so the graph must neither drop nor merge two calls.
-_quantize_sr_state_op = define_op("nvfp4_quantize_sr_state", _quantize_sr_state_op_impl, cudagraph_unsafe=True,
-                                  side_effect=True)
+# same numbers; Inductor runs the op outside its captured partitions instead
+_quantize_sr_state_op = define_op("nvfp4_quantize_sr_state", _quantize_sr_state_op_impl, cudagraph_unsafe=True)
+
+
+def _refuse_under_cudagraphs() -> None:
+    """A clear error instead of a crash: under Inductor's CUDA graphs (``mode="reduce-overhead"``) the backward's
+    stochastically rounded casts read their counter from a CPU tensor the forward saved, and cudagraph trees hand
+    the backward a tensor that is not the counter. On an H200 (torch 2.11, session 39) the counter's write-back
+    crashed the process (a segmentation fault); moving the counter inside the op instead left the quantizer's
+    counter unmoved, with the write going to memory that is not the counter's."""
+    from torch._inductor import config as inductor_config
+
+    if getattr(inductor_config.triton, "cudagraphs", False):
+        raise RuntimeError(
+            "NVFP4 stochastic rounding is not supported under torch.compile(mode=\"reduce-overhead\") (Inductor's "
+            "CUDA graphs): the backward's casts read their Philox counter from a CPU tensor the forward saved, which "
+            "CUDA-graph trees do not keep. Compile with mode=\"default\" or \"max-autotune-no-cudagraphs\", or use "
+            "NVFP4BlockScaling(disable_stochastic_rounding=True) (docs/cuda_graphs.md)")
 
 
 @register_fake(_quantize_sr_state_op)
 def _(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse, err_fast_math, rht, seed,
-      offset, advance):
+      offset):
+    _refuse_under_cudagraphs()
     return _quantize_op_fake(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
                              err_fast_math, rht, True, 0, 0, 0, 0)
 
@@ -643,12 +650,11 @@ def nvfp4_quantize_sr_from_state(x: torch.Tensor, *, seed: torch.Tensor, offset:
                                  amax: Optional[torch.Tensor] = None, rowwise: bool = True, columnwise: bool = False,
                                  block_2d: bool = False, row_scaled: bool = False, four_over_six: bool = False,
                                  e4m3_max: int = 448, err_mode: str = "MAE", err_fast_math: bool = False,
-                                 rht: bool = False, advance: int = 0) -> NVFP4Quantized:
+                                 rht: bool = False) -> NVFP4Quantized:
     """A stochastically rounded :func:`nvfp4_quantize` whose Philox seed and counter are CPU int64 0-dim tensors
     (their 64-bit patterns), read when the op runs: the form a graph traced by torch.compile holds, so that the
     counter is neither a constant of the graph nor the pure-torch twin's Philox (compiled into many kernels). The
-    op runs the CUDA kernels on a CUDA tensor and the reference twin elsewhere (the same bytes), then adds
-    ``advance`` to ``offset`` (a quantizer passes the blocks the cast drew for). The op is tagged
+    op runs the CUDA kernels on a CUDA tensor and the reference twin elsewhere (the same bytes). The op is tagged
     ``cudagraph_unsafe``: under ``mode="reduce-overhead"`` Inductor runs it between its CUDA graphs (graph partition)
     or graphs nothing, never a replay with the counter of the capture."""
     _check_options(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, err_mode, rht,
@@ -662,7 +668,7 @@ def nvfp4_quantize_sr_from_state(x: torch.Tensor, *, seed: torch.Tensor, offset:
         amax = amax.contiguous()
     res = _quantize_sr_state_op(x.contiguous(), amax, bool(rowwise), bool(columnwise), bool(block_2d),
                                 bool(row_scaled), bool(four_over_six), int(e4m3_max), err_mode == "MSE",
-                                bool(err_fast_math), bool(rht), seed, offset, int(advance))
+                                bool(err_fast_math), bool(rht), seed, offset)
     return _quantized(res, rowwise, columnwise)
 
 

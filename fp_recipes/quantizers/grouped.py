@@ -430,8 +430,10 @@ def _scales_ready(scales: Sequence[torch.Tensor], device: torch.device) -> bool:
 def _cuda_lane(x: torch.Tensor):
     """The CUDA multi-cast's buffer-level entry points (``ops/cuda_fp8.py``: ``fp8_multi_cast_buffers``
     and ``fp8_multi_cast_rows``; no per-member views: the GEMMs take addresses) for a CUDA input with
-    the extension, else None (the dispatched ops run)."""
-    if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    the extension, else None (the dispatched ops run). None while torch.compile traces: these entry points take
+    raw addresses, which a traced (fake) tensor does not have; the dispatched ops trace as ops."""
+    if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or \
+            torch.compiler.is_compiling():
         return None
     from ..ops import backend
     if backend.cuda_impl("fp8_multi_quantize") is None:

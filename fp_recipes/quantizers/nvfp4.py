@@ -388,7 +388,6 @@ class NVFP4Quantizer(Quantizer):
         kwargs = dict(amax=amax, seed=seed, offset=offset, **plan.options)
         units = self._units_wanted(x2)
         unit = unit_t = None
-        advanced = False  # whether the op moved the traced counter on itself
         try:
             if units is not None:
                 from ..ops import cuda_nvfp4
@@ -402,8 +401,7 @@ class NVFP4Quantizer(Quantizer):
                 if self.traced_sr_as_op and (not x2.is_cuda or
                                              resolved("nvfp4_quantize", x2) is cuda_nvfp4.nvfp4_quantize):
                     del kwargs["stochastic_rounding"]
-                    q = cuda_nvfp4.nvfp4_quantize_sr_from_state(x2, advance=x2.numel() // BLOCK, **kwargs)
-                    advanced = True
+                    q = cuda_nvfp4.nvfp4_quantize_sr_from_state(x2, **kwargs)
                 else:  # the pure-torch twin (byte-identical to the kernels)
                     from ..ops import reference
 
@@ -413,8 +411,7 @@ class NVFP4Quantizer(Quantizer):
         except (ValueError, TypeError) as exc:
             raise self._input_error(exc, x, x2) from exc
         if traced_offset:
-            if not advanced:  # the pure-torch twin: the add is part of the graph
-                self._offset_t.add_(x2.numel() // BLOCK)  # int64 wraps as the 64-bit counter does
+            self._offset_t.add_(x2.numel() // BLOCK)  # int64 wraps as the 64-bit counter does
         elif plan.stochastic_rounding:
             self._advance_offset(x2)
         out = NVFP4Tensor(q.data, q.scale, q.amax, q.data_t, q.scale_t, q.amax_t, row_scaled=plan.row_scaled,
