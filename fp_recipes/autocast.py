@@ -192,6 +192,10 @@ def _resolve_recipe(recipe: Optional["Recipe"]) -> Optional["Recipe"]:
 
 
 _IS_COMPILING: Optional[Callable[[], bool]] = None
+#: called with no argument when this thread eagerly enters its outermost *enabled* autocast (not in a trace): the
+#: delayed-scaling quantizers that compiled graphs read through a scale copy refresh it there
+#: (``quantizers.float8.refresh_trace_scales``). Empty until a graph is traced: eager jobs pay one list check.
+OUTERMOST_ENTER_HOOKS: List[Callable[[], None]] = []
 # set once an autocast was entered in a function torch.compile traced: only then do eager calls look for
 # a traced autocast's quantizer list (see AutocastState.records)
 TRACED_RECORDS_SEEN = [False]
@@ -293,6 +297,9 @@ class autocast:  # noqa: N801 (a context manager used like a function, as in tor
             if depths is None:
                 depths = local.depths = []
         depths.append(state.depth - 1)
+        if OUTERMOST_ENTER_HOOKS and enabled and not compiling and not any(s.enabled for s in _stack):
+            for hook in OUTERMOST_ENTER_HOOKS:
+                hook()
         _stack.append(state)
         return state
 

@@ -674,6 +674,8 @@ def _prepare_for_trace(module: QuantizedModule, recipe: Any, module_mode: bool, 
         for q in qs.quantizers.values():
             if q is not None and getattr(q.spec, "stochastic_rounding", False) and hasattr(q, "use_sr_tensors"):
                 q.use_sr_tensors()  # the graph reads the SR seed and counter when it runs
+            if q is not None and not module_mode and hasattr(q, "use_trace_scale"):
+                q.use_trace_scale()  # a forward cast reads a copy of the scale the exit leaves alone
     if any(spec.scaling is ScalingKind.NVFP4 for qs in sets for spec in qs.specs.values()):
         # the emulated NVFP4 GEMM caches a decode table per device and dtype on first use; a graph
         # cannot create it (a tensor made in the graph and kept in a global dict): create it now
@@ -735,6 +737,8 @@ def _copy_state(entry: _RecipeSets, tensors: Dict[str, torch.Tensor], plain: Dic
                 src = tensors.get(_buffer_name(tensor, g, attr))
                 if src is not None:
                     getattr(q, attr).copy_(src)
+            if getattr(q, "trace_scale", None) is not None:
+                q.sync_trace_scale()  # (a compiled call inside an open autocast reads the copy)
             key = f"{tensor.value}{g}"
             if key in plain:
                 _load_extra(q, plain[key])

@@ -7,6 +7,8 @@ state and shapes. Quantizers always go through the op dispatcher, so a CUDA tens
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -19,7 +21,7 @@ from ._tensor_io import (STATE_VERSION, StatePickle, allow_in_weights_only_load,
                          dtype_from_name, dtype_name, move, resolve_out_dtype)
 from .base import QuantizedTensor, Quantizer, check_input, shallow_copy
 from .nonfinite import NonFiniteAmaxWarning, NonfiniteWatch
-from .roles import QFormat, QuantizerSpec, ScalingKind
+from .roles import QFormat, QuantizerSpec, ScalingKind, TensorKind
 
 _FMT_OF_DTYPE = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 
@@ -281,7 +283,7 @@ def _cuda_quantize() -> Any:
     return _CUDA_QUANTIZE[0]
 
 
-def _state_snapshot_impl(t: torch.Tensor) -> torch.Tensor:
+def _state_snapshot_impl(t: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return t.clone()
 
 
@@ -289,19 +291,26 @@ _state_snapshot = define_op("state_snapshot", _state_snapshot_impl)
 
 
 @register_fake(_state_snapshot)
-def _(t):
+def _(t, after):
     return torch.empty_like(t)
 
 
-def state_snapshot(t: torch.Tensor) -> torch.Tensor:
-    """(traced) A copy of a state tensor (a delayed-scaling scale) as an opaque op.
+def state_snapshot(t: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """(traced) A copy of a state tensor (a delayed-scaling scale) as an opaque op, made once ``after`` (the tensor
+    the cast reads) exists.
 
     torch.compile's partitioner may save a graph *input* for the backward and recompute what the
     backward needs from it (``scale_inv = 1 / scale``); the scale is updated in place when the autocast
     exits, between the forward and the backward, and autograd then refuses the modified saved tensor.
     What is derived from this copy cannot be recomputed from the input: the backward reads the scale the
-    forward used, as in eager mode."""
-    return torch.ops.fp_recipes.state_snapshot(t)
+    forward used, as in eager mode.
+
+    ``after`` ties the copy to the pass that casts: a backward cast's copy of its gradient quantizer's scale would
+    otherwise depend on forward inputs only, and the partitioner computed it, with the GEMM's dequantization factor
+    derived from it, in the *forward* graph, while the cast itself read the scale in the backward. With two
+    micro-batches' forwards before their backwards (pipeline schedules) the first backward's end-of-pass update
+    changes that scale in between, and the gradients came out scaled by the ratio of the two (session 39)."""
+    return torch.ops.fp_recipes.state_snapshot(t, after)
 
 
 class _ColumnwiseRecast:
@@ -377,6 +386,30 @@ class _FusedActivation:
         return _wrap(res, x, self.fmt)
 
 
+#: delayed-scaling forward quantizers whose traced casts read ``trace_scale`` (see :meth:`Float8Quantizer.use_trace_scale`)
+_TRACE_SCALED: "weakref.WeakSet[Float8Quantizer]" = weakref.WeakSet()
+_TRACE_SCALED_LOCK = threading.Lock()  # (a trace in one thread registers while another thread's enter refreshes)
+
+
+def refresh_trace_scales() -> None:
+    """(eager, when a thread enters its outermost enabled autocast) ``trace_scale = scale`` for every registered
+    quantizer: one in-place foreach copy per device (a new copy where the state moved device)."""
+    by_device: Dict[torch.device, Tuple[list, list]] = {}
+    with torch.inference_mode(False), torch.no_grad():
+        with _TRACE_SCALED_LOCK:
+            members = list(_TRACE_SCALED)
+        for q in members:
+            src, dst = q.scale, q.trace_scale
+            if dst is None or dst.device != src.device:
+                q.trace_scale = src.detach().clone()
+                continue
+            dsts, srcs = by_device.setdefault(src.device, ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+        for dsts, srcs in by_device.values():
+            torch._foreach_copy_(dsts, srcs)
+
+
 class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
     """FP8 delayed scaling: quantize with the scale derived from *earlier* steps' amaxes.
 
@@ -413,6 +446,49 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
         self.scale = torch.ones((), dtype=torch.float32)
         self.amax_history = torch.zeros(spec.amax_history_len, dtype=torch.float32)
 
+    #: (torch.compile) a copy of ``scale`` that a traced forward cast reads instead of ``scale`` itself, refreshed when
+    #: the outermost enabled autocast is entered eagerly. The autocast exit rewrites ``scale`` in place before the
+    #: backward; under activation checkpointing inside the compiled region the backward recomputes the cast from its
+    #: inputs, and autograd refuses a modified one. The copy is not touched until the next step's enter.
+    trace_scale: Optional[torch.Tensor] = None
+
+    def use_trace_scale(self) -> None:
+        """(eager, while a trace is prepared) Give a forward quantizer (activation, weight) its ``trace_scale`` and
+        have every later outermost autocast enter refresh it. The casts of the backward's quantizers run once,
+        at backward time, as in eager mode: they keep reading ``scale``."""
+        if self.spec.role.tensor not in (TensorKind.ACTIVATION, TensorKind.WEIGHT):
+            return
+        with _TRACE_SCALED_LOCK:
+            if self in _TRACE_SCALED:
+                return
+            with torch.inference_mode(False), torch.no_grad():
+                self.trace_scale = self.scale.detach().clone()
+            _TRACE_SCALED.add(self)
+        from ..autocast import OUTERMOST_ENTER_HOOKS
+
+        if refresh_trace_scales not in OUTERMOST_ENTER_HOOKS:
+            OUTERMOST_ENTER_HOOKS.append(refresh_trace_scales)
+
+    def sync_trace_scale(self) -> None:
+        """``trace_scale = scale`` now: for state written between autocast enters (a loaded checkpoint), which a
+        compiled call may read before the next enter refreshes the copy."""
+        ts = self.trace_scale
+        if ts is not None and ts.device == self.scale.device:
+            with torch.no_grad():
+                ts.copy_(self.scale)
+
+    def _scale_for_trace(self) -> torch.Tensor:
+        """(traced) The scale a forward cast reads: ``trace_scale`` when this thread's outermost enabled autocast
+        was entered eagerly (so its enter refreshed the copy), else ``scale`` (an autocast entered inside the
+        traced function updates ``scale`` in the graph itself)."""
+        ts = self.trace_scale
+        if ts is None or ts.device != self.scale.device:
+            return self.scale
+        from ..autocast import get_autocast_state
+
+        state = get_autocast_state()
+        return ts if state.enabled and state.records is None else self.scale
+
     # -- state ------------------------------------------------------------------------------------
     def bind_state(self, scale: torch.Tensor, amax_history: torch.Tensor) -> None:
         """Adopt externally owned tensors (e.g. a module's buffers after ``module.to(device)``)."""
@@ -444,6 +520,7 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
                              f"{tuple(state['amax_history'].shape)}, expected {tuple(self.amax_history.shape)}")
         self.scale.copy_(state["scale"].reshape(()))
         self.amax_history.copy_(state["amax_history"])
+        self.sync_trace_scale()
 
     # -- work -------------------------------------------------------------------------------------
     def _check_device(self, x: torch.Tensor) -> None:
@@ -483,8 +560,8 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
         from ..ops import cuda_fp8_act
 
         s = self.spec
-        return cuda_fp8_act.delayed_act_cast_op(x, self.scale, self.amax_history, self.fmt, s.rowwise, s.columnwise,
-                                                activation)
+        return cuda_fp8_act.delayed_act_cast_op(x, self._scale_for_trace(), self.amax_history, self.fmt, s.rowwise,
+                                                s.columnwise, activation)
 
     def quantize_rowwise(self, x: torch.Tensor) -> Tuple[Float8Tensor, torch.Tensor]:
         """(eager) :meth:`quantize` making the rowwise copy alone, and a copy of the scale it used (the state's
@@ -497,9 +574,9 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
             if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
                 # the scale copy as an output of the recording cast: saved for the backward, never recomputed
                 # there from the scale input (rewritten in place by the autocast exit before the backward)
-                data, scale_inv, amax, scale = op(x2, self.scale, self.amax_history, self.fmt)
+                data, scale_inv, amax, scale = op(x2, self._scale_for_trace(), self.amax_history, self.fmt)
                 return Float8Tensor(data, scale_inv, amax, self.fmt, x.dtype, x.shape), scale
-            return self._quantize(x, True, False), state_snapshot(self.scale)
+            return self._quantize(x, True, False), state_snapshot(self._scale_for_trace(), x2)
         scale = self.scale.clone()  # (in stream order before any update, as the cast reads it)
         return self._quantize(x, True, False), scale
 
@@ -512,11 +589,13 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
             op = _TRACED_CASTS[0]
             if op is not None and x2.is_cuda and self.amax_history.dtype == torch.float32:
                 # one op: the cast reads the scale when it runs and records the amax into the history
-                return _wrap_traced(op(x2, self.scale, self.amax_history, self.fmt, rowwise, columnwise),
+                return _wrap_traced(op(x2, self._scale_for_trace(), self.amax_history, self.fmt, rowwise, columnwise),
                                     x, self.fmt, spec, rowwise, columnwise)
             # The kernel reads the scale in stream order, before any later in-place update: no copy
-            # needed eagerly. A traced graph copies it (see state_snapshot).
-            res = ops.fp8_quantize(x2, state_snapshot(self.scale), self.fmt, rowwise=rowwise, columnwise=columnwise)
+            # needed eagerly. A traced graph copies it (see state_snapshot; from trace_scale, the copy an
+            # activation-checkpointing recompute can make again in the backward).
+            res = ops.fp8_quantize(x2, state_snapshot(self._scale_for_trace(), x2), self.fmt, rowwise=rowwise,
+                                   columnwise=columnwise)
             slot = self.amax_history[0]
             torch.maximum(slot, res.amax, out=slot)
             return _wrap_traced(res, x, self.fmt, spec, rowwise, columnwise)
