@@ -74,21 +74,31 @@ def test_compiled_fp8_training_on_cuda_is_eager_training_bit_for_bit(name, backe
     _compiled_training_is_eager_training(name, backend=backend)
 
 
-def _compiled_training_is_eager_training(name: str, **compile_kw) -> None:
+def _compiled_training_is_eager_training(name: str, checkpointed: bool = False, **compile_kw) -> None:
     """Four SGD steps of the Stack under RECIPES[name], eager and compiled (``compile_kw``): outputs, gradients,
-    parameters and quantizer state equal bit for bit after every step."""
+    parameters and quantizer state equal bit for bit after every step. ``checkpointed``: the Stack runs inside
+    non-reentrant activation checkpointing (inside the compiled function)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    eager = Stack()
-    model = copy.deepcopy(eager)
-    compiled = torch.compile(model, fullgraph=True, **compile_kw)
+    eager_model = Stack()
+    model = copy.deepcopy(eager_model)
+    if checkpointed:
+        from torch.utils.checkpoint import checkpoint
+
+        def eager(x):
+            return checkpoint(eager_model, x, use_reentrant=False)
+
+        compiled = torch.compile(lambda x: checkpoint(model, x, use_reentrant=False), fullgraph=True, **compile_kw)
+    else:
+        eager = eager_model
+        compiled = torch.compile(model, fullgraph=True, **compile_kw)
     graphed = compile_kw.get("mode") == "reduce-overhead"
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, model)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager_model, model)]
     recipe = RECIPES[name]()
     for step in range(4):
         x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16)
         outs = []
-        for m, run, opt in ((eager, eager, opts[0]), (model, compiled, opts[1])):
+        for m, run, opt in ((eager_model, eager, opts[0]), (model, compiled, opts[1])):
             opt.zero_grad(set_to_none=True)
             if graphed and run is compiled:
                 torch.compiler.cudagraph_mark_step_begin()
@@ -100,11 +110,50 @@ def _compiled_training_is_eager_training(name: str, **compile_kw) -> None:
         assert torch.equal(outs[0][0], outs[1][0]), f"step {step}: outputs differ"
         for k, g in outs[0][1].items():
             assert torch.equal(g, outs[1][1][k]), f"step {step}: gradient of {k} differs"
-        s0, s1 = _state(eager), _state(model)
+        s0, s1 = _state(eager_model), _state(model)
         assert s0.keys() == s1.keys()
         for k in s0:
             same = s0[k] == s1[k] if isinstance(s0[k], str) else torch.equal(s0[k], s1[k])
             assert same, f"step {step}: {k} differs"
+
+
+@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+@pytest.mark.parametrize("name", ["delayed", "current"])
+def test_compiled_checkpoint_inside_the_graph_is_eager_training_bit_for_bit(name):
+    """Non-reentrant activation checkpointing inside the compiled function (Inductor): the backward recomputes the
+    casts. Delayed scaling's forward casts read the scale copy refreshed at the autocast enter, which the exit leaves
+    alone (tests/test_compile.py checks it on the CPU; before session 39 autograd refused the recompute)."""
+    _compiled_training_is_eager_training(name, checkpointed=True)
+
+
+@pytest.mark.skipif(not _fp8_device(), reason="FP8 GEMMs need sm_89+")
+def test_compiled_delayed_scaling_two_forwards_before_their_backwards_on_cuda():
+    """Two micro-batches' forwards, then their backwards (a pipeline schedule), compiled with Inductor: losses and
+    gradients equal eager's bit for bit. On the CPU path a backward cast's dequantization factor was computed in the
+    forward graph from a scale the first backward then changed (session 39)."""
+    recipe = RECIPES["delayed"]()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = Stack()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, fullgraph=True)
+
+    def run(m, fn):
+        g = torch.Generator(device="cuda").manual_seed(1)
+        xs = [torch.randn(48, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)]
+        losses = []
+        for x in xs:
+            with fp_recipes.autocast(recipe=recipe):
+                losses.append(fn(x).float().square().mean())
+        for loss in reversed(losses):
+            loss.backward()
+        return [loss.detach() for loss in losses] + [p.grad.clone() for p in m.parameters()]
+
+    for a, b in zip(run(eager, eager), run(model, compiled)):
+        assert torch.equal(a, b)
+    s0, s1 = _state(eager), _state(model)
+    for k in s0:
+        assert (s0[k] == s1[k]) if isinstance(s0[k], str) else torch.equal(s0[k], s1[k]), k
 
 
 def _compiled_step_ops(recipe, copy: str) -> list:
