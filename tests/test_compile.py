@@ -595,6 +595,36 @@ def test_compiled_checkpoint_with_two_forwards_before_their_backwards_is_refused
     torch._dynamo.reset()
 
 
+def test_only_a_traced_model_makes_the_autocast_enter_refresh_scale_copies():
+    """Eager training registers no autocast-enter hook (its enter costs one list check); the first trace of a
+    delayed-scaling model registers the scale-copy refresh once, for its forward quantizers only. In a fresh
+    process, since other tests trace."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch, fp_recipes\n"
+            "import importlib; hooks = importlib.import_module('fp_recipes.autocast').OUTERMOST_ENTER_HOOKS\n"
+            "from fp_recipes.quantizers import float8\n"
+            "m = fp_recipes.Linear(64, 32)\n"
+            "recipe = fp_recipes.DelayedScaling()\n"
+            "def step(fn):\n"
+            "    with fp_recipes.autocast(recipe=recipe):\n"
+            "        fn(torch.randn(8, 64)).sum().backward()\n"
+            "step(m); step(m)\n"
+            "print('eager', len(hooks), len(float8._TRACE_SCALED))\n"
+            "c = torch.compile(m, fullgraph=True, backend='aot_eager')\n"
+            "step(c); step(c)\n"
+            "print('compiled', len(hooks), sorted(q.spec.role.tensor.value for q in float8._TRACE_SCALED))\n")
+    root = str(Path(__file__).parent.parent)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "eager 0 0", lines
+    assert lines[-1] == "compiled 1 ['activation', 'weight']", lines
+
+
 def test_compiled_delayed_scaling_reads_state_loaded_inside_an_open_autocast():
     """The traced forward casts read ``trace_scale``, a copy refreshed at the outermost autocast enter. State loaded
     after that enter (``load_state_dict`` inside the autocast, before the compiled call) refreshes the copy too: the
