@@ -539,18 +539,15 @@ def test_compiled_nvfp4_sr_op_inside_checkpoint_under_torch_autocast(monkeypatch
     assert got[0][2]["fc._extra_state"] != got[1][2]["fc._extra_state"]  # the counter moved
 
 
-def _two_forwards_then_backwards(model, run, recipe, checkpointed: bool) -> list:
+def _two_forwards_then_backwards(model, run, recipe) -> list:
     """Two micro-batches' forwards (each in its own autocast, as a pipeline schedule runs them), then both backwards
     in reverse order; the losses and gradients."""
-    from torch.utils.checkpoint import checkpoint
-
     g = torch.Generator().manual_seed(1)
     xs = [torch.randn(48, 64, generator=g) for _ in range(2)]
     losses = []
     for x in xs:
         with fp_recipes.autocast(recipe=recipe):
-            y = checkpoint(run, x, use_reentrant=False) if checkpointed else run(x)
-        losses.append(y.float().square().mean())
+            losses.append(run(x).float().square().mean())
     for loss in reversed(losses):
         loss.backward()
     return [loss.detach() for loss in losses] + [p.grad.clone() for p in model.parameters()]
@@ -567,9 +564,9 @@ def test_compiled_two_forwards_before_their_backwards_train_like_eager(name):
     torch.manual_seed(0)
     eager_model = Model()
     compiled_model = copy.deepcopy(eager_model)
-    want = _two_forwards_then_backwards(eager_model, eager_model, recipe, checkpointed=False)
+    want = _two_forwards_then_backwards(eager_model, eager_model, recipe)
     got = _two_forwards_then_backwards(compiled_model, torch.compile(compiled_model, fullgraph=True,
-                                                                      backend="aot_eager"), recipe, checkpointed=False)
+                                                                      backend="aot_eager"), recipe)
     for i, (a, b) in enumerate(zip(want, got)):
         assert torch.equal(a, b), i
     assert_same(quantizer_state(eager_model), quantizer_state(compiled_model), name)
@@ -591,7 +588,7 @@ def test_compiled_checkpoint_with_two_forwards_before_their_backwards_is_refused
 
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _two_forwards_then_backwards(model, torch.compile(region, fullgraph=True, backend="aot_eager"),
-                                     RECIPES["delayed"](), checkpointed=False)
+                                     RECIPES["delayed"]())
     torch._dynamo.reset()
 
 
