@@ -301,11 +301,10 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                     add(f"{name} torch.compile (Python host path)", lambda recipe=recipe: (lambda m: make_step(
                         m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
                         host_path=python_host_path)
-    if graphed:
+    if graphed:  # every recipe (NVFP4's stochastic rounding reads its counter on the device: graphs.py)
         for name, recipe in recipes().items():
-            if name in ("FP8 delayed", "FP8 current"):
-                add(f"{name} CUDA graph", lambda recipe=recipe: make_graphed_step(
-                    build(hidden, ffn, layers, True), x, dy, recipe))
+            add(f"{name} CUDA graph", lambda recipe=recipe: make_graphed_step(
+                build(hidden, ffn, layers, True), x, dy, recipe))
     try:
         if not compiled:
             raise ImportError("skipped (--no-compiled)")
@@ -329,11 +328,12 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
 
 
 def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool = True,
-                   python_host: bool = False, units_ab: Optional[str] = None) -> List[Dict[str, Any]]:
+                   python_host: bool = False, units_ab: Optional[str] = None,
+                   graphed: bool = False) -> List[Dict[str, Any]]:
     """One Linear fwd+bwd per recipe: step time, GPU time and launches (profiler), host time; with
     ``compiled``, the FP8 rows under torch.compile(fullgraph=True) too (autocast outside); ``python_host``: each
     FP8 row again with the Python host path (eager casts and GEMMs, the traced ops' implementations), in this
-    process for an A/B."""
+    process for an A/B; ``graphed``: every recipe again captured by make_graphed_callables (host: one replay)."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     def quantized() -> Linear:
@@ -359,11 +359,17 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
                 cases.append((name + " torch.compile", quantized(), recipe, True, None))
                 if python_path is not None:
                     cases.append((name + " torch.compile (Python host path)", quantized(), recipe, True, python_path))
+    if graphed:
+        for name, recipe in recipes().items():
+            cases.append((name + " CUDA graph", quantized(), recipe, "graph", None))
     rows = []
     for name, mod, recipe, compile_it, host_path in cases:
-        if compile_it:
+        if compile_it is True:
             torch._dynamo.reset()  # (as model_rows: a fresh Dynamo cache per compiled row)
-        step = make_step(mod, x, dy, recipe, run=torch.compile(mod, fullgraph=True) if compile_it else None)
+        if compile_it == "graph":
+            step = make_graphed_step(mod, x, dy, recipe)
+        else:
+            step = make_step(mod, x, dy, recipe, run=torch.compile(mod, fullgraph=True) if compile_it else None)
         steps = 5
         with host_path() if host_path is not None else contextlib.nullcontext():
             r = measure(step, 5, 50)
@@ -400,7 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    + ", ".join(SIZES))
     p.add_argument("--no-compiled", action="store_true", help="skip the torch.compile rows (compile time)")
     p.add_argument("--graphed", action="store_true", help="add the fp_recipes.make_graphed_callables rows "
-                   "(FP8 delayed / current CUDA graph)")
+                   "(every recipe captured as a CUDA graph; --linear too)")
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
     p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
                    help="which BF16 unit GEMM operands every NVFP4 quantize kernel writes (NVFP4Quantizer.gemm_units: "
@@ -473,7 +479,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")
         rows = result["linear"] = linear_profile(compiled=not args.no_compiled, python_host=args.python_host_rows,
-                                                 units_ab=args.nvfp4_units_ab)
+                                                 units_ab=args.nvfp4_units_ab, graphed=args.graphed)
         print(f"\n{'row':34s} {'GPU ms':>8s} {'x BF16':>7s} {'launches':>8s} {'host ms':>8s} {'step ms':>8s} "
               f"{'speed-up':>8s}")
         for r in rows:

@@ -46,6 +46,9 @@ KERNEL_VARIANTS = [
     ("SR rowwise", True, False, dict(sr=True)),
     ("SR rowwise + RHT SR columnwise", True, True, dict(rht=True, sr=True)),
     ("SR row + RHT SR col + bias grad", True, True, dict(rht=True, sr=True, bias=True)),  # a grad_output's cast
+    # the Philox seed and counter read from device memory (what a CUDA graph of make_graphed_callables launches)
+    ("SR rowwise, device rng", True, False, dict(sr=True, rng=True)),
+    ("SR row + RHT SR col, device rng", True, True, dict(rht=True, sr=True, rng=True)),
     # + the BF16 unit GEMM operands written by the same kernel (issue 13: the emulated GEMM reads them)
     ("plain rowwise + unit", True, False, dict(unit=(True, False))),
     ("2D row+col + row unit", True, True, dict(block_2d=True, unit=(True, False))),
@@ -74,6 +77,9 @@ def _kernel_call(ext, x, bufs, amaxes, row, col, opts):
     rs, rht = opts.get("row_scaled", False), opts.get("rht", False)
 
     bias, keep = {}, ()
+    if opts.get("rng"):  # (seed 1234, offset 5: the ints of the other rows)
+        keep = (torch.tensor([1234, 5], dtype=torch.int64, device=x.device),)
+        bias = dict(rng_state=keep[0].data_ptr())
     if opts.get("bias"):  # the fused bias gradient (FP32 tile sums, BF16 db); needs a session-25+ extension
         keep = (torch.empty((m + 63) // 64, n, dtype=torch.float32, device=x.device),
                 torch.empty(n, dtype=torch.bfloat16, device=x.device))
@@ -114,6 +120,9 @@ def bench_shape(table: Table, m: int, n: int, quick: bool) -> list[dict]:
     for case, row, col, opts in KERNEL_VARIANTS:
         if opts.get("bias") and not getattr(ext, "nvfp4_fused_bias_grad", False):
             print(f"  {case}: skipped (this extension has no fused bias gradient)")
+            continue
+        if opts.get("rng") and not getattr(ext, "nvfp4_device_rng_state", False):
+            print(f"  {case}: skipped (this extension reads no device rng state)")
             continue
         t = measure(lambda c=_kernel_call(ext, x, bufs, (amax, row_amax, rht_amax), row, col, opts): c(), [()],
                     iters=iters)

@@ -21,8 +21,14 @@ node, with static input/output buffers. What is particular to quantized training
   report is deferred (registered for the capture's own stream only, so other threads and streams report
   as usual) and, after each replay, made eagerly from the flags the graph set (no wait).
 
-Refused with a message: CPU tensors or modules, stochastic rounding (its Philox counter lives on the
-host), an amax reduction over a non-NCCL group, calls under another recipe than the captured one,
+* **Stochastic rounding draws fresh numbers at every replay.** The NVFP4 gradient quantizers of the
+  modules keep their Philox seed and counter on the device from the capture on
+  (``NVFP4Quantizer.use_sr_device_state``): the kernels read the counter when they run and a captured add
+  advances it after each cast, so replays draw what eager steps would. The warm-up's advance is undone
+  like the delayed-scaling state.
+
+Refused with a message: CPU tensors or modules, stochastic rounding in a plain function (its modules'
+counters cannot be found: pass the nn.Module), an amax reduction over a non-NCCL group, calls under another recipe than the captured one,
 arguments of another shape/dtype/device/requires_grad, and replaced state tensors or parameters.
 See docs/cuda_graphs.md.
 """
@@ -147,17 +153,24 @@ def _specs_of(recipe: Any, mods: Sequence[Any]) -> Iterator[Any]:
                 yield recipe.plan(QuantizerRole(m.module_kind, tensor, g, None))
 
 
-def _check_recipe(recipe: Any, mods: Sequence[Any]) -> bool:
-    """Refuse what a graph cannot replay; return whether any operand uses delayed scaling."""
-    delayed = False
+def _check_recipe(recipe: Any, mods: Sequence[Any]) -> Tuple[bool, bool]:
+    """Whether any operand uses delayed scaling, and whether any rounds stochastically."""
+    delayed = stochastic = False
     for spec in _specs_of(recipe, mods):
-        if getattr(spec, "stochastic_rounding", False):
-            raise ValueError(
-                f"{_WHO}: {recipe!r} rounds {spec.role} stochastically; its Philox counter advances on the "
-                "host per call, so a replay would draw the same numbers every step. Capture with "
-                "disable_stochastic_rounding=True (NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING=1)")
+        stochastic = stochastic or bool(getattr(spec, "stochastic_rounding", False))
         delayed = delayed or spec.scaling is ScalingKind.DELAYED
-    return delayed
+    return delayed, stochastic
+
+
+def _device_rng_states(mods: Sequence[QuantizedModule]) -> None:
+    """Move every stochastically rounding quantizer's seed and counter to its module's device (see the module
+    docstring): the graphs read and advance them there."""
+    for m in mods:
+        device = m._param_device() or torch.device("cuda", torch.cuda.current_device())
+        for qs in m.quantizer_sets or ():
+            for q in qs.quantizers.values():
+                if q is not None and getattr(q.spec, "stochastic_rounding", False):
+                    q.use_sr_device_state(device)
 
 
 def _reduced(recipe: Any, mods: Sequence[QuantizedModule]) -> bool:
@@ -188,8 +201,9 @@ def _check_reduction(group: Any) -> str:
 
 
 class _StateSnapshot:
-    """The delayed-scaling tensors (amax histories, scales) of the modules, copied so the warm-up's
-    updates can be undone in place (the graphs hold these tensors' addresses)."""
+    """The delayed-scaling tensors (amax histories, scales) and the device stochastic-rounding states of the
+    modules, copied so the warm-up's updates can be undone in place (the graphs hold these tensors'
+    addresses)."""
 
     def __init__(self, mods: Sequence[QuantizedModule], recipe: Any) -> None:
         self.pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []
@@ -198,7 +212,7 @@ class _StateSnapshot:
         for m in mods:
             for qs in m.quantizer_sets or ():
                 for q in qs.quantizers.values():
-                    for attr in ("amax_history", "scale"):
+                    for attr in ("amax_history", "scale", "_rng_d"):
                         t = getattr(q, attr, None)
                         if isinstance(t, torch.Tensor):
                             self.pairs.append((t, t.detach().clone()))
@@ -456,7 +470,8 @@ class _Capture:
         if self.state is not None:
             for q, attr, t in self.state.slots:
                 if getattr(q, attr) is not t:
-                    raise RuntimeError(f"{_WHO}: a delayed-scaling {attr} was replaced after capture "
+                    what = "stochastic-rounding state" if attr == "_rng_d" else f"delayed-scaling {attr}"
+                    raise RuntimeError(f"{_WHO}: a {what} was replaced after capture "
                                        "(module.to(), .cuda(), .half()); the graphs write the old tensor. "
                                        "Capture again after moving the module")
 
@@ -536,13 +551,16 @@ def make_graphed_callables(
     if enabled:
         unknown = [None] if any(not ms and not isinstance(fn, torch.nn.Module)
                                 for ms, fn in zip(mods_per, callables)) else []
-        delayed = _check_recipe(recipe, mods + unknown)
-        if delayed:
+        delayed, stochastic = _check_recipe(recipe, mods + unknown)
+        if delayed or stochastic:
             for i, fn in enumerate(callables):
                 if not mods_per[i] and not isinstance(fn, torch.nn.Module):
-                    raise TypeError(f"{_WHO}: callable {i} is a plain function; under {recipe!r} (delayed "
-                                    "scaling) pass the nn.Module, so the warm-up's changes to its scaling "
-                                    "state can be undone")
+                    what = ("delayed scaling: pass the nn.Module, so the warm-up's changes to its scaling state "
+                            "can be undone" if delayed else
+                            "stochastic rounding: pass the nn.Module, so its quantizers' Philox counters can "
+                            "move to the device (a counter on the host would be a constant of the graph and "
+                            "every replay would draw the same numbers)")
+                    raise TypeError(f"{_WHO}: callable {i} is a plain function; under {recipe!r} ({what})")
             if _reduced(recipe, mods):
                 mode = _check_reduction(group)
     for i, fn in enumerate(callables):
@@ -555,6 +573,7 @@ def make_graphed_callables(
     if enabled:
         for m in mods:
             m.init_quantizer_state(recipe)
+        _device_rng_states(mods)
         capture.entries = [(m, m.recipe_state(recipe)) for m in mods]
         capture.state = _StateSnapshot(mods, recipe)
     graphed = []

@@ -75,8 +75,12 @@ def test_refuses_a_sample_argument_with_autograd_history():
         graphs_module._check_sample_args((x,), 0)
 
 
-def test_refuses_stochastic_rounding():
-    with pytest.raises(ValueError, match="stochastic.*disable_stochastic_rounding=True"):
+def test_refuses_stochastic_rounding_in_a_plain_function():
+    lin = Linear(H, H)
+    with pytest.raises(TypeError, match="plain function.*stochastic rounding: pass the nn.Module"):
+        make_graphed_callables(lambda x: lin(x), (torch.randn(TOKENS, H),), recipe=NVFP4BlockScaling())
+    # a module with stochastic rounding passes the recipe checks: the CPU module is what fails next
+    with pytest.raises(ValueError, match="on cpu"):
         make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), recipe=NVFP4BlockScaling())
 
 
@@ -206,9 +210,24 @@ def test_nvfp4_equals_eager():
     _compare(NVFP4BlockScaling(disable_stochastic_rounding=True), _block(), steps=4)
 
 
+def _sr_offsets(m: torch.nn.Module) -> list:
+    return [q.offset for mod in m.modules() for qs in (getattr(mod, "quantizer_sets", None) or ())
+            for q in qs.quantizers.values() if q is not None and getattr(q.spec, "stochastic_rounding", False)]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling()],
-                         ids=["delayed", "current"])
+def test_nvfp4_with_stochastic_rounding_equals_eager():
+    """The default NVFP4 recipe (SR on the gradients): each replay draws with the counter eager execution would
+    use at that step (a counter baked into the graph would repeat the first step's draws and differ from eager
+    from step 1 on), and leaves the counters where eager leaves them (compared in the state dict)."""
+    models, refs = _compare(NVFP4BlockScaling(), _block(), steps=4)
+    graphed_offsets, eager_offsets = _sr_offsets(models[0]), _sr_offsets(refs[0])
+    assert graphed_offsets and graphed_offsets == eager_offsets and all(o > 0 for o in graphed_offsets)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling(),
+                                    NVFP4BlockScaling()], ids=["delayed", "current", "nvfp4_sr"])
 def test_two_blocks_equal_eager(recipe):
     _compare(recipe, (_block(), _block()), steps=4)
 

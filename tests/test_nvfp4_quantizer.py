@@ -149,6 +149,41 @@ def test_sr_state_advances_and_restores():
         other.load_state_dict({"seed": 1})
 
 
+def test_sr_device_state_draws_and_advances_as_the_int_state():
+    """use_sr_device_state (what make_graphed_callables switches SR quantizers to): the same bytes and the same
+    offsets as the host ints, the state in one int64 (2,) tensor written in place, state_dict read from it.
+    (On the CPU the reference path reads the tensor; on a GPU the kernels do: tests/test_cuda_nvfp4_device_rng.py.)"""
+    sp = spec("grad_output", columnwise=True, stochastic_rounding=True, rht_columnwise=True)
+    host = NVFP4Quantizer(sp, seed=2**63 + 5)
+    dev = NVFP4Quantizer(sp, seed=2**63 + 5)
+    host.offset = dev.offset = 2**64 - 3  # the counter wraps at 2^64 in both
+    state = dev.use_sr_device_state("cpu")
+    assert state.dtype == torch.int64 and state.shape == (2,)
+    assert dev.use_sr_device_state("cpu") is state  # once
+    g = torch.Generator().manual_seed(5)
+    for shape in ((32, 64), (16, 16), (48, 32)):
+        x = torch.randn(*shape, generator=g).bfloat16()
+        assert_same_tensor(dev(x), host(x))
+        assert dev.offset == host.offset
+    assert dev._rng_d is state and dev.state_dict() == host.state_dict()
+    dev.load_state_dict({"seed": 7, "offset": 11})
+    assert state.tolist() == [7, 11] and dev.seed == 7 and dev.offset == 11
+    with pytest.raises(ValueError, match="already on cpu"):
+        dev.use_sr_device_state("meta")
+
+
+def test_sr_device_state_and_traced_state_exclude_each_other():
+    sp = spec("grad_output", columnwise=True, stochastic_rounding=True)
+    traced = NVFP4Quantizer(sp)
+    traced.use_sr_tensors()
+    with pytest.raises(RuntimeError, match="traced by torch.compile.*make_graphed_callables"):
+        traced.use_sr_device_state("cpu")
+    graphed = NVFP4Quantizer(sp)
+    graphed.use_sr_device_state("cpu")
+    with pytest.raises(RuntimeError, match="CUDA graph of fp_recipes.make_graphed_callables.*torch.compile"):
+        graphed._quantize_traced(torch.zeros(16, 16), torch.zeros(16, 16), None, graphed._eager_plan())
+
+
 def test_default_seed_differs_by_role_and_rn_does_not_advance():
     a = NVFP4Quantizer(spec("grad_output", stochastic_rounding=True))
     b = NVFP4Quantizer(spec("activation", stochastic_rounding=True))

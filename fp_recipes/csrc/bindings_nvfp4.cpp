@@ -23,7 +23,7 @@ void nvfp4_quantize(std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::u
                     int four_over_six, bool mse, double e4m3_max, bool stochastic_rounding,
                     uint64_t seed, uint64_t offset, std::uintptr_t stream, int device, std::uintptr_t unit,
                     std::uintptr_t unit_t, std::uintptr_t row_amax_out, std::uintptr_t bias_partials,
-                    std::uintptr_t bias_out, int bias_dtype) {
+                    std::uintptr_t bias_out, int bias_dtype, std::uintptr_t rng_state) {
   use_device(device);
   require(four_over_six >= 0 && four_over_six <= 2, "nvfp4_quantize: four_over_six must be 0, 1 or 2");
   nvfp4::QuantizeArgs a;
@@ -46,6 +46,7 @@ void nvfp4_quantize(std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::u
   a.stochastic_rounding = stochastic_rounding;
   a.seed = seed;
   a.offset = offset;
+  a.rng_state = as_ptr<const uint64_t>(rng_state);
   a.unit = as_ptr<uint16_t>(unit);
   a.unit_t = as_ptr<uint16_t>(unit_t);
   a.row_amax_out = as_ptr<float>(row_amax_out);
@@ -85,12 +86,15 @@ void register_nvfp4(py::module_& m) {
         py::arg("four_over_six"), py::arg("mse"), py::arg("e4m3_max"),
         py::arg("stochastic_rounding"), py::arg("seed"), py::arg("offset"), py::arg("stream"),
         py::arg("device"), py::arg("unit") = 0, py::arg("unit_t") = 0, py::arg("row_amax_out") = 0,
-        py::arg("bias_partials") = 0, py::arg("bias_out") = 0, py::arg("bias_dtype") = -1);
+        py::arg("bias_partials") = 0, py::arg("bias_out") = 0, py::arg("bias_dtype") = -1,
+        py::arg("rng_state") = 0);
   // Feature flags for fp_recipes/ops/cuda_nvfp4.py: nvfp4_quantize takes row_amax_out (row amax computed in
   // the quantize launch, v7) and bias_partials/bias_out/bias_dtype (the bias gradient fused into a
   // columnwise quantization).
   m.attr("nvfp4_fused_row_amax") = true;
   m.attr("nvfp4_fused_bias_grad") = true;
+  // ... and rng_state (the stochastic-rounding seed and offset read from device memory when the kernel runs)
+  m.attr("nvfp4_device_rng_state") = true;
   m.def(
       "nvfp4_amax",
       [](std::uintptr_t x, int in_dtype, int64_t M, int64_t N, std::uintptr_t amax_out,

@@ -136,6 +136,7 @@ const char* nv_quantize(const Nvfp4QuantizeCall* c) {
     if (c->bias_out != nullptr) a.bias_dtype = code(c->bias_dtype);
     a.unit = static_cast<uint16_t*>(c->unit);
     a.unit_t = static_cast<uint16_t*>(c->unit_t);
+    a.rng_state = c->rng_state;
     nvfp4::quantize(a, static_cast<cudaStream_t>(c->stream));
   });
 }

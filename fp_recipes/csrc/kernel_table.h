@@ -12,9 +12,10 @@
 
 namespace fp_recipes {
 
-constexpr int kKernelTableVersion = 4;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update;
+constexpr int kKernelTableVersion = 5;  // 2: the emulated NVFP4 GEMM's three launchers, the delayed update;
                                         // 3: the FP8 cast of an activation of x;
-                                        // 4: Nvfp4QuantizeCall's unit operands
+                                        // 4: Nvfp4QuantizeCall's unit operands;
+                                        // 5: Nvfp4QuantizeCall's device rng_state
 
 // One NVFP4 quantize launch (nvfp4_kernels.h QuantizeArgs, C types; null pointers: absent).
 struct Nvfp4QuantizeCall {
@@ -42,6 +43,7 @@ struct Nvfp4QuantizeCall {
   int device;
   void* unit;    // BF16 (rows, cols) unit operand of the rowwise copy, or null (QuantizeArgs::unit)
   void* unit_t;  // BF16 (cols, rows) unit operand of the columnwise copy, or null
+  const uint64_t* rng_state;  // device (seed, offset) read instead of seed/offset, or null (QuantizeArgs::rng_state)
 };
 
 // One copy to decode into BF16 unit values (nvfp4_kernels.h UnitDecodeJob): `blocks` 16-element blocks.

@@ -36,6 +36,9 @@ struct QuantizeArgs {
   float e4m3_max = 448.0f;
   bool stochastic_rounding = false;
   uint64_t seed = 0, offset = 0;
+  // Optional device (seed, offset) pair (2 x uint64, 8-byte aligned), read by the kernels when they run instead
+  // of seed/offset: a captured launch then draws with the counter of each replay (the caller advances it).
+  const uint64_t* rng_state = nullptr;
   // Optional BF16 "unit" GEMM operands (E2M1 x E4M3, no global factor; bit-equal to what
   // decode_unit_bf16 writes from the packed copy): unit (M, N) of the rowwise copy, unit_t (N, M) of
   // the columnwise copy, 16-byte aligned. The emulated GEMM reads them without a decode pass.

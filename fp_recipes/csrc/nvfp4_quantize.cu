@@ -35,7 +35,17 @@ struct KParams {
   uint16_t* unit;    // optional BF16 unit operand of the rowwise copy, (M, N)
   uint16_t* unit_t;  // optional BF16 unit operand of the columnwise copy, (N, M)
   float* bias_partials;  // optional (tile2, columnwise): the bias gradient's 64-row tile sums, ((M + 63) / 64, N)
+  const uint64_t* rng;   // optional device (seed, offset), read instead of seed/offset (QuantizeArgs::rng_state)
 };
+
+// The stochastic-rounding key of a launch: its own values, or the device pair a CUDA graph replays with the
+// counter of that replay. Read only on the SR paths (the RN code never evaluates it).
+__device__ __forceinline__ uint64_t sr_seed(const KParams& p) {
+  return p.rng != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(p.rng)) : p.seed;
+}
+__device__ __forceinline__ uint64_t sr_offset(const KParams& p) {
+  return p.rng != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(p.rng) + 1) : p.offset;
+}
 
 // Per-mode shape of the rowwise kernel's loop (benchmarks/nvfp4_variants measured the options, all with
 // the same bytes): kU 16-element blocks in flight per thread per iteration; kPf 1 = the raw input words
@@ -123,7 +133,9 @@ __device__ __forceinline__ void rowwise_block(const KParams& p, const float (&x)
   const TensorScale t = p.row_scaled ? make_tensor_scale(__ldg(p.amax + g / blocks_per_row), p.e4m3_max) : t_all;
   uint2 q;
   uint32_t sf;
-  quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf, tab, vt);
+  uint64_t seed = 0, offset = 0;
+  if (p.sr) seed = sr_seed(p), offset = sr_offset(p);
+  quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(g), seed, offset, q, sf, tab, vt);
   reinterpret_cast<uint2*>(p.data)[g] = q;
   p.scale[g] = static_cast<uint8_t>(sf);
   if (p.unit != nullptr) store_unit16(q, sf, p.unit + g * 16);
@@ -263,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       if (do_row && row_valid) {
         q = p.sr ? encode16_sr(x, enc,
                                sr_block_bits(static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
-                                             p.seed, p.offset))
+                                             sr_seed(p), sr_offset(p)))
                  : encode16_rn(x, enc);
       }
     } else {
@@ -296,8 +308,10 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
     uint2 q;
     uint32_t sf;
+    uint64_t seed = 0, offset = 0;
+    if (p.sr) seed = sr_seed(p), offset = sr_offset(p);
     quantize_block_1d<kFos, 0>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
-                            p.seed, p.offset, q, sf, nullptr, nullptr);
+                            seed, offset, q, sf, nullptr, nullptr);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
     if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
@@ -323,7 +337,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     if (kFos == 0) {
       sf = plain_scale_code(tamax, t);
       const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
-      q = p.sr ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn(v, enc);
+      q = p.sr ? encode16_sr(v, enc, sr_block_bits(b, sr_seed(p), sr_offset(p))) : encode16_rn(v, enc);
     } else {
       const FosCandidates c = fos_candidates(tamax, t, nullptr);
       const bool use4 = fos_use4[rb][cc / 16] != 0;
@@ -331,7 +345,9 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
     }
   } else {
-    quantize_block_1d<kFos, 0>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr, nullptr);
+    uint64_t seed = 0, offset = 0;
+    if (p.sr) seed = sr_seed(p), offset = sr_offset(p);
+    quantize_block_1d<kFos, 0>(v, t, p.sr, b, seed, offset, q, sf, nullptr, nullptr);
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
@@ -758,7 +774,7 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
           if (kSR) {
             sf = plain_scale_code(tamax, t_row);
             const float enc = block_enc(nvfp4_e4m3_decode(sf), t_row.s_dec);
-            q = encode16_sr(x, enc, sr_block_bits(static_cast<uint64_t>(b), p.seed, p.offset));
+            q = encode16_sr(x, enc, sr_block_bits(static_cast<uint64_t>(b), sr_seed(p), sr_offset(p)));
           } else {
             t2_quant_rn(x, tamax, t_row, q, sf);
           }
@@ -767,8 +783,8 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
           if (kFos != 0) {
             quantize_block_1d<kFos, 0>(x, ts, false, static_cast<uint64_t>(b), 0, 0, q, sf, nullptr, nullptr);
           } else if (kSR) {
-            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(x, ts, true, static_cast<uint64_t>(b), p.seed,
-                                                                 p.offset, q, sf, nullptr, nullptr);
+            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(x, ts, true, static_cast<uint64_t>(b), sr_seed(p),
+                                                                 sr_offset(p), q, sf, nullptr, nullptr);
           } else {
             t2_quant_rn(x, block_absmax16(x), ts, q, sf);
           }
@@ -810,15 +826,15 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
             if (kSR) {
               sf = plain_scale_code(tamax, t_col);
               const float enc = block_enc(nvfp4_e4m3_decode(sf), t_col.s_dec);
-              q = encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset));
+              q = encode16_sr(v, enc, sr_block_bits(b, sr_seed(p), sr_offset(p)));
             } else {
               t2_quant_rn(v, tamax, t_col, q, sf);
             }
           } else if (kFos != 0) {
             quantize_block_1d<kFos, 0>(v, t_col, false, b, 0, 0, q, sf, nullptr, nullptr);
           } else if (kSR) {
-            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(v, t_col, true, b, p.seed, p.offset, q, sf, nullptr,
-                                                                 nullptr);
+            quantize_block_1d<0, RowPack<0>::value, kT2ExpMagic>(v, t_col, true, b, sr_seed(p), sr_offset(p), q, sf,
+                                                                 nullptr, nullptr);
           } else {
             t2_quant_rn(v, block_absmax16(v), t_col, q, sf);
           }
@@ -1109,7 +1125,7 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
              a.row_scaled ? 1 : 0,       a.data_t,        a.scale_t, a.amax_t,
              a.rht ? 1 : 0,              a.block_2d ? 1 : 0, a.mse ? 1 : 0, a.e4m3_max,
              a.stochastic_rounding ? 1 : 0, a.seed,     a.offset,
-             a.unit,   a.unit_t, a.bias_partials};
+             a.unit,   a.unit_t, a.bias_partials, a.rng_state};
   if (a.row_amax_out != nullptr) {
     // Row amax + row-scaled rowwise quantization in one pass where row_scaled_kernel fits, else the
     // row amax pass and then the quantization (the same bytes either way).

@@ -108,8 +108,9 @@ class CallRecord:
 def _clone_object(q: Any) -> Any:
     new = object.__new__(type(q))
     new.__dict__.update(q.__dict__)
-    if new.__dict__.get("_offset_t") is not None:  # NVFP4 SR state tensors: the copy keeps its own
-        new.__dict__.update(_seed_t=None, _offset_t=None, _seed=q.seed, _offset=q.offset)
+    if new.__dict__.get("_offset_t") is not None or new.__dict__.get("_rng_d") is not None:
+        # NVFP4 SR state tensors (CPU, or on the device for a CUDA graph): the copy keeps its own ints
+        new.__dict__.update(_seed_t=None, _offset_t=None, _rng_d=None, _rng_step=None, _seed=q.seed, _offset=q.offset)
     return new
 
 

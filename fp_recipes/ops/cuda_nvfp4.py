@@ -153,7 +153,7 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
                    block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
                    err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
                    offset_lo: int, offset_hi: int, share_amax: bool = False,
-                   units: Optional[list] = None, checked: bool = False
+                   units: Optional[list] = None, checked: bool = False, rng_state: Optional[torch.Tensor] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One quantization: the kernels (:func:`_quantize_kernels`), or the reference twin on a device where
     the first-use E2M1 self-check found neither kernel encoding equal to the contract (:func:`e2m1_encoding`).
@@ -161,8 +161,13 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
     own per-tensor amax, return that one tensor for both instead of a copy (one launch fewer). ``units``
     (eager only): ``[unit_rowwise, unit_columnwise]`` flags in, replaced by the BF16 unit operands the
     quantize kernel wrote (or None) on return. ``checked``: the eager wrappers already made x a contiguous
-    CUDA tensor (the custom op checks it here)."""
-    if amax is None and units is None and not share_amax and x.is_cuda and TRACED_OPS_PLANNED:
+    CUDA tensor (the custom op checks it here). ``rng_state`` (eager only): the device (seed, offset) pair the
+    kernels read instead of the halves."""
+    if rng_state is not None and stochastic_rounding and x.is_cuda and _e2m1_mode(x.device) == "reference":
+        seed, offset = _rng_values(rng_state)
+        seed_lo, seed_hi, offset_lo, offset_hi = seed & _MASK32, seed >> 32, offset & _MASK32, offset >> 32
+        rng_state = None
+    if amax is None and units is None and not share_amax and x.is_cuda and TRACED_OPS_PLANNED and rng_state is None:
         res = _op_launch_run(x, (rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
                                  err_fast_math, rht, stochastic_rounding),
                              (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo)
@@ -176,7 +181,7 @@ def _quantize_impl(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bool,
                                    offset_hi)
     return _quantize_kernels(x, amax, rowwise, columnwise, block_2d, row_scaled, four_over_six, e4m3_max, mse,
                              err_fast_math, rht, stochastic_rounding, seed_lo, seed_hi, offset_lo, offset_hi,
-                             share_amax=share_amax, units=units, checked=checked)
+                             share_amax=share_amax, units=units, checked=checked, rng_state=rng_state)
 
 
 #: the custom ops' implementations (what a torch.compile graph runs) take the eager casts' resolved launches
@@ -243,7 +248,7 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
                       block_2d: bool, row_scaled: bool, four_over_six: bool, e4m3_max: int, mse: bool,
                       err_fast_math: bool, rht: bool, stochastic_rounding: bool, seed_lo: int, seed_hi: int,
                       offset_lo: int, offset_hi: int, share_amax: bool = False,
-                      units: Optional[list] = None, checked: bool = False
+                      units: Optional[list] = None, checked: bool = False, rng_state: Optional[torch.Tensor] = None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The launches of one quantization (see :func:`_quantize_impl`)."""
     if not checked:
@@ -323,7 +328,8 @@ def _quantize_kernels(x: torch.Tensor, amax: Optional[torch.Tensor], rowwise: bo
             rht, block_2d, fos, mse, float(e4m3_max), stochastic_rounding,
             (seed_hi << 32) | seed_lo, (offset_hi << 32) | offset_lo, stream, dev,
             0 if unit is None else unit.data_ptr(), 0 if unit_t is None else unit_t.data_ptr(),  # unit, unit_t
-            *((_ptr(row_am),) if fused_row_amax else ()))  # row_amax_out (a binding without it: never passed)
+            *((_ptr(row_am),) if fused_row_amax else ()),  # row_amax_out (a binding without it: never passed)
+            **({} if rng_state is None else {"rng_state": rng_state.data_ptr()}))
     out_amax = rowwise_amax if rowwise else _empty_f32(dev_t)
     out_amax_t = t_am if columnwise else _empty_f32(dev_t)
     if rowwise and columnwise and out_amax_t is out_amax and not share_amax:
@@ -381,8 +387,9 @@ def _refuse_under_cudagraphs() -> None:
         raise RuntimeError(
             "NVFP4 stochastic rounding is not supported under torch.compile(mode=\"reduce-overhead\") (Inductor's "
             "CUDA graphs): the backward's casts read their Philox counter from a CPU tensor the forward saved, which "
-            "CUDA-graph trees do not keep. Compile with mode=\"default\" or \"max-autotune-no-cudagraphs\", or use "
-            "NVFP4BlockScaling(disable_stochastic_rounding=True) (docs/cuda_graphs.md)")
+            "CUDA-graph trees do not keep. Compile with mode=\"default\" or \"max-autotune-no-cudagraphs\", use "
+            "NVFP4BlockScaling(disable_stochastic_rounding=True), or capture the eager model with "
+            "fp_recipes.make_graphed_callables, which keeps the counter on the GPU (docs/cuda_graphs.md)")
 
 
 @register_fake(_quantize_sr_state_op)
@@ -728,18 +735,22 @@ class QuantizePlan:
 
 
 def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[torch.Tensor], seed: int, offset: int,
-                           units: Optional[tuple] = None) -> tuple:
+                           units: Optional[tuple] = None, rng_state: Optional[torch.Tensor] = None) -> tuple:
     """:func:`nvfp4_quantize` (same checks of ``x`` and ``amax``, same bytes) with ``plan``'s options, for an
     eager call of a quantizer whose input passed ``check_input`` (a float32/bfloat16/float16 tensor, here
     flattened to 2-D) and whose ``seed``/``offset`` are its own ints in [0, 2^64). ``units``: (rowwise,
-    columnwise) unit operands to write as :func:`nvfp4_quantize_with_units` does, or None. Returns
+    columnwise) unit operands to write as :func:`nvfp4_quantize_with_units` does, or None. ``rng_state``: the
+    quantizer's device (seed, offset) pair (int64 (2,), on x's device), which the kernels read when they run
+    instead of ``seed``/``offset`` (a CUDA graph's replays then draw fresh numbers). Returns
     ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)``, absent ones None."""
     launch = None
+    if rng_state is not None:
+        _check_rng_state(x, rng_state)
     if amax is None:
         launch = plan.launches.get((x.shape, x.dtype))
         if launch is not None:  # this shape and dtype passed the checks below before
             _require_cuda(x, "nvfp4_quantize")
-            res = launch.run(x.contiguous(), seed, offset, units=units)
+            res = launch.run(x.contiguous(), seed, offset, units=units, rng_state=rng_state)
             if res is not None:
                 return res
     if not plan.valid:
@@ -748,7 +759,7 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
     if launch is None and amax is None:
         launch = _new_launch(x, plan)
         if launch is not None:
-            res = launch.run(x.contiguous(), seed, offset, units=units)
+            res = launch.run(x.contiguous(), seed, offset, units=units, rng_state=rng_state)
             if res is not None:
                 return res
     if amax is not None:
@@ -758,7 +769,7 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
     wanted = None if units is None else [bool(units[0]), bool(units[1])]
     data, scale, out_amax, data_t, scale_t, amax_t = _quantize_impl(
         x.contiguous(), amax, *plan.flags, seed & _MASK32, seed >> 32, offset & _MASK32, offset >> 32,
-        share_amax=True, units=wanted, checked=True)
+        share_amax=True, units=wanted, checked=True, rng_state=rng_state)
     if not plan.rowwise:
         data = scale = out_amax = None
     if not plan.columnwise:
@@ -768,7 +779,8 @@ def nvfp4_quantize_planned(x: torch.Tensor, plan: QuantizePlan, amax: Optional[t
 
 
 def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int, offset: int,
-                                 bias_dtype: torch.dtype, units: Optional[tuple] = None) -> Optional[tuple]:
+                                 bias_dtype: torch.dtype, units: Optional[tuple] = None,
+                                 rng_state: Optional[torch.Tensor] = None) -> Optional[tuple]:
     """:func:`nvfp4_quantize_planned` (no amax override; ``units`` as there) of a grad_output ``x`` (M, N) with
     its bias gradient fused into the columnwise quantization: ``(outputs, db)``, ``db`` the bytes of
     ``ops.bias_grad(x, bias_dtype)`` (the tile kernel writes the 64-row tile sums, one small launch reduces
@@ -780,6 +792,8 @@ def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int,
     ext = backend.extension()
     if ext is None or not getattr(ext, "nvfp4_fused_bias_grad", False):
         return None
+    if rng_state is not None:
+        _check_rng_state(x, rng_state)
     launch = plan.launches.get((x.shape, x.dtype))
     if launch is None:
         _check_x_for_options(x, plan.rowwise, plan.columnwise, plan.block_2d, plan.rht)
@@ -791,8 +805,28 @@ def nvfp4_quantize_planned_dbias(x: torch.Tensor, plan: QuantizePlan, seed: int,
     m, n = x.shape
     partials = torch.empty(((m + 63) // 64, n), dtype=torch.float32, device=x.device)
     db = torch.empty((n,), dtype=bias_dtype, device=x.device)
-    res = launch.run(x.contiguous(), seed, offset, bias=(partials, db), units=units)
+    res = launch.run(x.contiguous(), seed, offset, bias=(partials, db), units=units, rng_state=rng_state)
     return None if res is None else (res, db)
+
+
+def _check_rng_state(x: torch.Tensor, rng_state: torch.Tensor) -> None:
+    """A device stochastic-rounding state the kernels can read: int64 (2,), contiguous, on x's device."""
+    if (not isinstance(rng_state, torch.Tensor) or rng_state.dtype != torch.int64 or rng_state.shape != (2,)
+            or not rng_state.is_contiguous() or rng_state.device != x.device):
+        what = (f"{rng_state.dtype} {tuple(rng_state.shape)} on {rng_state.device}"
+                if isinstance(rng_state, torch.Tensor) else type(rng_state).__name__)
+        raise ValueError(f"nvfp4_quantize: rng_state must be a contiguous int64 tensor of shape (2,) (seed, offset) "
+                         f"on the input's device {x.device}, got {what}")
+
+
+def _rng_values(rng_state: torch.Tensor) -> tuple:
+    """(seed, offset) ints of a device state, for a path that takes them on the host (the reference twin)."""
+    if rng_state.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("nvfp4_quantize: this stochastically rounded cast takes the reference path (the device's "
+                           "E2M1 self-check chose it), which reads the seed and offset on the host: it cannot be "
+                           "captured in a CUDA graph")
+    seed, offset = rng_state.tolist()
+    return seed & _MASK64, offset & _MASK64
 
 
 # Resolved launches kept per plan (distinct input shapes and dtypes of one quantizer; a model's quantizer
@@ -853,18 +887,22 @@ class _Launch:
             mse, float(e4m3_max), sr)
 
     def run(self, x: torch.Tensor, seed: int, offset: int, bias: Optional[tuple] = None,
-            units: Optional[tuple] = None) -> Optional[tuple]:
+            units: Optional[tuple] = None, rng_state: Optional[torch.Tensor] = None) -> Optional[tuple]:
         """The outputs ``(data, scale, amax, data_t, scale_t, amax_t, unit, unit_t)`` (absent ones None),
         or None (nothing launched) where the general path must run. ``bias``: ``(partials, db)`` to write
         x's bias gradient into (see :func:`nvfp4_quantize_planned_dbias`). ``units``: (rowwise, columnwise)
-        BF16 unit operands to write too (of the copies this plan makes)."""
+        BF16 unit operands to write too (of the copies this plan makes). ``rng_state``: a checked device
+        (seed, offset) pair the kernel reads instead of ``seed``/``offset``."""
         x_ptr = x.data_ptr()
         dev_t = x.device
         if x_ptr % 16 or (x.is_cuda and (_E2M1.get(dev_t.index) or _e2m1_mode(dev_t)) == "reference"):
             return None
         unit_row, unit_col = (False, False) if units is None else (bool(units[0]), bool(units[1]))
         if self.cpp is not None and x.is_cuda:  # the lines below as one C++ call (None: the general path)
-            return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)), unit_row, unit_col)
+            if rng_state is None:
+                return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)), unit_row, unit_col)
+            return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)), unit_row, unit_col,
+                                rng_state)
         m, n, code = self.m, self.n, self.code
         stream, dev = _stream_of(dev_t), dev_t.index
         ext = backend.extension() or _ext()  # (_ext raises the missing extension's error)
@@ -920,13 +958,15 @@ class _Launch:
         rht, block_2d, fos, mse, e4m3_max, sr = self.tail
         args = (x_ptr, code, m, n, data_ptr, scale_ptr, g_ptr if (self.rowwise or block_2d) else 0, self.row_scaled,
                 data_t_ptr, scale_t_ptr, t_ptr, rht, block_2d, fos, mse, e4m3_max, sr, seed, offset, stream, dev)
+        rng = {} if rng_state is None else {"rng_state": rng_state.data_ptr()}
         if row_amax_out:
-            ext.nvfp4_quantize(*args, *unit_ptrs, row_amax_out)  # unit, unit_t, row_amax_out
+            ext.nvfp4_quantize(*args, *unit_ptrs, row_amax_out, **rng)  # unit, unit_t, row_amax_out
         elif bias is not None:
             partials, db = bias
-            ext.nvfp4_quantize(*args, *unit_ptrs, 0, partials.data_ptr(), db.data_ptr(), _DTYPE_CODES[db.dtype])
+            ext.nvfp4_quantize(*args, *unit_ptrs, 0, partials.data_ptr(), db.data_ptr(), _DTYPE_CODES[db.dtype],
+                               **rng)
         else:
-            ext.nvfp4_quantize(*args, *unit_ptrs)  # unit, unit_t (the arguments _quantize_kernels passes)
+            ext.nvfp4_quantize(*args, *unit_ptrs, **rng)  # unit, unit_t (the arguments _quantize_kernels passes)
         if not self.rowwise:
             rowwise_amax = None
         return data, scale, rowwise_amax, data_t, scale_t, t_am, unit, unit_t

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import formats, ops
+# (at module level: Dynamo on torch 2.11 cannot trace an import of fp_recipes.autocast, a module of its own class)
+from ..autocast import OUTERMOST_ENTER_HOOKS, get_autocast_state
 from ..ops.op_library import define_op, register_fake
 from ..ops.backend import resolved
 from ..ops.ref_fp8 import current_scale
@@ -464,8 +466,6 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
             with torch.inference_mode(False), torch.no_grad():
                 self.trace_scale = self.scale.detach().clone()
             _TRACE_SCALED.add(self)
-        from ..autocast import OUTERMOST_ENTER_HOOKS
-
         if refresh_trace_scales not in OUTERMOST_ENTER_HOOKS:
             OUTERMOST_ENTER_HOOKS.append(refresh_trace_scales)
 
@@ -484,8 +484,6 @@ class Float8Quantizer(_ColumnwiseRecast, _FusedActivation, Quantizer):
         ts = self.trace_scale
         if ts is None or ts.device != self.scale.device:
             return self.scale
-        from ..autocast import get_autocast_state
-
         state = get_autocast_state()
         return ts if state.enabled and state.records is None else self.scale
 

@@ -290,6 +290,9 @@ class NVFP4Quantizer(Quantizer):
         self.gemm_units = type(self).default_gemm_units
         self._seed_t: Optional[torch.Tensor] = None
         self._offset_t: Optional[torch.Tensor] = None
+        # use_sr_device_state(): (seed, offset) as int64 (2,) on the inputs' device, and its offset element
+        self._rng_d: Optional[torch.Tensor] = None
+        self._rng_step: Optional[torch.Tensor] = None
         self._offset = 0
         seed = zlib.crc32(str(spec.role).encode()) if seed is None else int(seed)
         if not 0 <= seed < 2**64:
@@ -329,7 +332,15 @@ class NVFP4Quantizer(Quantizer):
 
     def _seed_offset(self) -> tuple:
         """The stochastic-rounding seed and offset as ints (the plain attributes unless tensors hold them)."""
-        return (self._seed, self._offset) if self._seed_t is None else (self.seed, self.offset)
+        return (self._seed, self._offset) if self._seed_t is None and self._rng_d is None else (self.seed, self.offset)
+
+    def _sr_key(self, plan: "_QuantizePlan") -> tuple:
+        """(seed, offset, extra keywords) of an eager CUDA cast: with the device state, the kernels read the pair
+        from it when they run (no host read), else the ints."""
+        rng = self._rng_d
+        if rng is not None and plan.stochastic_rounding:
+            return 0, 0, {"rng_state": rng}
+        return (*self._seed_offset(), {})
 
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[NVFP4Tensor, torch.Tensor]:
         """:meth:`quantize` and ``ops.bias_grad(x, bias_dtype)``; on CUDA, where the quantization has a 1-D
@@ -338,10 +349,11 @@ class NVFP4Quantizer(Quantizer):
             plan = self._eager_plan()
             if plan.cuda is not None and resolved("nvfp4_quantize", x) is plan.cuda.nvfp4_quantize:
                 check_input(x, plan.what)
-                seed, offset = self._seed_offset()
+                seed, offset, rng = self._sr_key(plan)
                 units = None if self.gemm_units == "none" else self._units_wanted(x)
                 try:
-                    fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype, units)
+                    fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype, units,
+                                                                   **rng)
                 except (ValueError, TypeError) as exc:
                     raise self._input_error(exc, x, x) from exc
                 if fused is not None:
@@ -354,10 +366,10 @@ class NVFP4Quantizer(Quantizer):
                        plan: "_QuantizePlan") -> NVFP4Tensor:
         """The eager CUDA cast: the kernel wrapper with the plan's checked options, and the tensor built
         from its own outputs without the constructor's checks."""
-        seed, offset = self._seed_offset()
+        seed, offset, rng = self._sr_key(plan)
         units = None if self.gemm_units == "none" else self._units_wanted(x2)
         try:
-            res = plan.cuda.nvfp4_quantize_planned(x2, plan.cuda_plan, amax, seed, offset, units)
+            res = plan.cuda.nvfp4_quantize_planned(x2, plan.cuda_plan, amax, seed, offset, units, **rng)
         except (ValueError, TypeError) as exc:
             raise self._input_error(exc, x, x2) from exc
         if plan.stochastic_rounding:
@@ -427,6 +439,10 @@ class NVFP4Quantizer(Quantizer):
         if not plan.stochastic_rounding:
             # unused without stochastic rounding (and no per-layer constant in the graph)
             return self._quantize_ops(x, x2, amax, plan, 0, 0)
+        if self._rng_d is not None:
+            raise RuntimeError(f"NVFP4Quantizer({self.spec.role}): its stochastic-rounding state is on the device "
+                               "for a CUDA graph of fp_recipes.make_graphed_callables; a module captured so cannot "
+                               "also be traced by torch.compile")
         if self._offset_t is None:
             raise RuntimeError(f"NVFP4Quantizer({self.spec.role}): traced by torch.compile without its "
                                "stochastic-rounding tensors; call use_sr_tensors() before tracing (modules do)")
@@ -439,12 +455,17 @@ class NVFP4Quantizer(Quantizer):
 
     def _advance_offset(self, x2: torch.Tensor) -> None:
         """After a stochastically rounded cast: the Philox counters one copy used (M*K/16)."""
-        self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
+        if self._rng_step is not None:
+            self._rng_step.add_(x2.numel() // BLOCK)  # on the device, after the cast (int64 wraps as the counter)
+        else:
+            self.offset = (self.offset + x2.numel() // BLOCK) % 2**64
 
     # -- the stochastic-rounding state ----------------------------------------------------------
     @property
     def seed(self) -> int:
         """The Philox key of this quantizer's stochastic rounding, in [0, 2^64)."""
+        if self._rng_d is not None:
+            return self._device_values()[0]
         t = self._seed_t
         return self._seed if t is None else int(t) & _MASK64
 
@@ -453,7 +474,9 @@ class NVFP4Quantizer(Quantizer):
         value = int(value)
         if not 0 <= value < 2**64:
             raise ValueError(f"NVFP4Quantizer: seed must be in [0, 2^64), got {value}")
-        if self._seed_t is None:
+        if self._rng_d is not None:
+            self._set_device_values(value, self.offset)
+        elif self._seed_t is None:
             self._seed = value
         else:
             self._seed_t.fill_(_bits64(value))
@@ -461,13 +484,17 @@ class NVFP4Quantizer(Quantizer):
     @property
     def offset(self) -> int:
         """The Philox offset of the next stochastically rounded quantize, in [0, 2^64)."""
+        if self._rng_d is not None:
+            return self._device_values()[1]
         t = self._offset_t
         return self._offset if t is None else int(t) & _MASK64
 
     @offset.setter
     def offset(self, value: int) -> None:
         value = int(value) % 2**64
-        if self._offset_t is None:
+        if self._rng_d is not None:
+            self._set_device_values(self.seed, value)
+        elif self._offset_t is None:
             self._offset = value
         else:
             self._offset_t.fill_(_bits64(value))
@@ -484,6 +511,8 @@ class NVFP4Quantizer(Quantizer):
             state["_offset"] = state.pop("offset", 0)
         state.setdefault("_seed_t", None)
         state.setdefault("_offset_t", None)
+        state.setdefault("_rng_d", None)
+        state.setdefault("_rng_step", None)
         state["_plan"] = None  # rebuilt from the spec on the next quantize
         self.__dict__.update(state)
 
@@ -495,6 +524,37 @@ class NVFP4Quantizer(Quantizer):
         if self._offset_t is None:
             self._seed_t = torch.tensor(_bits64(self._seed), dtype=torch.int64)
             self._offset_t = torch.tensor(_bits64(self._offset), dtype=torch.int64)
+
+    def use_sr_device_state(self, device: Any) -> torch.Tensor:
+        """Keep the seed and the counter on ``device`` (an int64 (2,) tensor of their 64-bit patterns), from now on:
+        the CUDA kernels read them when they run and the counter advances by a device add after each cast, so a
+        CUDA graph (``fp_recipes.make_graphed_callables``) replays each cast with a fresh counter and leaves it
+        where eager calls would. Reading ``seed``/``offset`` (``state_dict``) then waits for the device; under a
+        capture it is an error. Returns the state tensor (the graph holds its address: it is written in place)."""
+        device = torch.device(device)
+        if self._rng_d is not None:
+            if self._rng_d.device != device:
+                raise ValueError(f"NVFP4Quantizer({self.spec.role}): its stochastic-rounding state is already on "
+                                 f"{self._rng_d.device}, not {device}")
+            return self._rng_d
+        if self._offset_t is not None:
+            raise RuntimeError(f"NVFP4Quantizer({self.spec.role}): traced by torch.compile (its stochastic-rounding "
+                               "state is in CPU tensors the graph reads); it cannot also be captured by "
+                               "fp_recipes.make_graphed_callables")
+        self._rng_d = torch.tensor([_bits64(self._seed), _bits64(self._offset)], dtype=torch.int64, device=device)
+        self._rng_step = self._rng_d[1]
+        return self._rng_d
+
+    def _device_values(self) -> Tuple[int, int]:
+        rng = self._rng_d
+        if rng.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"NVFP4Quantizer({self.spec.role}): its stochastic-rounding seed and offset live on "
+                               "the device and cannot be read while a CUDA graph is being captured")
+        seed, offset = rng.tolist()
+        return seed & _MASK64, offset & _MASK64
+
+    def _set_device_values(self, seed: int, offset: int) -> None:
+        self._rng_d.copy_(torch.tensor([_bits64(seed), _bits64(offset)], dtype=torch.int64))
 
     def _units_wanted(self, x2: torch.Tensor) -> Optional[tuple]:
         """(rowwise, columnwise) unit operands to write, or None: not on CUDA with the unit kernels, under

@@ -654,11 +654,16 @@ struct Nvfp4Launch {
   // (data, scale, rowwise amax, data_t, scale_t, amax_t, unit, unit_t), or None (nothing launched) where the
   // Python path must run: x not 16-byte aligned or contiguous, not on the current CUDA device, another shape.
   // unit_row / unit_col: also the BF16 unit GEMM operand of the rowwise / columnwise copy (where it is made).
+  // rng_state: the quantizer's device (seed, offset) pair, read by the kernel instead of seed/offset.
   py::object run(const at::Tensor& x, uint64_t seed, uint64_t offset, const c10::optional<at::Tensor>& partials,
-                 const c10::optional<at::Tensor>& db, bool unit_row, bool unit_col) const {
+                 const c10::optional<at::Tensor>& db, bool unit_row, bool unit_col,
+                 const c10::optional<at::Tensor>& rng_state) const {
     if (!x.is_contiguous() || !on_current_device(x) || x.dim() != 2 || x.size(0) != m || x.size(1) != n ||
         code_of(x.scalar_type()) != code || reinterpret_cast<uintptr_t>(x.data_ptr()) % 16)
       return py::none();
+    if (rng_state.has_value() && (rng_state->device() != x.device() || rng_state->scalar_type() != at::kLong ||
+                                  rng_state->numel() != 2 || !rng_state->is_contiguous()))
+      return py::none();  // (the Python path raises the error)
     const KernelTable& t = table();
     const auto opts = x.options();
     const auto f32 = opts.dtype(at::kFloat);
@@ -745,6 +750,7 @@ struct Nvfp4Launch {
     c.device = dev;
     c.unit = unit.defined() ? unit.data_ptr() : nullptr;
     c.unit_t = unit_t.defined() ? unit_t.data_ptr() : nullptr;
+    c.rng_state = rng_state.has_value() ? static_cast<const uint64_t*>(rng_state->data_ptr()) : nullptr;
     check(t.nvfp4_quantize(&c));
     py::object none = py::none();
     auto opt = [&](const at::Tensor& v) -> py::object { return v.defined() ? py::cast(v) : none; };
@@ -812,7 +818,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("row_scaled"), py::arg("block_2d"), py::arg("rht"), py::arg("need_g"), py::arg("four_over_six"),
            py::arg("mse"), py::arg("e4m3_max"), py::arg("stochastic_rounding"))
       .def("run", &Nvfp4Launch::run, py::arg("x"), py::arg("seed"), py::arg("offset"), py::arg("partials"),
-           py::arg("db"), py::arg("unit_row") = false, py::arg("unit_col") = false);
+           py::arg("db"), py::arg("unit_row") = false, py::arg("unit_col") = false,
+           py::arg("rng_state") = py::none());
   m.def("buffers", []() {
     std::lock_guard<std::mutex> lock(g_buffers.mutex);
     return py::make_tuple(g_buffers.amax_ws.size(), g_buffers.gemm_ws.size(), g_alpha_ws_count.load());
