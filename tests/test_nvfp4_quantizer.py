@@ -172,16 +172,19 @@ def test_sr_device_state_draws_and_advances_as_the_int_state():
         dev.use_sr_device_state("meta")
 
 
-def test_sr_device_state_and_traced_state_exclude_each_other():
+def test_sr_device_state_takes_over_the_traced_state_and_refuses_a_trace():
+    """Modules prepare every quantizer for torch.compile at init_quantizer_state (the CPU tensors a graph reads):
+    the device state takes their values and replaces them; a trace after that is refused with a message."""
     sp = spec("grad_output", columnwise=True, stochastic_rounding=True)
-    traced = NVFP4Quantizer(sp)
-    traced.use_sr_tensors()
-    with pytest.raises(RuntimeError, match="traced by torch.compile.*make_graphed_callables"):
-        traced.use_sr_device_state("cpu")
-    graphed = NVFP4Quantizer(sp)
-    graphed.use_sr_device_state("cpu")
+    q = NVFP4Quantizer(sp, seed=9)
+    q.use_sr_tensors()
+    q.offset = 2**64 - 1
+    state = q.use_sr_device_state("cpu")
+    assert state.tolist() == [9, -1] and q._offset_t is None and q._seed_t is None
+    q.use_sr_tensors()  # (a later prepare-for-trace leaves the device state alone)
+    assert q._offset_t is None and q._rng_d is state
     with pytest.raises(RuntimeError, match="CUDA graph of fp_recipes.make_graphed_callables.*torch.compile"):
-        graphed._quantize_traced(torch.zeros(16, 16), torch.zeros(16, 16), None, graphed._eager_plan())
+        q._quantize_traced(torch.zeros(16, 16), torch.zeros(16, 16), None, q._eager_plan())
 
 
 def test_default_seed_differs_by_role_and_rn_does_not_advance():

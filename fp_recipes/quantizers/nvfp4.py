@@ -520,8 +520,9 @@ class NVFP4Quantizer(Quantizer):
         """Keep the seed and the counter in CPU int64 0-dim tensors (their 64-bit patterns), from now
         on: a graph that torch.compile traces reads them (and advances the counter) when it runs, so
         neither is a constant of the graph, and eager calls read them on the host (no device sync).
-        Modules call this when they are prepared for tracing."""
-        if self._offset_t is None:
+        Modules call this when they are prepared for tracing. A no-op once the state is on the device
+        (:meth:`use_sr_device_state`)."""
+        if self._offset_t is None and self._rng_d is None:
             self._seed_t = torch.tensor(_bits64(self._seed), dtype=torch.int64)
             self._offset_t = torch.tensor(_bits64(self._offset), dtype=torch.int64)
 
@@ -537,12 +538,12 @@ class NVFP4Quantizer(Quantizer):
                 raise ValueError(f"NVFP4Quantizer({self.spec.role}): its stochastic-rounding state is already on "
                                  f"{self._rng_d.device}, not {device}")
             return self._rng_d
-        if self._offset_t is not None:
-            raise RuntimeError(f"NVFP4Quantizer({self.spec.role}): traced by torch.compile (its stochastic-rounding "
-                               "state is in CPU tensors the graph reads); it cannot also be captured by "
-                               "fp_recipes.make_graphed_callables")
-        self._rng_d = torch.tensor([_bits64(self._seed), _bits64(self._offset)], dtype=torch.int64, device=device)
+        seed, offset = self._seed_offset()
+        self._rng_d = torch.tensor([_bits64(seed), _bits64(offset)], dtype=torch.int64, device=device)
         self._rng_step = self._rng_d[1]
+        # the CPU tensors a torch.compile graph would read are dropped: a trace from now on is refused
+        # (_quantize_traced), and a graph traced before re-traces (its guard on them fails) into that error
+        self._seed_t = self._offset_t = None
         return self._rng_d
 
     def _device_values(self) -> Tuple[int, int]:
