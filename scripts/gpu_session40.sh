@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # After `source .device/setup.sh`: session 40's checks of NVFP4 stochastic rounding with its Philox state in device
 # memory. 1. the GPU tests (TEST_FILES, TEST_K); 2. compute-sanitizer (SAN_TOOLS) over tests/sanitize_nvfp4_device_rng.py;
-# 3. bench_quantize_nvfp4 at QUANT_SHAPES (the SR rows with and without the device state; QUANT_FULL=--json: 50 iterations,
+# 3. bench_quantize_nvfp4 at QUANT_SHAPES (the SR rows with and without the device state; QUANT_FULL=1: 50 iterations,
 # not --quick's 20); 4. with LINEAR=1,
 # bench_model --linear --graphed --no-compiled; 5. with MODEL=1, bench_model's rows at SIZES (MODEL_ARGS). Logs in $OUT.
 set -o pipefail
@@ -28,7 +28,8 @@ export PYTHONUNBUFFERED=1
   done
   if [ -n "${QUANT_SHAPES:-}" ]; then
     echo "== bench_quantize_nvfp4 $QUANT_SHAPES ($(date +%T))"
-    timeout -k 10 "${LIM_QUANT:-120}" python3 benchmarks/bench_quantize_nvfp4.py ${QUANT_FULL:---quick} --shapes "$QUANT_SHAPES" \
+    qflag=--quick; [ -n "${QUANT_FULL:-}" ] && qflag=
+    timeout -k 10 "${LIM_QUANT:-120}" python3 benchmarks/bench_quantize_nvfp4.py $qflag --shapes "$QUANT_SHAPES" \
         --json "$OUT/quantize.json" 2>&1 | grep -v Warning | tail -n 40
     echo "quantize rc=$?"
   fi
