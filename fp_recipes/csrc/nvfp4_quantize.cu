@@ -35,11 +35,13 @@ struct KParams {
   uint16_t* unit;    // optional BF16 unit operand of the rowwise copy, (M, N)
   uint16_t* unit_t;  // optional BF16 unit operand of the columnwise copy, (N, M)
   float* bias_partials;  // optional (tile2, columnwise): the bias gradient's 64-row tile sums, ((M + 63) / 64, N)
-  const uint64_t* rng;   // optional device (seed, offset), read instead of seed/offset (QuantizeArgs::rng_state)
+  const uint64_t* rng;   // optional device (seed, offset), read instead of seed/offset (QuantizeArgs::rng_state):
+                         // by tile2_kernel's SR instantiations only, which quantize() routes such a launch to
 };
 
-// The stochastic-rounding key of a launch: its own values, or the device pair a CUDA graph replays with the
-// counter of that replay. Read only on the SR paths (the RN code never evaluates it).
+// The stochastic-rounding key of a tile2_kernel<kSR> launch: its own values, or the device pair a CUDA graph
+// replays with the counter of that replay. (rowwise_kernel and tile_kernel read p.seed/p.offset: their SR code
+// shares the RN instantiations, and a read there cost the plain rowwise cast 11 % on an H200, session 40.)
 __device__ __forceinline__ uint64_t sr_seed(const KParams& p) {
   return p.rng != nullptr ? __ldg(reinterpret_cast<const unsigned long long*>(p.rng)) : p.seed;
 }
@@ -133,9 +135,7 @@ __device__ __forceinline__ void rowwise_block(const KParams& p, const float (&x)
   const TensorScale t = p.row_scaled ? make_tensor_scale(__ldg(p.amax + g / blocks_per_row), p.e4m3_max) : t_all;
   uint2 q;
   uint32_t sf;
-  uint64_t seed = 0, offset = 0;
-  if (p.sr) seed = sr_seed(p), offset = sr_offset(p);
-  quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(g), seed, offset, q, sf, tab, vt);
+  quantize_block_1d<kFos>(x, t, p.sr, static_cast<uint64_t>(g), p.seed, p.offset, q, sf, tab, vt);
   reinterpret_cast<uint2*>(p.data)[g] = q;
   p.scale[g] = static_cast<uint8_t>(sf);
   if (p.unit != nullptr) store_unit16(q, sf, p.unit + g * 16);
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       if (do_row && row_valid) {
         q = p.sr ? encode16_sr(x, enc,
                                sr_block_bits(static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
-                                             sr_seed(p), sr_offset(p)))
+                                             p.seed, p.offset))
                  : encode16_rn(x, enc);
       }
     } else {
@@ -308,10 +308,8 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     const TensorScale t = make_tensor_scale(amax, p.e4m3_max);
     uint2 q;
     uint32_t sf;
-    uint64_t seed = 0, offset = 0;
-    if (p.sr) seed = sr_seed(p), offset = sr_offset(p);
     quantize_block_1d<kFos, 0>(x, t, p.sr, static_cast<uint64_t>(row * (p.N / 16) + col16 / 16),
-                            seed, offset, q, sf, nullptr, nullptr);
+                            p.seed, p.offset, q, sf, nullptr, nullptr);
     reinterpret_cast<uint2*>(p.data + row * (p.N / 2) + col16 / 2)[0] = q;
     p.scale[row * (p.N / 16) + col16 / 16] = static_cast<uint8_t>(sf);
     if (p.unit != nullptr) store_unit16(q, sf, p.unit + row * p.N + col16);
@@ -337,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
     if (kFos == 0) {
       sf = plain_scale_code(tamax, t);
       const float enc = block_enc(nvfp4_e4m3_decode(sf), t.s_dec);
-      q = p.sr ? encode16_sr(v, enc, sr_block_bits(b, sr_seed(p), sr_offset(p))) : encode16_rn(v, enc);
+      q = p.sr ? encode16_sr(v, enc, sr_block_bits(b, p.seed, p.offset)) : encode16_rn(v, enc);
     } else {
       const FosCandidates c = fos_candidates(tamax, t, nullptr);
       const bool use4 = fos_use4[rb][cc / 16] != 0;
@@ -345,9 +343,7 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(KParams p) {
       q = encode16_rn(v, use4 ? c.enc4 : c.enc6);
     }
   } else {
-    uint64_t seed = 0, offset = 0;
-    if (p.sr) seed = sr_seed(p), offset = sr_offset(p);
-    quantize_block_1d<kFos, 0>(v, t, p.sr, b, seed, offset, q, sf, nullptr, nullptr);
+    quantize_block_1d<kFos, 0>(v, t, p.sr, b, p.seed, p.offset, q, sf, nullptr, nullptr);
   }
   reinterpret_cast<uint2*>(p.data_t + col * (p.M / 2) + row16 / 2)[0] = q;
   p.scale_t[col * (p.M / 16) + row16 / 16] = static_cast<uint8_t>(sf);
@@ -1149,8 +1145,9 @@ void quantize(const QuantizeArgs& a, cudaStream_t stream) {
   require(!bias || (a.bias_partials != nullptr && a.bias_out != nullptr && do_col && !a.block_2d),
           "nvfp4 quantize: a fused bias gradient needs bias_partials and bias_out and a 1-D columnwise copy");
   // The rowwise-only 1-D case reads x directly (16-byte loads need N*sizeof % 16 == 0, true for
-  // N % 16 == 0); everything else goes through the tile.
-  const bool tiled = do_col || a.block_2d;
+  // N % 16 == 0); everything else goes through the tile, as does stochastic rounding with a device rng state (only
+  // tile2_kernel's SR instantiations read it; the bytes are rowwise_kernel's).
+  const bool tiled = do_col || a.block_2d || (a.stochastic_rounding && a.rng_state != nullptr);
   switch (a.in_dtype) {
     case DType::kFloat32: launch_fos<float>(kp, a.four_over_six, tiled, stream); break;
     case DType::kBFloat16: launch_fos<__nv_bfloat16>(kp, a.four_over_six, tiled, stream); break;
