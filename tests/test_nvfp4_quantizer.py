@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 
 import pytest
@@ -170,6 +171,22 @@ def test_sr_device_state_draws_and_advances_as_the_int_state():
     assert state.tolist() == [7, 11] and dev.seed == 7 and dev.offset == 11
     with pytest.raises(ValueError, match="already on cpu"):
         dev.use_sr_device_state("meta")
+
+
+def test_a_copied_or_loaded_device_state_advances_its_own_counter():
+    """deepcopy and torch.save keep the offset element a view of the copy's own state tensor: a copy whose advance
+    wrote elsewhere would draw the same numbers at every cast."""
+    sp = spec("grad_output", columnwise=True, stochastic_rounding=True)
+    q = NVFP4Quantizer(sp, seed=3)
+    q.use_sr_device_state("cpu")
+    buf = io.BytesIO()
+    torch.save(q, buf)
+    buf.seek(0)
+    x = torch.randn(32, 32, generator=torch.Generator().manual_seed(6)).bfloat16()
+    for other in (copy.deepcopy(q), torch.load(buf, weights_only=False)):
+        first, second = other(x), other(x)
+        assert other.offset == 2 * 32 * 32 // 16 and q.offset == 0
+        assert not torch.equal(first.data_t, second.data_t)
 
 
 def test_sr_device_state_takes_over_the_traced_state_and_refuses_a_trace():
