@@ -4,7 +4,8 @@ Each block: LayerNorm + QKV (``LayerNormLinear``), causal attention (torch SDPA,
 LayerNorm + FC1, GELU, FC2, two residuals. One step = forward + backward of the whole stack, eager
 (torch.compile for the "BF16 torch.compile", "FP8 ... torch.compile" and torchao rows). Per row: the step time (CUDA events
 around many back-to-back steps, so host and GPU overlap as in training; the median of 5 such windows), the host time to enqueue one
-step (the host clock around one step after a synchronisation), the peak memory of a step, and the
+step (the host clock around one step after a synchronisation), the peak memory of a step (for a CUDA-graph row: what
+the capture and the replays reserved, since a replay allocates nothing), and the
 ratio BF16-eager time / row time (>= 1 is faster than BF16).
 
     python benchmarks/bench_model.py --size small|full [--json out.json]
@@ -174,6 +175,11 @@ def measure(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, floa
         hosts.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
+    reserved_before = getattr(step, "reserved_before", None)
+    if reserved_before is not None:
+        # a CUDA-graph replay allocates nothing (its memory is the graph pool, reserved at capture, before the
+        # baseline above): report what the capture and the steps reserved instead, an upper bound of their use
+        peak = torch.cuda.memory_reserved() - reserved_before
     # the median of 5 timed windows: one window moved host-bound rows by up to 2.5 ms between calls
     windows = []
     for _ in range(5):
@@ -185,12 +191,15 @@ def measure(step: Callable[[], None], warmup: int, iters: int) -> Dict[str, floa
         torch.cuda.synchronize()
         windows.append(start.elapsed_time(end) / iters)
     return {"step_ms": statistics.median(windows), "step_ms_windows": windows,
-            "host_ms": statistics.median(hosts), "peak_mib": peak / 2**20}
+            "host_ms": statistics.median(hosts), "peak_mib": peak / 2**20,
+            "peak_kind": "allocated" if reserved_before is None else "reserved (graph pool)"}
 
 
 def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe: Any) -> Callable[[], None]:
     """The model captured by fp_recipes.make_graphed_callables (forward + backward graphs, the delayed
     scaling updates inside them); the step replays them (no autocast: the graph carries the recipe)."""
+    torch.cuda.synchronize()
+    reserved_before = torch.cuda.memory_reserved()
     sample = x.detach().clone().requires_grad_(x.requires_grad)
     fwd = fp_recipes.make_graphed_callables(model, (sample,), recipe=recipe)
 
@@ -200,6 +209,7 @@ def make_graphed_step(model: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor,
         x.grad = None
         fwd(x).backward(dy)
 
+    step.reserved_before = reserved_before  # (measure: the graph's memory is reserved, not allocated per step)
     return step
 
 
@@ -502,7 +512,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"{r['size']:12s} {r['row']:32s} {'failed':>8s}")
                 continue
             print(f"{r['size']:12s} {r['row']:32s} {r['step_ms']:8.2f} {r.get('x_bf16', 0):7.2f} "
-                  f"{r['host_ms']:8.2f} {r['peak_mib']:9.0f}")
+                  f"{r['host_ms']:8.2f} {r['peak_mib']:9.0f}{'' if r['peak_kind'] == 'allocated' else ' (reserved)'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
