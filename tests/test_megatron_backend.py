@@ -199,6 +199,32 @@ def test_bad_config_fails_at_build(overrides, option):
         build_gpt(cfg, ours(cfg))
 
 
+@pytest.mark.parametrize("graphs", [
+    # (Megatron's local graph manager reads the CUDA device's properties when a block is built)
+    pytest.param(dict(cuda_graph_impl="local"), marks=pytest.mark.cuda, id="local"),
+    pytest.param(dict(enable_cuda_graph=True), marks=pytest.mark.cuda, id="enable_cuda_graph"),
+    pytest.param(dict(cuda_graph_impl="transformer_engine"), id="te")])
+@pytest.mark.parametrize("route", ["fp8", "quant_recipe"])
+def test_megatron_cuda_graphs_around_quantized_layers_fail_at_build(graphs, route, monkeypatch):
+    """Megatron's own capture would freeze the recipe's host-side state into its graphs (silently): refused, on
+    every route a recipe takes; a BF16 model keeps Megatron's graphs."""
+    from megatron.core.quantization.quant_config import RecipeConfig
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    # local graphs need a cudagraph-safe RNG tracker (Megatron checks the flag when it builds a layer's manager)
+    monkeypatch.setattr(get_cuda_rng_tracker(), "use_cudagraphable_rng", True)
+    if route == "fp8":
+        quant = dict(fp8="hybrid", fp8_recipe="delayed")
+    else:
+        quant = dict(quant_recipe=RecipeConfig.from_config_dict(
+            {"configs": {"n": {"recipe": "nvfp4"}},
+             "matchers": {"m": {"type": "glob", "pattern": "*", "config": "n", "enabled": True}}}))
+    cfg = tiny_config(**graphs, **quant)
+    with pytest.raises(ValueError, match=r"cuda_graph_impl='(local|transformer_engine)'.*make_graphed_callables"):
+        build_gpt(cfg, ours(cfg))
+    cfg = tiny_config(**graphs)
+    build_gpt(cfg, ours(cfg))  # no recipe: nothing of ours to freeze
+
+
 def test_bad_quant_recipe_payload_and_gather_output_fail_at_build():
     from megatron.core.quantization.quant_config import RecipeConfig
     from fp_recipes.integrations.megatron import FpColumnParallelLinear

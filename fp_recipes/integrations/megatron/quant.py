@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ...modules.base import QuantizedModule
-from .recipes import check_config, is_bf16_layer, recipe_from_config, recipe_from_payload
+from .recipes import check_config, check_cuda_graphs, is_bf16_layer, recipe_from_config, recipe_from_payload
 
 __all__ = ["MegatronQuantized", "RngNeutralQuantizedModule", "amax_group"]
 
@@ -61,6 +61,7 @@ class MegatronQuantized:
     # ------------------------------------------------------------------ which recipe
     def _set_recipe(self, recipe: Any) -> None:
         if recipe is not None:
+            check_cuda_graphs(self._mcore_config)  # (every route: config.fp8/fp4, a bound recipe, quant_recipe)
             self._check_recipe(recipe)
         # the core's per-module recipe: used whenever no fp_recipes.autocast is around the call
         self.set_recipe(recipe, amax_reduction_group=self._amax_group())

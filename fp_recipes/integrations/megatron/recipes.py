@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional
 
 from ...recipes import RECIPES, DelayedScaling, Float8CurrentScaling, Format, NVFP4BlockScaling, Recipe
 
-__all__ = ["recipe_from_config", "recipe_from_payload", "is_bf16_layer", "check_config"]
+__all__ = ["recipe_from_config", "recipe_from_payload", "is_bf16_layer", "check_config", "check_cuda_graphs"]
 
 _FP8_FORMATS = {"e4m3": Format.E4M3, "hybrid": Format.HYBRID}
 # TransformerConfig fields that change numerics TE-side and that this backend does not implement.
@@ -53,6 +53,24 @@ def check_config(config: Any, quantized: bool) -> None:
             "without TE. Give the recipe through the quant_recipe route instead (config.quant_recipe "
             "with payload {'recipe': 'delayed'|'current'|'nvfp4', ...}, config.fp8/fp4 unset) or "
             "FpRecipesSpecProvider(recipe=...); both recompute with Megatron's own checkpoint")
+
+
+def check_cuda_graphs(config: Any) -> None:
+    """Refuse Megatron's own CUDA graphs around a quantized layer. ``cuda_graph_impl="local"`` captures the layer with
+    ``torch.cuda.graph`` and knows nothing of this backend's state: an NVFP4 stochastic-rounding counter would be
+    baked into the graph (every replay drawing the same numbers) and the delayed-scaling bookkeeping done in Python
+    at the backward's start would not be replayed, silently. ``"transformer_engine"`` fills the layers with graphs
+    made by TransformerEngine's ``make_graphed_callables``, which does not know these modules."""
+    impl = _get(config, "cuda_graph_impl", "none")
+    legacy = [name for name in ("enable_cuda_graph", "external_cuda_graph") if _get(config, name)]
+    if impl in (None, "none") and not legacy:
+        return
+    what = f"cuda_graph_impl={impl!r}" if impl not in (None, "none") else f"{legacy[0]}=True"
+    raise ValueError(
+        f"fp_recipes Megatron backend: TransformerConfig.{what} is not supported with quantized layers: Megatron's "
+        "capture would freeze the recipe's host-side state (NVFP4 stochastic-rounding counters, delayed-scaling "
+        "updates) into the graph. Set cuda_graph_impl='none', or capture the layers with "
+        "fp_recipes.make_graphed_callables, which keeps that state on the GPU (docs/cuda_graphs.md)")
 
 
 def recipe_from_config(config: Any) -> Optional[Recipe]:
