@@ -49,7 +49,7 @@ from .modules.weight_cache import AUTO
 from .quantizers.nonfinite import DeferredReports, NonfiniteWatch
 from .quantizers.roles import ModuleKind, QuantizerRole, ScalingKind, TensorKind
 
-__all__ = ["make_graphed_callables"]
+__all__ = ["make_graphed_callables", "prepare_for_capture"]
 
 _Callable = Union[torch.nn.Module, Callable[..., Any]]
 _WHO = "fp_recipes.make_graphed_callables"
@@ -160,6 +160,22 @@ def _check_recipe(recipe: Any, mods: Sequence[Any]) -> Tuple[bool, bool]:
         stochastic = stochastic or bool(getattr(spec, "stochastic_rounding", False))
         delayed = delayed or spec.scaling is ScalingKind.DELAYED
     return delayed, stochastic
+
+
+def prepare_for_capture(model: torch.nn.Module, recipe: Any = None) -> torch.nn.Module:
+    """Make ``model``'s fp_recipes modules capturable by a CUDA graph you capture yourself (``torch.cuda.graph``,
+    ``torch.cuda.make_graphed_callables``): build their quantizer state for ``recipe`` now (``None``: the recipe
+    ``fp_recipes.autocast`` would resolve) and keep their stochastic-rounding seeds and counters on the GPU, so that
+    each replay draws fresh numbers. ``make_graphed_callables`` does this itself; without it, capturing a
+    stochastically rounded NVFP4 cast is an error. Delayed-scaling state is not snapshotted here: a warm-up's
+    updates stay (``make_graphed_callables`` undoes them). Returns ``model``."""
+    recipe = _resolve_recipe(recipe)
+    mods = [m for m in model.modules() if isinstance(m, QuantizedModule)]
+    if recipe is not None:
+        for m in mods:
+            m.init_quantizer_state(recipe)
+    _device_rng_states(mods)
+    return model
 
 
 def _device_rng_states(mods: Sequence[QuantizedModule]) -> None:

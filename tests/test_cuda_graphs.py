@@ -84,6 +84,16 @@ def test_refuses_stochastic_rounding_in_a_plain_function():
         make_graphed_callables(Linear(H, H), (torch.randn(TOKENS, H),), recipe=NVFP4BlockScaling())
 
 
+def test_prepare_for_capture_builds_the_state_and_moves_the_sr_counters():
+    model = torch.nn.Sequential(LayerNormLinear(H, H), Linear(H, H))
+    assert graphs_module.prepare_for_capture(model, NVFP4BlockScaling()) is model
+    quantizers = [q for m in model.modules() for qs in (getattr(m, "quantizer_sets", None) or ())
+                  for q in qs.quantizers.values() if q is not None]
+    assert len(quantizers) == 6
+    for q in quantizers:  # (on the parameters' device: the CPU here)
+        assert (q._rng_d is not None) == q.spec.stochastic_rounding == (q.spec.role.tensor.value == "grad_output")
+
+
 def test_refuses_a_plain_function_under_delayed_scaling():
     lin = Linear(H, H)
     with pytest.raises(TypeError, match="plain function"):
@@ -223,6 +233,63 @@ def test_nvfp4_with_stochastic_rounding_equals_eager():
     models, refs = _compare(NVFP4BlockScaling(), _block(), steps=4)
     graphed_offsets, eager_offsets = _sr_offsets(models[0]), _sr_offsets(refs[0])
     assert graphed_offsets and graphed_offsets == eager_offsets and all(o > 0 for o in graphed_offsets)
+
+
+def _raw_step(model, recipe, x, dy):
+    with fp_recipes.autocast(recipe=recipe):
+        y = model(x)
+    y.backward(dy)
+    return y
+
+
+@pytest.mark.cuda
+def test_a_raw_capture_of_stochastic_rounding_with_the_counter_on_the_host_is_an_error():
+    """torch.cuda.graph around a stochastically rounded cast whose counter is a host int would replay the same
+    draws at every step: refused when the cast is captured."""
+    recipe, model = NVFP4BlockScaling(), _block()
+    x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    dy = torch.randn(TOKENS, H, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _raw_step(model, recipe, x, dy)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="Philox counter on the host.*prepare_for_capture"):
+        with torch.cuda.graph(graph):
+            _raw_step(model, recipe, x, dy)
+
+
+@pytest.mark.cuda
+def test_a_raw_capture_after_prepare_for_capture_replays_fresh_draws():
+    """fp_recipes.graphs.prepare_for_capture, then torch.cuda.graph around forward + backward: each replay equals the
+    next eager step of a copy (outputs, accumulated grads, SR counters), so no replay repeats another's draws."""
+    recipe, model = NVFP4BlockScaling(), _block()
+    ref = copy.deepcopy(model)
+    graphs_module.prepare_for_capture(model, recipe)
+    x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    dy = torch.randn(TOKENS, H, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _raw_step(model, recipe, x, dy)  # warm-up, matched by one eager step of the copy
+    torch.cuda.current_stream().wait_stream(side)
+    _raw_step(ref, recipe, xr, dy)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _raw_step(model, recipe, x, dy)
+    outputs = []
+    for step in range(3):
+        graph.replay()
+        yr = _raw_step(ref, recipe, xr, dy)
+        _same(y, yr, f"replay {step}: output")
+        _same(x.grad, xr.grad, f"replay {step}: input grad")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            _same(p.grad, q.grad, f"replay {step}: grad of {name}")
+        assert _sr_offsets(model) == _sr_offsets(ref)
+        outputs.append(x.grad.clone())
+    assert not torch.equal(outputs[1] - outputs[0], outputs[2] - outputs[1]), "two replays drew the same numbers"
 
 
 @pytest.mark.cuda

@@ -334,12 +334,21 @@ class NVFP4Quantizer(Quantizer):
         """The stochastic-rounding seed and offset as ints (the plain attributes unless tensors hold them)."""
         return (self._seed, self._offset) if self._seed_t is None and self._rng_d is None else (self.seed, self.offset)
 
-    def _sr_key(self, plan: "_QuantizePlan") -> tuple:
+    def _sr_key(self, plan: "_QuantizePlan", x: torch.Tensor) -> tuple:
         """(seed, offset, extra keywords) of an eager CUDA cast: with the device state, the kernels read the pair
         from it when they run (no host read), else the ints."""
         rng = self._rng_d
-        if rng is not None and plan.stochastic_rounding:
-            return 0, 0, {"rng_state": rng}
+        if plan.stochastic_rounding:
+            if rng is not None:
+                return 0, 0, {"rng_state": rng}
+            if x.is_cuda and torch.cuda.is_current_stream_capturing():
+                # the ints would be constants of the graph: every replay would draw this cast's numbers again
+                raise RuntimeError(
+                    f"NVFP4Quantizer({self.spec.role}): a stochastically rounded cast is being captured in a CUDA "
+                    "graph with its Philox counter on the host, so every replay would draw the same numbers. "
+                    "Capture with fp_recipes.make_graphed_callables, call "
+                    "fp_recipes.graphs.prepare_for_capture(model, recipe) before capturing yourself, or use "
+                    "NVFP4BlockScaling(disable_stochastic_rounding=True)")
         return (*self._seed_offset(), {})
 
     def quantize_with_bias_grad(self, x: torch.Tensor, bias_dtype: torch.dtype) -> Tuple[NVFP4Tensor, torch.Tensor]:
@@ -349,7 +358,7 @@ class NVFP4Quantizer(Quantizer):
             plan = self._eager_plan()
             if plan.cuda is not None and resolved("nvfp4_quantize", x) is plan.cuda.nvfp4_quantize:
                 check_input(x, plan.what)
-                seed, offset, rng = self._sr_key(plan)
+                seed, offset, rng = self._sr_key(plan, x)
                 units = None if self.gemm_units == "none" else self._units_wanted(x)
                 try:
                     fused = plan.cuda.nvfp4_quantize_planned_dbias(x, plan.cuda_plan, seed, offset, bias_dtype, units,
@@ -366,7 +375,7 @@ class NVFP4Quantizer(Quantizer):
                        plan: "_QuantizePlan") -> NVFP4Tensor:
         """The eager CUDA cast: the kernel wrapper with the plan's checked options, and the tensor built
         from its own outputs without the constructor's checks."""
-        seed, offset, rng = self._sr_key(plan)
+        seed, offset, rng = self._sr_key(plan, x)
         units = None if self.gemm_units == "none" else self._units_wanted(x2)
         try:
             res = plan.cuda.nvfp4_quantize_planned(x2, plan.cuda_plan, amax, seed, offset, units, **rng)
