@@ -548,8 +548,9 @@ class NVFP4Quantizer(Quantizer):
                                  f"{self._rng_d.device}, not {device}")
             return self._rng_d
         seed, offset = self._seed_offset()
-        self._rng_d = torch.tensor([_bits64(seed), _bits64(offset)], dtype=torch.int64, device=device)
-        self._rng_step = self._rng_d[1]
+        with torch.inference_mode(False):  # (a normal tensor: every later cast adds to it in place)
+            self._rng_d = torch.tensor([_bits64(seed), _bits64(offset)], dtype=torch.int64, device=device)
+            self._rng_step = self._rng_d[1]
         # the CPU tensors a torch.compile graph would read are dropped: a trace from now on is refused
         # (_quantize_traced), and a graph traced before re-traces (its guard on them fails) into that error
         self._seed_t = self._offset_t = None
