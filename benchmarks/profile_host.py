@@ -6,6 +6,9 @@ host time), the functions with the most own time and the most cumulative time.
 
 ``--compiled``: the quantized Linear under torch.compile(fullgraph=True), autocast outside (as bench_model.py's
 compiled rows): where a compiled step's host time goes (guards, the compiled autograd function, the ops).
+``--graphed``: the quantized Linear captured by ``fp_recipes.make_graphed_callables`` (as bench_model.py's CUDA-graph
+rows): where a replayed step's host time goes (the replay's checks, the graph launches, the input, gradient and
+``.grad`` copies, the autograd engine).
 """
 
 from __future__ import annotations
@@ -24,18 +27,21 @@ from fp_recipes import DelayedScaling, Float8CurrentScaling, Linear, NVFP4BlockS
 RECIPES = {"off": None, "delayed": DelayedScaling, "current": Float8CurrentScaling, "nvfp4": NVFP4BlockScaling}
 
 
-def make_step(recipe, m: int, k: int, n: int, compiled: bool = False):
+def make_step(recipe, m: int, k: int, n: int, compiled: bool = False, graphed: bool = False):
     dev = torch.device("cuda")
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
     mod = Linear(k, n, bias=False, params_dtype=torch.bfloat16, device=dev)
     run = torch.compile(mod, fullgraph=True) if compiled and recipe is not None else mod
+    if graphed and recipe is not None:
+        sample = x.detach().clone().requires_grad_()
+        run = fp_recipes.make_graphed_callables(mod, (sample,), recipe=recipe)  # (carries its own autocast)
 
     def step():
         x.grad = None
         mod.weight.grad = None
-        if recipe is None:
-            y = mod(x)
+        if recipe is None or graphed:
+            y = run(x)
         else:
             with fp_recipes.autocast(recipe=recipe):
                 y = run(x)
@@ -53,11 +59,12 @@ def main() -> None:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--shape", default="4096,4096,4096")
     p.add_argument("--compiled", action="store_true", help="the quantized rows under torch.compile(fullgraph=True)")
+    p.add_argument("--graphed", action="store_true", help="the quantized rows captured by make_graphed_callables")
     args = p.parse_args()
     m, k, n = map(int, args.shape.split(","))
     for name in args.recipes.split(","):
         make = RECIPES[name]
-        step = make_step(make() if make else None, m, k, n, args.compiled)
+        step = make_step(make() if make else None, m, k, n, args.compiled, args.graphed)
         for _ in range(10):
             step()
         torch.cuda.synchronize()
@@ -72,7 +79,8 @@ def main() -> None:
             step()
         prof.disable()
         torch.cuda.synchronize()
-        print(f"\n===== {name}{' compiled' if args.compiled and make else ''}: {host:.3f} ms host per step without "
+        mode = (" compiled" if args.compiled else " CUDA graph" if args.graphed else "") if make else ""
+        print(f"\n===== {name}{mode}: {host:.3f} ms host per step without "
               f"the profiler ({args.steps} steps, Linear {m}x{k}x{n}) =====")
         for key in ("tottime", "cumulative"):
             s = io.StringIO()

@@ -3,7 +3,8 @@
 # memory. 1. the GPU tests (TEST_FILES, TEST_K); 2. compute-sanitizer (SAN_TOOLS) over tests/sanitize_nvfp4_device_rng.py;
 # 3. bench_quantize_nvfp4 at QUANT_SHAPES (the SR rows with and without the device state; QUANT_FULL=1: 50 iterations,
 # not --quick's 20); 4. with LINEAR=1,
-# bench_model --linear --graphed --no-compiled; 5. with MODEL=1, bench_model's rows at SIZES (MODEL_ARGS). Logs in $OUT.
+# bench_model --linear --graphed --no-compiled; 5. with PROF_GRAPHED=1, profile_host.py --graphed (where a replayed
+# step's host time goes); 6. with MODEL=1, bench_model's rows at SIZES (MODEL_ARGS). Logs in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_session40_out}
 mkdir -p "$OUT"
@@ -38,6 +39,12 @@ export PYTHONUNBUFFERED=1
     timeout -k 10 "${LIM_LIN:-200}" python3 benchmarks/bench_model.py --linear --graphed --no-compiled \
         --json "$OUT/linear.json" 2>&1 | grep -v Warning | tail -n 12
     echo "linear rc=$?"
+  fi
+  if [ -n "${PROF_GRAPHED:-}" ]; then
+    echo "== profile_host --graphed ($(date +%T))"
+    timeout -k 10 "${LIM_PROF:-150}" python3 benchmarks/profile_host.py --graphed --recipes "${PROFILE_RECIPES:-off,delayed,current,nvfp4}" \
+        --steps 200 --top 25 > "$OUT/profile_host_graphed.txt" 2>&1
+    echo "rc=$?"; grep "=====" "$OUT/profile_host_graphed.txt"
   fi
   if [ -n "${MODEL:-}" ]; then
     echo "== bench_model ${SIZES} ${MODEL_ARGS} ($(date +%T))"
