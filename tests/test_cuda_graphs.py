@@ -261,6 +261,41 @@ def test_a_raw_capture_of_stochastic_rounding_with_the_counter_on_the_host_is_an
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [Float8CurrentScaling(), NVFP4BlockScaling(disable_stochastic_rounding=True)],
+                         ids=["current", "nvfp4_rn"])
+def test_a_raw_capture_casts_the_weights_in_the_graph(recipe):
+    """torch.cuda.graph around forward + backward after eager warm-up steps that filled the modules' weight caches:
+    the capture casts the weights anyway, so replays after optimizer steps (which change the weights in place)
+    equal eager steps. A cached copy read by the graph would be stale after the first step."""
+    model = _block()
+    ref = copy.deepcopy(model)
+    x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    dy = torch.randn(TOKENS, H, device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # the second forward reuses the first's weight casts: the cache keeps copies
+            _raw_step(model, recipe, x, dy)
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(2):
+        _raw_step(ref, recipe, xr, dy)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _raw_step(model, recipe, x, dy)
+    for step in range(3):
+        opt.step()  # in place: the graph reads the new weights
+        opt_r.step()
+        graph.replay()
+        yr = _raw_step(ref, recipe, xr, dy)
+        _same(y, yr, f"replay {step} after an optimizer step: output")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            _same(p.grad, q.grad, f"replay {step}: grad of {name}")
+
+
+@pytest.mark.cuda
 def test_a_raw_capture_after_prepare_for_capture_replays_fresh_draws():
     """fp_recipes.graphs.prepare_for_capture, then torch.cuda.graph around forward + backward: each replay equals the
     next eager step of a copy (outputs, accumulated grads, SR counters), so no replay repeats another's draws."""

@@ -347,6 +347,25 @@ def test_is_first_microbatch(weight_casts):
     assert torch.equal(layer(x, is_first_microbatch=True), plain(x))
 
 
+def test_a_forward_being_captured_in_a_cuda_graph_casts_its_weight(weight_casts, monkeypatch):
+    """Under a CUDA-graph capture made outside make_graphed_callables (torch.cuda.graph) a cache hit would leave the
+    cast out of the graph, whose replays would read a copy that the next optimizer step makes stale: the capture
+    casts. (The capture is simulated: torch's own check says whether the current stream captures; the GPU test is
+    tests/test_cuda_graphs.py::test_a_raw_capture_casts_the_weights_in_the_graph.)"""
+    layer, recipe = _linear_and_recipe()
+    x = torch.randn(16, 32)
+    _forward(layer, recipe, x, is_first_microbatch=True)
+    weight_casts.clear()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    _forward(layer, recipe, x)
+    _forward(layer, recipe, x, is_first_microbatch=False)  # (even where the caller asks for the cached copy)
+    assert sum(weight_casts.values()) == 2
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _forward(layer, recipe, x, is_first_microbatch=False)
+    assert sum(weight_casts.values()) == 2  # the copy is still there once no capture runs
+
+
 def test_no_copy_is_kept_outside_training(weight_casts):
     model = Model()
     recipe = RECIPES["current"]()

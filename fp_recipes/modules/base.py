@@ -175,6 +175,11 @@ class QuantizedModule(torch.nn.Module):
         cache = self.__dict__.get("_weight_cache")
         if cache is None:
             return None, mode
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            # A CUDA graph captured around this call (torch.cuda.graph; make_graphed_callables decides the cache
+            # itself): a hit would leave the weight's cast out of the graph, whose replays would then read a copy
+            # that the next optimizer step makes stale (and the cache frees). Cast inside the graph.
+            return None, mode
         if not self.training or not self.cache_quantized_weights or torch.is_inference_mode_enabled():
             cache.clear()
             return None, mode
@@ -303,6 +308,8 @@ class QuantizedModule(torch.nn.Module):
                 cache = None
             elif mode == AUTO and self._sharded_params:
                 cache = None
+            elif torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+                cache = None  # (a CUDA graph captured around this call: cast inside it, see weight_cache_for)
         if norm:
             ln_out = x = self.normalize(x)
         # (quantized_linear)

@@ -34,7 +34,9 @@ TransformerEngine's ``is_first_microbatch`` forward argument selects the mode pe
 across autocast exits that rewrote a delayed-scaling scale (TE's contract: the caller guarantees the
 weights did not change; the copy keeps the scale of the micro-batch that made it). No cache is used,
 and the module keeps none, outside training mode (``module.eval()``) or under
-``torch.inference_mode()``, under torch.compile (the graph owns the casts), for stochastically
+``torch.inference_mode()``, under torch.compile (the graph owns the casts), while a CUDA graph is captured
+around the call outside ``make_graphed_callables`` (the graph casts: a copy it read would go stale at the next
+optimizer step; the copies are kept for later eager calls), for stochastically
 rounded weights, and in automatic mode for parameters sharded by FSDP2 (its all-gathers refill the
 unsharded weight in place without a version bump). ``module.cache_quantized_weights = False`` turns
 it off for a module.
