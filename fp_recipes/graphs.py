@@ -164,8 +164,8 @@ def _check_recipe(recipe: Any, mods: Sequence[Any]) -> Tuple[bool, bool]:
 
 def prepare_for_capture(model: torch.nn.Module, recipe: Any = None) -> torch.nn.Module:
     """Make ``model``'s fp_recipes modules capturable by a CUDA graph you capture yourself (``torch.cuda.graph``,
-    ``torch.cuda.make_graphed_callables``): build their quantizer state for ``recipe`` now (``None``: the recipe
-    ``fp_recipes.autocast`` would resolve) and keep their stochastic-rounding seeds and counters on the GPU, so that
+    ``torch.cuda.make_graphed_callables``): build their quantizer state for ``recipe`` now (``None``: as
+    ``fp_recipes.autocast``: ``FP_RECIPES_RECIPE``, else DelayedScaling) and keep their stochastic-rounding seeds and counters on the GPU, so that
     each replay draws fresh numbers. ``make_graphed_callables`` does this itself; without it, capturing a
     stochastically rounded NVFP4 cast is an error. Delayed-scaling state is not snapshotted here: a warm-up's
     updates stay (``make_graphed_callables`` undoes them). Returns ``model``."""
