@@ -61,6 +61,9 @@ class AutocastState:
     # torch.compile only: the delayed-scaling quantizers recorded while tracing, when the outermost
     # enabled autocast was entered in the traced function (its exit updates them in the graph)
     records: Optional[list] = field(default=None, compare=False, repr=False)
+    # a delayed-scaling forward cast under this (outermost enabled) autocast was captured in a CUDA graph: its exit
+    # must then be captured too (amax_reduction.py's reducer sets it, the one field set after creation, and checks it)
+    captured: bool = field(default=False, compare=False, repr=False)
 
 
 _DEFAULT_STATE = AutocastState()
@@ -84,6 +87,11 @@ def get_autocast_state() -> AutocastState:
     """The state of this thread's innermost active autocast (a disabled default outside any)."""
     stack = _local.stack
     return stack[-1] if stack else _DEFAULT_STATE
+
+
+def outermost_enabled_state() -> Optional[AutocastState]:
+    """The state of this thread's outermost enabled autocast (whose exit runs the scale updates), or None."""
+    return next((s for s in _local.stack if s.enabled), None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -94,6 +94,32 @@ def test_prepare_for_capture_builds_the_state_and_moves_the_sr_counters():
         assert (q._rng_d is not None) == q.spec.stochastic_rounding == (q.spec.role.tensor.value == "grad_output")
 
 
+def test_delayed_scaling_captured_under_an_autocast_entered_outside_the_capture_is_an_error(monkeypatch):
+    """A graph captured by hand inside an autocast entered before the capture: the autocast's exit (the scale
+    update) runs once, eagerly, and never on replay, so the scales would freeze. Refused at that exit. (The capture
+    is simulated through torch's check of the current stream; on a GPU the same check sees a real capture.)"""
+    from fp_recipes.modules.amax_reduction import reducer
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    layer, x, recipe = Linear(H, H), torch.randn(TOKENS, H), DelayedScaling()
+    with pytest.raises(RuntimeError, match="entered outside the capture.*inside the captured region"):
+        with fp_recipes.autocast(recipe=recipe):
+            capturing[0] = True
+            layer(x)
+            capturing[0] = False
+    assert reducer.pending_forward() == 0
+    scale = layer.quantizer_sets[0].activation.scale.clone()
+    capturing[0] = True  # the autocast inside the capture (as make_graphed_callables enters it): its exit is captured
+    with fp_recipes.autocast(recipe=recipe):
+        layer(x * 1000)
+    capturing[0] = False
+    with fp_recipes.autocast(recipe=recipe):  # an eager region after it updates as usual
+        layer(x * 1000)
+    assert not torch.equal(layer.quantizer_sets[0].activation.scale, scale)
+
+
 def test_refuses_a_plain_function_under_delayed_scaling():
     lin = Linear(H, H)
     with pytest.raises(TypeError, match="plain function"):
@@ -258,6 +284,39 @@ def test_a_raw_capture_of_stochastic_rounding_with_the_counter_on_the_host_is_an
     with pytest.raises(RuntimeError, match="Philox counter on the host.*prepare_for_capture"):
         with torch.cuda.graph(graph):
             _raw_step(model, recipe, x, dy)
+
+
+@pytest.mark.cuda
+def test_a_raw_capture_of_delayed_scaling_needs_the_autocast_inside_it():
+    """torch.cuda.graph inside an autocast entered before it: refused at the autocast's exit (replays would never
+    update the scales). With the autocast inside the captured region, replays update the scales as eager steps do."""
+    recipe = DelayedScaling(amax_history_len=2)
+    model = _block()
+    ref = copy.deepcopy(model)
+    x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    dy = torch.randn(TOKENS, H, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _raw_step(model, recipe, x, dy)
+    torch.cuda.current_stream().wait_stream(side)
+    _raw_step(ref, recipe, xr, dy)
+    with pytest.raises(RuntimeError, match="entered outside the capture"):
+        with fp_recipes.autocast(recipe=recipe):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                model(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = _raw_step(model, recipe, x, dy)
+    for step in range(3):
+        with torch.no_grad():
+            x.mul_(1.5)  # the amaxes move: the scales must follow
+            xr.mul_(1.5)
+        graph.replay()
+        yr = _raw_step(ref, recipe, xr, dy)
+        _same(y, yr, f"replay {step}: output")
+        _same_state(model, ref, step)
 
 
 @pytest.mark.cuda

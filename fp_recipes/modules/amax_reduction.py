@@ -33,7 +33,7 @@ import torch
 
 from .. import _extension, formats
 from ..ops.op_library import define_op, register_fake
-from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, register_outermost_exit_hook
+from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, outermost_enabled_state, register_outermost_exit_hook
 from ..quantizers import nonfinite
 from ..quantizers.nonfinite import NonfiniteWatch
 
@@ -68,6 +68,14 @@ def reduction_group(group: Any) -> Any:
     if group is None and dist.get_world_size() == 1:
         return NO_REDUCTION
     return group
+
+
+def _mark_captured() -> None:
+    """A delayed-scaling forward cast is being captured in a CUDA graph: flag this thread's outermost enabled
+    autocast, whose exit must then be captured as well (checked there)."""
+    state = outermost_enabled_state()
+    if state is not None and not state.captured:
+        object.__setattr__(state, "captured", True)  # (a frozen dataclass: this one flag is set after creation)
 
 
 def reduce_and_update(quantizers: List[Any], group: Any) -> None:
@@ -424,6 +432,8 @@ class AmaxReducer:
                 return
         if self._hook_handle is None:
             self._ensure_exit_hook()
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            _mark_captured()
         with self._lock:
             self._forward[id(quantizer)] = quantizer
             self._forward_group = group
@@ -437,6 +447,8 @@ class AmaxReducer:
                 self.record_forward(q, group)
             return
         self._ensure_exit_hook()
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            _mark_captured()
         with self._lock:
             for q in quantizers:
                 self._forward[id(q)] = q
@@ -458,6 +470,17 @@ class AmaxReducer:
             if records:
                 reduce_and_update(list(records), getattr(state, "amax_reduction_group", None))
             return
+        if getattr(state, "captured", False) and not (torch.cuda.is_initialized()
+                                                       and torch.cuda.is_current_stream_capturing()):
+            with self._lock:
+                self._forward.clear()
+                self._forward_group = None
+            raise RuntimeError(
+                "fp_recipes: delayed-scaling casts were captured in a CUDA graph inside an fp_recipes.autocast "
+                "entered outside the capture. The autocast's exit (the amax reduction and scale update) is not in "
+                "the graph, and no Python runs when it replays, so its scales would never be updated again. Enter "
+                "fp_recipes.autocast inside the captured region, or capture with fp_recipes.make_graphed_callables "
+                "(docs/cuda_graphs.md)")
         with self._lock:
             quantizers = list(self._forward.values())
             if records:  # an autocast entered in a traced frame, exiting eagerly
