@@ -15,8 +15,8 @@ import torch
 
 import fp_recipes
 from fp_recipes import graphs as graphs_module
-from fp_recipes import (DelayedScaling, Float8CurrentScaling, LayerNormLinear, Linear, NVFP4BlockScaling,
-                        make_graphed_callables)
+from fp_recipes import (DelayedScaling, Float8CurrentScaling, GroupedLinear, LayerNormLinear, Linear,
+                        NVFP4BlockScaling, make_graphed_callables)
 
 H = 64
 TOKENS = 32
@@ -259,6 +259,27 @@ def test_nvfp4_with_stochastic_rounding_equals_eager():
     models, refs = _compare(NVFP4BlockScaling(), _block(), steps=4)
     graphed_offsets, eager_offsets = _sr_offsets(models[0]), _sr_offsets(refs[0])
     assert graphed_offsets and graphed_offsets == eager_offsets and all(o > 0 for o in graphed_offsets)
+
+
+class _Experts(torch.nn.Module):
+    """A LayerNormLinear, then three experts of a GroupedLinear with fixed splits (one expert empty: the splits are a
+    constant of the graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = LayerNormLinear(H, H)
+        self.experts = GroupedLinear(3, H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(self.ln(x), [16, 0, TOKENS - 16])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), NVFP4BlockScaling()], ids=["delayed", "nvfp4_sr"])
+def test_grouped_linear_equals_eager(recipe):
+    """GroupedLinear's per-expert quantizers in a graph: delayed-scaling state and, with the default NVFP4 recipe,
+    every expert's gradient counter on the device (bit for bit as eager, counters in the state dict)."""
+    _compare(recipe, _Experts().cuda(), steps=3)
 
 
 def _raw_step(model, recipe, x, dy):
