@@ -420,8 +420,8 @@ def _bf16_autocast():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling(),
-                                    NVFP4BlockScaling(disable_stochastic_rounding=True)],
-                         ids=["delayed", "current", "nvfp4"])
+                                    NVFP4BlockScaling(disable_stochastic_rounding=True), NVFP4BlockScaling()],
+                         ids=["delayed", "current", "nvfp4", "nvfp4_sr"])
 def test_capture_under_torch_autocast_equals_eager(recipe):
     """FP32 parameters under torch.autocast(bfloat16) (how Hugging Face / FSDP2 jobs run): the capture
     records the autocast's casts; replays inside the same autocast equal eager steps bit for bit."""
@@ -441,8 +441,8 @@ class _Checkpointed(torch.nn.Module):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling()],
-                         ids=["delayed", "current"])
+@pytest.mark.parametrize("recipe", [DelayedScaling(amax_history_len=4), Float8CurrentScaling(), NVFP4BlockScaling()],
+                         ids=["delayed", "current", "nvfp4_sr"])
 def test_activation_checkpointing_inside_the_capture_equals_eager(recipe):
     """The recomputation runs inside the captured backward: it must reuse the forward's scales and record
     no amax twice, exactly as eager checkpointing does."""
