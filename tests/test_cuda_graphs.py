@@ -289,6 +289,16 @@ def _raw_step(model, recipe, x, dy):
     return y
 
 
+def _warm_up(model, recipe, x, dy, steps: int = 1) -> None:
+    """Eager steps on a side stream before a capture made by hand (as torch's graph examples do)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(steps):
+            _raw_step(model, recipe, x, dy)
+    torch.cuda.current_stream().wait_stream(side)
+
+
 @pytest.mark.cuda
 def test_a_raw_capture_of_stochastic_rounding_with_the_counter_on_the_host_is_an_error():
     """torch.cuda.graph around a stochastically rounded cast whose counter is a host int would replay the same
@@ -296,11 +306,7 @@ def test_a_raw_capture_of_stochastic_rounding_with_the_counter_on_the_host_is_an
     recipe, model = NVFP4BlockScaling(), _block()
     x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
     dy = torch.randn(TOKENS, H, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _raw_step(model, recipe, x, dy)
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up(model, recipe, x, dy)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="Philox counter on the host.*prepare_for_capture"):
         with torch.cuda.graph(graph):
@@ -317,11 +323,7 @@ def test_a_raw_capture_of_delayed_scaling_needs_the_autocast_inside_it():
     x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
     xr = x.detach().clone().requires_grad_()
     dy = torch.randn(TOKENS, H, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _raw_step(model, recipe, x, dy)
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up(model, recipe, x, dy)
     _raw_step(ref, recipe, xr, dy)
     with pytest.raises(RuntimeError, match="entered outside the capture"):
         with fp_recipes.autocast(recipe=recipe):
@@ -354,12 +356,7 @@ def test_a_raw_capture_casts_the_weights_in_the_graph(recipe):
     dy = torch.randn(TOKENS, H, device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # the second forward reuses the first's weight casts: the cache keeps copies
-            _raw_step(model, recipe, x, dy)
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up(model, recipe, x, dy, steps=2)  # the second forward reuses the first's weight casts: the cache keeps copies
     for _ in range(2):
         _raw_step(ref, recipe, xr, dy)
     graph = torch.cuda.CUDAGraph()
@@ -385,11 +382,7 @@ def test_a_raw_capture_after_prepare_for_capture_replays_fresh_draws():
     x = torch.randn(TOKENS, H, device="cuda", requires_grad=True)
     xr = x.detach().clone().requires_grad_()
     dy = torch.randn(TOKENS, H, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _raw_step(model, recipe, x, dy)  # warm-up, matched by one eager step of the copy
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up(model, recipe, x, dy)  # matched by one eager step of the copy
     _raw_step(ref, recipe, xr, dy)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
