@@ -356,7 +356,8 @@ def test_a_raw_capture_casts_the_weights_in_the_graph(recipe):
     dy = torch.randn(TOKENS, H, device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
-    _warm_up(model, recipe, x, dy, steps=2)  # the second forward reuses the first's weight casts: the cache keeps copies
+    # the second forward reuses the first's weight casts: the cache keeps copies
+    _warm_up(model, recipe, x, dy, steps=2)
     for _ in range(2):
         _raw_step(ref, recipe, xr, dy)
     graph = torch.cuda.CUDAGraph()
