@@ -33,6 +33,7 @@ import torch
 
 from .. import _extension, formats
 from ..ops.op_library import define_op, register_fake
+from ..ops.workspace import stream_capturing
 from ..autocast import TRACED_RECORDS_SEEN, get_autocast_state, outermost_enabled_state, register_outermost_exit_hook
 from ..quantizers import nonfinite
 from ..quantizers.nonfinite import NonfiniteWatch
@@ -432,7 +433,7 @@ class AmaxReducer:
                 return
         if self._hook_handle is None:
             self._ensure_exit_hook()
-        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        if stream_capturing():
             _mark_captured()
         with self._lock:
             self._forward[id(quantizer)] = quantizer
@@ -447,7 +448,7 @@ class AmaxReducer:
                 self.record_forward(q, group)
             return
         self._ensure_exit_hook()
-        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        if stream_capturing():
             _mark_captured()
         with self._lock:
             for q in quantizers:
@@ -470,8 +471,7 @@ class AmaxReducer:
             if records:
                 reduce_and_update(list(records), getattr(state, "amax_reduction_group", None))
             return
-        if getattr(state, "captured", False) and not (torch.cuda.is_initialized()
-                                                       and torch.cuda.is_current_stream_capturing()):
+        if getattr(state, "captured", False) and not stream_capturing():
             with self._lock:
                 self._forward.clear()
                 self._forward_group = None

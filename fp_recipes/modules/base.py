@@ -21,6 +21,7 @@ import torch
 
 from .. import _trace_ids
 from ..gemm.fp8 import register_traced_kernels
+from ..ops.workspace import stream_capturing
 from ..quantizers.float8 import load_cuda_casts
 from ..quantizers.roles import ModuleKind, ScalingKind
 from . import replay
@@ -175,7 +176,7 @@ class QuantizedModule(torch.nn.Module):
         cache = self.__dict__.get("_weight_cache")
         if cache is None:
             return None, mode
-        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        if stream_capturing():
             # A CUDA graph captured around this call (torch.cuda.graph; make_graphed_callables decides the cache
             # itself): a hit would leave the weight's cast out of the graph, whose replays would then read a copy
             # that the next optimizer step makes stale (and the cache frees). Cast inside the graph.
@@ -308,7 +309,7 @@ class QuantizedModule(torch.nn.Module):
                 cache = None
             elif mode == AUTO and self._sharded_params:
                 cache = None
-            elif torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+            elif stream_capturing():
                 cache = None  # (a CUDA graph captured around this call: cast inside it, see weight_cache_for)
         if norm:
             ln_out = x = self.normalize(x)

@@ -899,8 +899,6 @@ class _Launch:
             return None
         unit_row, unit_col = (False, False) if units is None else (bool(units[0]), bool(units[1]))
         if self.cpp is not None and x.is_cuda:  # the lines below as one C++ call (None: the general path)
-            if rng_state is None:
-                return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)), unit_row, unit_col)
             return self.cpp.run(x, seed, offset, *(bias if bias is not None else (None, None)), unit_row, unit_col,
                                 rng_state)
         m, n, code = self.m, self.n, self.code

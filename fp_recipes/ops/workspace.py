@@ -21,12 +21,19 @@ from typing import Callable
 
 import torch
 
-__all__ = ["AMAX_WS", "amax_ws", "persistent_cuda_tensor"]
+__all__ = ["AMAX_WS", "amax_ws", "persistent_cuda_tensor", "stream_capturing"]
 
 #: (device index, stream handle) -> the int32 (4,) workspace
 AMAX_WS: dict = {}
 
 _CAPTURING: list = []  # [torch's "is the current stream capturing" query], looked up on first CUDA use
+
+
+def stream_capturing() -> bool:
+    """Whether this thread's current CUDA stream is being captured into a CUDA graph (False before CUDA is
+    initialized, and on a CPU build). For host-side decisions a capture changes: a cached value the graph would
+    keep reading, a host counter it would bake in, an update its replays would skip."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def _capturing() -> bool:
