@@ -189,6 +189,17 @@ def test_a_copied_or_loaded_device_state_advances_its_own_counter():
         assert not torch.equal(first.data_t, second.data_t)
 
 
+def test_sr_device_state_made_under_inference_mode_still_advances_outside_it():
+    """The state tensor is a normal tensor even when made inside torch.inference_mode() (an inference tensor would
+    refuse the in-place advance of every later training cast)."""
+    q = NVFP4Quantizer(spec("grad_output", columnwise=True, stochastic_rounding=True))
+    with torch.inference_mode():
+        q.use_sr_device_state("cpu")
+    assert not q._rng_d.is_inference()
+    q(torch.randn(32, 32).bfloat16())
+    assert q.offset == 32 * 32 // 16
+
+
 def test_sr_device_state_takes_over_the_traced_state_and_refuses_a_trace():
     """Modules prepare every quantizer for torch.compile at init_quantizer_state (the CPU tensors a graph reads):
     the device state takes their values and replaces them; a trace after that is refused with a message."""
