@@ -279,7 +279,7 @@ def _weight_cache_mode(mods: Sequence[QuantizedModule], first: Optional[bool], k
             def choose(is_first_microbatch: Optional[bool] = None) -> Tuple[Any, str]:
                 return None, AUTO
         else:
-            method = type(m).weight_cache_for.__get__(m)
+            method = type(m).weight_cache_during_capture.__get__(m)  # (weight_cache_for refuses a hit in a capture)
 
             def choose(is_first_microbatch: Optional[bool] = None, _method: Any = method) -> Tuple[Any, str]:
                 cache, mode = _method(first)

@@ -32,7 +32,7 @@ S=benchmarks/nvfp4_variants
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/m0.o" -DTB_TAG=m0 -DNVFP4_TILE2_EXP_MAGIC=0 -DNVFP4_TILE2_SHORT=0 \
       "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/s0.o" -DTB_TAG=s0 -DNVFP4_TILE2_SHORT=0 "${FLAGS[@]}" & pids+=($!)
-  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/f1.o" -DTB_TAG=f1 -DNVFP4_SR_FMA_PIPE=0 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/f1.o" -DTB_TAG=f1 -DNVFP4_SR_CEIL=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st4.o" -DTB_TAG=st4 -DNVFP4_TILE2_STRIP_WAVES=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st1.o" -DTB_TAG=st1 -DNVFP4_TILE2_STRIP_WAVES=1000000 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/rs1.o" -DTB_TAG=rs1 -DNVFP4_ROW_SCALED_FREE=1 "${FLAGS[@]}" & pids+=($!)

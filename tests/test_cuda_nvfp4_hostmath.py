@@ -246,10 +246,11 @@ def _encode16_sr_reference(x: torch.Tensor, enc: torch.Tensor, rnd: torch.Tensor
 
 
 def test_encode16_sr_matches_elementwise(lib):
-    """The kernels' block SR encode (encode16_sr: encode16_sr_fma, the FMA-pipe form, in the shipped build)
+    """The kernels' block SR encode (encode16_sr: encode16_sr_ceil, one directed rounding to the grid, in the
+    shipped build)
     makes the decisions of e2m1_encode_sr: every FP32 in [2^-3, 8) at a stride (each with a random byte), the
     grid values, midpoints and binade edges with all 256 bytes, and specials (0, -0, Inf, NaN, huge, tiny)."""
-    assert lib.h_sr_fma_pipe() == 1  # the shipped default (nvfp4_device.cuh)
+    assert lib.h_sr_ceil() == 1  # the shipped default (nvfp4_device.cuh)
     g = torch.Generator().manual_seed(26)
     near = torch.arange(0x3E000000, 0x41000000, 37, dtype=torch.int32).view(torch.float32)
     near = near[: near.numel() // 16 * 16]  # whole blocks: the edge values below start a block

@@ -31,8 +31,8 @@ void attrs_m0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* 
 // s0: b0 without the short (clamp-free) encode path (NVFP4_TILE2_SHORT=0)
 void run_s0(const Args&, int which, int waves, cudaStream_t);
 void attrs_s0(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
-// f1: b0 with the compare/select stochastic-rounding encode (NVFP4_SR_FMA_PIPE=0: the default until session 26;
-// b0 runs encode16_sr_fma on the FMA pipe)
+// f1: b0 with the stochastic-rounding encode of sessions 26-40 (NVFP4_SR_CEIL=0: encode16_sr_fma; b0 runs
+// encode16_sr_ceil, session 41)
 void run_f1(const Args&, int which, int waves, cudaStream_t);
 void attrs_f1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 // st4 / st1: b0 with tile2's strips of 4 tiles a thread block always / never (NVFP4_TILE2_STRIP_WAVES=0 /

@@ -132,7 +132,7 @@ static const Case kCases[] = {
 struct Var {
   const char* name;
   int obj;  // 0: b0 (shipped), 4: b4 ((256, 4) for every mode), 1: m0 (v6 magic, no short path), 2: s0 (no short path),
-            // 5: f1 (the compare/select SR encode), 6: st4, 7: st1 (strips of 4 tiles always / never), 8: rs1 (row-scaled without the row barrier)
+            // 5: f1 (the SR encode of sessions 26-40, encode16_sr_fma), 6: st4, 7: st1 (strips of 4 tiles always / never), 8: rs1 (row-scaled without the row barrier)
   int which, waves;
 };
 
@@ -154,7 +154,7 @@ static std::vector<Var> vars_for(const Case& c) {
   return {{"old tile", 0, tb::kOldTile, 0},    {"v7 w1", 0, tb::kTile2, 1}, {"v7 w2", 0, tb::kTile2, 2},
           {"v7 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1},
           {"v7 w1 cmpmagic", 1, tb::kTile2, 1}, {"v7 w1 noshort", 2, tb::kTile2, 1},
-          {"v7 pertile srsel", 5, tb::kTile2, 1000}, {"v7 strip4", 6, tb::kTile2, 0},
+          {"v7 w1 srfma", 5, tb::kTile2, 1}, {"v7 strip4", 6, tb::kTile2, 0},
           {"v7 nostrip", 7, tb::kTile2, 0}};
 }
 

@@ -289,8 +289,51 @@ __device__ __forceinline__ uint2 encode16_sr_fma(const float (&x)[16], float enc
 }
 #endif  // NVFP4_SR_FMA_PIPE
 
+// Step 5 with stochastic rounding as one directed rounding to the grid (10 instructions an element against
+// encode16_sr_fma's 16). With a = min(|y|, 6), e the exponent of max(a, 1) (127 + b), step = 2^(e - 128) (the
+// E2M1 spacing of a's binade) and the element's random byte r:
+//   d    = RU(a - (2r + 1) * 2^(e - 137))     one FFMA.RU: a - (2r + 1) step / 512, exact before its one rounding
+//   sum  = RU(d + M_e)                        M_e = 2^22 * 2^b + 128 * 2^b + 2b * step: a magic whose ulp is step
+// sum = M_e + step * ceil((a - (2r + 1) step / 512) / step) (RU is monotone and every multiple of step in
+// (-step, 6] is a float, so rounding d up first changes no ceiling), and with frac = a / step - floor(a / step)
+// that ceiling is floor(a / step) + [frac > (2r + 1) / 512]: e2m1_encode_sr's decision (up iff 2r + 1 < frac * 512)
+// on its index floor(t) + 2b (+ up). a >= 6 and NaN (fminf takes the 6) land on index 7. The magic sits 256 ulps
+// above its binade's start, so a negative d (a < (2r + 1) / 1024 in the lowest binade) stays inside the binade
+// (ulp 0.5) and rounds up to index 0; bits(sum) = bits(M_e) + index, whose low byte is the index (bit 8 set, as
+// encode16_sr_fma's sums have it; pack8<0> gathers low bytes only). -(2r + 1) is made exactly by one PRMT (byte r
+// into 0x4B0000rr = 2^23 + r) and one FFMA (-2 (2^23 + r) + 2^24 - 1). scripts/nvfp4_check_sr_fma.py checks the
+// decisions on every a in [0, 7] (a = 6 standing for a >= 6) against e2m1_encode_sr; the CPU suite checks
+// encode16_sr against the elementwise twin through tests/nvfp4_host. On by default; NVFP4_SR_CEIL=0 builds
+// encode16_sr_fma (the benchmark's comparison).
+#ifndef NVFP4_SR_CEIL
+#define NVFP4_SR_CEIL 1
+#endif
+#if NVFP4_SR_CEIL
+NVFP4_CONST_OPERAND(sr_kexp, 0x800000u)
+NVFP4_CONST_OPERAND(sr_kmagic, 0x800002u)
+__device__ __forceinline__ uint2 encode16_sr_ceil(const float (&x)[16], float enc, const uint4& rnd) {
+  const uint32_t kexp = sr_kexp(), kmagic = sr_kmagic();
+  uint32_t s[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float a = fminf(fabsf(__fmul_rn(x[j], enc)), 6.0f);
+    const uint32_t e = __umulhi(__float_as_uint(fmaxf(a, 1.0f)), exp_k512());  // 127 + b
+    const float magic = __uint_as_float(e * kmagic + (0x4A800100u - 127u * 0x800002u));
+    const float step512 = __uint_as_float(e * kexp - (10u << 23));  // 2^(e - 137)
+    // 0x4B0000rr: byte j % 4 of its word under the exponent bits of 2^23 (one PRMT); then -(2r + 1), exact
+    const float r23 = __uint_as_float(__byte_perm(sr_word(rnd, j), 0x4B000000u, 0x7650u | (j % 4)));
+    const float neg = __fmaf_rn(r23, -2.0f, 16777215.0f);
+    s[j] = __float_as_uint(__fadd_ru(__fmaf_ru(neg, step512, a), magic));
+  }
+  return make_uint2(pack8<0>(s, x), pack8<0>(s + 8, x + 8));
+}
+#endif  // NVFP4_SR_CEIL
+
 // Step 5 with stochastic rounding.
 __device__ __forceinline__ uint2 encode16_sr(const float (&x)[16], float enc, const uint4& rnd) {
+#if NVFP4_SR_CEIL
+  return encode16_sr_ceil(x, enc, rnd);
+#endif
 #if NVFP4_SR_FMA_PIPE
   return encode16_sr_fma<0>(x, enc, rnd);
 #endif

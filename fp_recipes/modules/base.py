@@ -170,16 +170,24 @@ class QuantizedModule(torch.nn.Module):
         outside training mode (the module then keeps no copy), under ``torch.inference_mode()`` and
         torch.compile, with ``cache_quantized_weights = False``, and in automatic mode once a parameter
         was sharded (FSDP2): see ``weight_cache.py``."""
+        if stream_capturing():
+            # A CUDA graph captured around this call (torch.cuda.graph): a hit would leave the weight's cast out
+            # of the graph, whose replays would then read a copy that the next optimizer step makes stale (and
+            # the cache frees). Cast inside the graph. (make_graphed_callables decides the cache itself, with
+            # weight_cache_during_capture.)
+            return None, AUTO if is_first_microbatch is None else cache_mode(is_first_microbatch)
+        return self.weight_cache_during_capture(is_first_microbatch)
+
+    def weight_cache_during_capture(self, is_first_microbatch: Optional[bool] = None
+                                    ) -> Tuple[Optional[WeightCache], str]:
+        """:meth:`weight_cache_for` without its refusal inside a CUDA graph capture: for
+        ``make_graphed_callables``, whose graphs keep the cached copy alive and replay the reuse
+        (``fp8_weight_caching``, ``is_first_microbatch``)."""
         mode = AUTO if is_first_microbatch is None else cache_mode(is_first_microbatch)
         if torch.compiler.is_compiling():
             return None, mode
         cache = self.__dict__.get("_weight_cache")
         if cache is None:
-            return None, mode
-        if stream_capturing():
-            # A CUDA graph captured around this call (torch.cuda.graph; make_graphed_callables decides the cache
-            # itself): a hit would leave the weight's cast out of the graph, whose replays would then read a copy
-            # that the next optimizer step makes stale (and the cache frees). Cast inside the graph.
             return None, mode
         if not self.training or not self.cache_quantized_weights or torch.is_inference_mode_enabled():
             cache.clear()

@@ -34,6 +34,15 @@ static inline float add_in_mode(float a, float b, int mode) {
 }
 static inline float __fadd_rz(float a, float b) { return add_in_mode(a, b, FE_TOWARDZERO); }
 static inline float __fadd_ru(float a, float b) { return add_in_mode(a, b, FE_UPWARD); }
+// encode16_sr_ceil's FFMA.RU: the exact a * b + c rounded up once (fmaf in that rounding mode).
+static inline float __fmaf_ru(float a, float b, float c) {
+  const int old = std::fegetround();
+  std::fesetround(FE_UPWARD);
+  volatile float va = a, vb = b, vc = c;
+  volatile float r = std::fma(va, vb, vc);
+  std::fesetround(old);
+  return r;
+}
 // PRMT's default mode: result byte i is byte (s >> 4i) & 7 of {y:x}, or that byte's sign replicated when bit 3
 // of the selector nibble is set.
 static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
@@ -196,6 +205,7 @@ extern "C" void h_encode16_sr(const float* x, const float* enc, const uint32_t* 
   }
 }
 extern "C" int h_sr_fma_pipe() { return NVFP4_SR_FMA_PIPE; }
+extern "C" int h_sr_ceil() { return NVFP4_SR_CEIL; }
 
 // 1: every 4over6 block takes the general path (fos_take_short answers false), so a test can check
 // both paths of fos_encode16 on the same data; 0: each block's own fos_short_ok decides.
