@@ -5,7 +5,7 @@
 # 3. (TILE=1) the tile benchmark: bytes of every variant against the old tile kernel, times at 16384x6144 and
 # 4096x4096 with the copy of the same run; 4. bench_quantize_nvfp4 at QUANT_SHAPES (QUANT_FULL=1: 50 iterations);
 # 5. with LINEAR=1, bench_model --linear (LINEAR_ARGS); 6. with MODEL=1, bench_model's rows at SIZES (MODEL_ARGS).
-# Every stage under `timeout` (LIM_*); logs in $OUT.
+# SANITIZE_QUICK=1: tests/sanitize_nvfp4.py's quick mode. Every stage under `timeout` (LIM_*); logs in $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_session41_out}
 mkdir -p "$OUT"
@@ -34,7 +34,6 @@ if [ -n "${TILE:-}" ]; then
         "$B"/st4.o "$B"/st1.o "$B"/rs1.o "$B"/amax.o "$B"/fp8.o "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
     echo "tile bench build rc=$rc in $(( $(date +%s) - t0 )) s"
   ) > "$OUT/tile_build.log" 2>&1 &
-  BUILD_PID=$!
 fi
 {
   nvidia-smi -L; git log --oneline -1 2>/dev/null || true
@@ -50,14 +49,16 @@ fi
   for tool in ${SAN_TOOLS:-}; do
     for script in ${SAN_SCRIPTS:-tests/sanitize_nvfp4_v7.py}; do
       echo "== compute-sanitizer --tool $tool $script ($(date +%T))"
-      SANITIZE_REF=$([ "$tool" = racecheck ] && echo 0 || echo 1) timeout -k 10 "${LIM_SAN:-120}" "$SAN" --tool "$tool" \
+      SANITIZE_QUICK=${SANITIZE_QUICK:-} SANITIZE_REF=$([ "$tool" = racecheck ] && echo 0 || echo 1) timeout -k 10 "${LIM_SAN:-120}" "$SAN" --tool "$tool" \
           python3 "$script" 2>&1 | grep -vE "^========= (Program hit|    Saved host backtrace|        Host Frame)" | tail -n 6
       echo "$tool $script rc=$?"
     done
   done
   if [ -n "${TILE:-}" ]; then
     echo "== tile bench ($(date +%T))"
-    wait "$BUILD_PID"; cat "$OUT/tile_build.log" | tail -n 5
+    # (the build runs beside this pipeline's subshell, not in it: wait for its last line, not its pid)
+    for _ in $(seq 1 600); do grep -q "tile bench build rc=" "$OUT/tile_build.log" 2>/dev/null && break; sleep 1; done
+    tail -n 5 "$OUT/tile_build.log"
     [ -x "$B/nvfp4_tile_bench" ] && timeout -k 10 "${LIM_TILE:-90}" "$B/nvfp4_tile_bench" "$OUT/tile_bench.json" \
         > "$OUT/tile_bench.log" 2>&1
     echo "tile rc=$?"; grep -E "SR row \+ RHT SR col|2D SR row\+col|mismatch|MISMATCH|differ" "$OUT/tile_bench.log" | head -n 40
