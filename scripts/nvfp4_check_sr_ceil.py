@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from _sr_contract import SrContract
+
 U = 36  # the unit 2^-36
 FIRST = int(np.float32(2.0 ** -12).view(np.uint32))
 LAST = int(np.float32(6.0).view(np.uint32))
@@ -38,12 +40,7 @@ bad = checked = 0
 for lo in range(FIRST, LAST + 1, CHUNK):
     bits = np.arange(lo, min(lo + CHUNK, LAST + 1), dtype=np.uint32)
     a = bits.view(np.float32)
-    # contract: e2m1_encode_sr's magnitude index (as scripts/nvfp4_check_sr_fma.py evaluates it)
-    p2, p4 = a >= np.float32(2), a >= np.float32(4)
-    t = a * np.where(p4, np.float32(0.5), np.where(p2, np.float32(1), np.float32(2)))
-    k = np.trunc(t)
-    frac512 = (t - k) * np.float32(512)
-    off = np.where(p4, 4, np.where(p2, 2, 0)).astype(np.int64)
+    contract = SrContract(a)  # e2m1_encode_sr's magnitude index
     # the kernel
     e = (np.maximum(a, np.float32(1)).view(np.uint32) >> np.uint32(23)).astype(np.int64)
     m_bits = (e * 0x800002 + (0x4A800100 - 127 * 0x800002)).astype(np.int64)
@@ -54,8 +51,7 @@ for lo in range(FIRST, LAST + 1, CHUNK):
     for r in (bits & np.uint32(255), (bits >> np.uint32(8)) & np.uint32(255), np.uint32(0), np.uint32(127),
               np.uint32(255)):
         r = np.broadcast_to(np.asarray(r, dtype=np.uint32), bits.shape).astype(np.int64)
-        up = ((2 * r + 1).astype(np.float32) < frac512).astype(np.int64)
-        want = np.where(a >= np.float32(6), 7, k.astype(np.int64) + off + up)
+        want = contract.index(r)
         d = ru32_units(a_u - (2 * r + 1) * (np.int64(1) << (e - 137 + U)))
         s = d + magic_u
         s = (s + step_u - 1) // step_u * step_u                 # RU(d + M): the binade's floats are multiples of step

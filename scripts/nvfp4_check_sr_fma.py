@@ -11,6 +11,8 @@ numpy does it. About a minute on one core. Expected output: 0 mismatches.
 Usage: python scripts/nvfp4_check_sr_fma.py"""
 import numpy as np
 
+from _sr_contract import SrContract
+
 LAST = int(np.float32(7.0).view(np.uint32))
 CHUNK = 1 << 24
 M32 = np.uint64(0xFFFFFFFF)
@@ -18,12 +20,7 @@ bad = checked = 0
 for lo in range(0, LAST + 1, CHUNK):
     bits = np.arange(lo, min(lo + CHUNK, LAST + 1), dtype=np.uint32)
     a = bits.view(np.float32)
-    # e2m1_encode_sr (the float form): magnitude index before the sign
-    p2, p4 = a >= np.float32(2), a >= np.float32(4)
-    t = a * np.where(p4, np.float32(0.5), np.where(p2, np.float32(1), np.float32(2)))
-    k = np.trunc(t)
-    frac512 = (t - k) * np.float32(512)
-    off = np.where(p4, 4, np.where(p2, 2, 0)).astype(np.uint32)
+    contract = SrContract(a)  # e2m1_encode_sr (the float form): magnitude index before the sign
     # encode16_sr_fma
     e = np.maximum(a, np.float32(1)).view(np.uint32) >> np.uint32(23)
     scale = ((np.uint32(264) - e) << np.uint32(23)).view(np.float32)
@@ -35,8 +32,7 @@ for lo in range(0, LAST + 1, CHUNK):
     for r in (bits & np.uint32(255), (bits >> np.uint32(8)) & np.uint32(255), np.uint32(0), np.uint32(127),
               np.uint32(255)):
         r = np.broadcast_to(np.asarray(r, dtype=np.uint32), bits.shape)
-        up_old = ((2 * r + 1).astype(np.float32) < frac512).astype(np.uint32)
-        idx_old = np.where(a >= np.float32(6), np.uint32(7), k.astype(np.uint32) + off + up_old)
+        idx_old = contract.index(r).astype(np.uint32)
         v = (g.astype(np.uint64) * M32 + r.astype(np.uint64) * 2 + 0x4B000001) & M32
         up = (v >> np.uint64(31)).astype(np.uint32)
         s = np.minimum((kf_bits.astype(np.uint64) + e.astype(np.uint64) * 2 + up) & M32, 0x4F800000 + 263)

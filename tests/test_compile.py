@@ -165,6 +165,27 @@ def test_compiled_training_is_eager_training_bit_for_bit(name, where):
         assert "'offset': 0}}" not in got[-1][2]["fc._extra_state"]
 
 
+@pytest.mark.parametrize("name", ["delayed", "current", "nvfp4"])
+def test_a_model_compiles_where_cuda_is_initialized(name, monkeypatch):
+    """The eager path's CUDA-graph capture checks (ops.workspace.stream_capturing) stay out of a trace. On a GPU,
+    where CUDA is initialized, Dynamo cannot trace torch's "is the current stream capturing" query (it returns a
+    bool): a check reached before the trace's own early exits failed every compiled module there (session 41's GPU
+    run). Here CUDA is made to look initialized, so the trace reaches torch's query if a check lets it."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    recipe = RECIPES[name]()
+    model = Model()
+    x = torch.randn(48, 64)
+
+    def step(x):
+        with fp_recipes.autocast(recipe=recipe):
+            return model(x).float().square().mean()
+
+    torch._dynamo.reset()
+    step_compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    step_compiled(x).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_module_recipe_compiles_and_a_new_token_count_compiles_once():
     """A module quantizing under its own recipe (no autocast): the backward flushes the forward amaxes
     (in an op the backward graph runs); a second token count compiles once more (then dynamic)."""

@@ -32,7 +32,11 @@ _CAPTURING: list = []  # [torch's "is the current stream capturing" query], look
 def stream_capturing() -> bool:
     """Whether this thread's current CUDA stream is being captured into a CUDA graph (False before CUDA is
     initialized, and on a CPU build). For host-side decisions a capture changes: a cached value the graph would
-    keep reading, a host counter it would bake in, an update its replays would skip."""
+    keep reading, a host counter it would bake in, an update its replays would skip. False while torch.compile
+    traces: those decisions are the eager path's (a traced graph has none of them), and Dynamo cannot trace torch's
+    query, which returns a bool (on a GPU every compiled module would fail there)."""
+    if torch.compiler.is_compiling():
+        return False
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
