@@ -170,8 +170,12 @@ def test_a_model_compiles_where_cuda_is_initialized(name, monkeypatch):
     """The eager path's CUDA-graph capture checks (ops.workspace.stream_capturing) stay out of a trace. On a GPU,
     where CUDA is initialized, Dynamo cannot trace torch's "is the current stream capturing" query (it returns a
     bool): a check reached before the trace's own early exits failed every compiled module there (session 41's GPU
-    run). Here CUDA is made to look initialized, so the trace reaches torch's query if a check lets it."""
+    run). Here CUDA is made to look initialized (and never capturing, for the eager code around the graph), while
+    torch.cuda.is_current_stream_capturing stays torch's own function: the trace fails on it if a check lets it in."""
+    import torch.cuda.graphs
+
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", lambda: False)
     recipe = RECIPES[name]()
     model = Model()
     x = torch.randn(48, 64)
