@@ -301,8 +301,8 @@ __device__ __forceinline__ uint2 encode16_sr_fma(const float (&x)[16], float enc
 // above its binade's start, so a negative d (a < (2r + 1) / 1024 in the lowest binade) stays inside the binade
 // (ulp 0.5) and rounds up to index 0; bits(sum) = bits(M_e) + index, whose low byte is the index (bit 8 set, as
 // encode16_sr_fma's sums have it; pack8<0> gathers low bytes only). -(2r + 1) is made exactly by one PRMT (byte r
-// into 0x4B0000rr = 2^23 + r) and one FFMA (-2 (2^23 + r) + 2^24 - 1). scripts/nvfp4_check_sr_fma.py checks the
-// decisions on every a in [0, 7] (a = 6 standing for a >= 6) against e2m1_encode_sr; the CPU suite checks
+// into 0x4B0000rr = 2^23 + r) and one FFMA (-2 (2^23 + r) + 2^24 - 1). scripts/nvfp4_check_sr_ceil.py checks the
+// sums exactly for every FP32 a in [2^-12, 6] (a = 6 standing for a >= 6) against e2m1_encode_sr; the CPU suite checks
 // encode16_sr against the elementwise twin through tests/nvfp4_host. On by default; NVFP4_SR_CEIL=0 builds
 // encode16_sr_fma (the benchmark's comparison).
 #ifndef NVFP4_SR_CEIL

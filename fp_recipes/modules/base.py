@@ -170,13 +170,14 @@ class QuantizedModule(torch.nn.Module):
         outside training mode (the module then keeps no copy), under ``torch.inference_mode()`` and
         torch.compile, with ``cache_quantized_weights = False``, and in automatic mode once a parameter
         was sharded (FSDP2): see ``weight_cache.py``."""
-        if stream_capturing():
+        cache, mode = self.weight_cache_during_capture(is_first_microbatch)
+        if cache is not None and stream_capturing():
             # A CUDA graph captured around this call (torch.cuda.graph): a hit would leave the weight's cast out
             # of the graph, whose replays would then read a copy that the next optimizer step makes stale (and
             # the cache frees). Cast inside the graph. (make_graphed_callables decides the cache itself, with
             # weight_cache_during_capture.)
-            return None, AUTO if is_first_microbatch is None else cache_mode(is_first_microbatch)
-        return self.weight_cache_during_capture(is_first_microbatch)
+            return None, mode
+        return cache, mode
 
     def weight_cache_during_capture(self, is_first_microbatch: Optional[bool] = None
                                     ) -> Tuple[Optional[WeightCache], str]:
