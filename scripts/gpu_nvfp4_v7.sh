@@ -36,12 +36,13 @@ S=benchmarks/nvfp4_variants
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st4.o" -DTB_TAG=st4 -DNVFP4_TILE2_STRIP_WAVES=0 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/st1.o" -DTB_TAG=st1 -DNVFP4_TILE2_STRIP_WAVES=1000000 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c "$S/tile_kernels.cu" -o "$B/rs1.o" -DTB_TAG=rs1 -DNVFP4_ROW_SCALED_FREE=1 "${FLAGS[@]}" & pids+=($!)
+  "$NVCC" -c "$S/tile_kernels.cu" -o "$B/ru2.o" -DTB_TAG=ru2 -DNVFP4_TILE2_SR_ROW_UNROLL=2 "${FLAGS[@]}" & pids+=($!)
   "$NVCC" -c fp_recipes/csrc/nvfp4_amax.cu -o "$B/amax.o" "${FLAGS[@]}" & pids+=($!)
   # fp8_cast.cu: the bias-gradient reduce that nvfp4 quantize() calls for a fused bias gradient (session 25)
   "$NVCC" -c fp_recipes/csrc/fp8_cast.cu -o "$B/fp8.o" "${FLAGS[@]}" & pids+=($!)
   rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/m0.o" "$B/s0.o" "$B/f1.o" "$B/st4.o" "$B/st1.o" "$B/rs1.o" "$B/amax.o" "$B/fp8.o" \
+  [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B/main.o" "$B/b0.o" "$B/b4.o" "$B/m0.o" "$B/s0.o" "$B/f1.o" "$B/st4.o" "$B/st1.o" "$B/rs1.o" "$B/ru2.o" "$B/amax.o" "$B/fp8.o" \
       "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
   echo "tile bench build rc=$rc in $(( $(date +%s) - t0 )) s"
 ) > "$OUT/tile_build.log" 2>&1 &

@@ -23,7 +23,8 @@ if [ -n "${TILE:-}" ]; then
     "$NVCC" -c "$S/tile_main.cu" -o "$B/main.o" "${FLAGS[@]}" & pids+=($!)
     for spec in "b0:-DNVFP4_TILE2_MINB=0" "b4:-DNVFP4_TILE2_MINB=4" "m0:-DNVFP4_TILE2_EXP_MAGIC=0 -DNVFP4_TILE2_SHORT=0" \
                 "s0:-DNVFP4_TILE2_SHORT=0" "f1:-DNVFP4_SR_CEIL=0" "st4:-DNVFP4_TILE2_STRIP_WAVES=0" \
-                "st1:-DNVFP4_TILE2_STRIP_WAVES=1000000" "rs1:-DNVFP4_ROW_SCALED_FREE=1"; do
+                "st1:-DNVFP4_TILE2_STRIP_WAVES=1000000" "rs1:-DNVFP4_ROW_SCALED_FREE=1" \
+                "ru2:-DNVFP4_TILE2_SR_ROW_UNROLL=2"; do
       tag=${spec%%:*}; defs=${spec#*:}
       "$NVCC" -c "$S/tile_kernels.cu" -o "$B/$tag.o" -DTB_TAG=$tag $defs "${FLAGS[@]}" & pids+=($!)
     done
@@ -31,7 +32,7 @@ if [ -n "${TILE:-}" ]; then
     "$NVCC" -c fp_recipes/csrc/fp8_cast.cu -o "$B/fp8.o" "${FLAGS[@]}" & pids+=($!)
     rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
     [ $rc -eq 0 ] && "$NVCC" -o "$B/nvfp4_tile_bench" "$B"/main.o "$B"/b0.o "$B"/b4.o "$B"/m0.o "$B"/s0.o "$B"/f1.o \
-        "$B"/st4.o "$B"/st1.o "$B"/rs1.o "$B"/amax.o "$B"/fp8.o "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
+        "$B"/st4.o "$B"/st1.o "$B"/rs1.o "$B"/ru2.o "$B"/amax.o "$B"/fp8.o "-gencode=arch=compute_${ARCH},code=sm_${ARCH}" || rc=1
     echo "tile bench build rc=$rc in $(( $(date +%s) - t0 )) s"
   ) > "$OUT/tile_build.log" 2>&1 &
 fi

@@ -45,4 +45,8 @@ void attrs_st1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int*
 // no block barrier a row; session 35)
 void run_rs1(const Args&, int which, int waves, cudaStream_t);
 void attrs_rs1(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
+// ru2: b0 with tile2's rowwise loop unrolled over its two blocks in the 1-D SR instantiations
+// (NVFP4_TILE2_SR_ROW_UNROLL=2: two Philox chains in flight; session 41, not yet measured)
+void run_ru2(const Args&, int which, int waves, cudaStream_t);
+void attrs_ru2(int dtype, int which, bool d2, bool sr, bool rht, int* regs, int* local, int* occ);
 }  // namespace tb

@@ -132,7 +132,8 @@ static const Case kCases[] = {
 struct Var {
   const char* name;
   int obj;  // 0: b0 (shipped), 4: b4 ((256, 4) for every mode), 1: m0 (v6 magic, no short path), 2: s0 (no short path),
-            // 5: f1 (the SR encode of sessions 26-40, encode16_sr_fma), 6: st4, 7: st1 (strips of 4 tiles always / never), 8: rs1 (row-scaled without the row barrier)
+            // 5: f1 (the SR encode of sessions 26-40, encode16_sr_fma), 6: st4, 7: st1 (strips of 4 tiles always / never), 8: rs1 (row-scaled without the row barrier),
+            // 9: ru2 (the 1-D SR rowwise loop unrolled over its two blocks)
   int which, waves;
 };
 
@@ -144,6 +145,7 @@ static void run(const Var& v, const tb::Args& a, cudaStream_t s) {
   else if (v.obj == 6) tb::run_st4(a, v.which, v.waves, s);
   else if (v.obj == 7) tb::run_st1(a, v.which, v.waves, s);
   else if (v.obj == 8) tb::run_rs1(a, v.which, v.waves, s);
+  else if (v.obj == 9) tb::run_ru2(a, v.which, v.waves, s);
   else tb::run_b4(a, v.which, v.waves, s);
 }
 
@@ -155,7 +157,7 @@ static std::vector<Var> vars_for(const Case& c) {
           {"v7 pertile", 0, tb::kTile2, 1000}, {"v7 b4 w1", 4, tb::kTile2, 1},
           {"v7 w1 cmpmagic", 1, tb::kTile2, 1}, {"v7 w1 noshort", 2, tb::kTile2, 1},
           {"v7 w1 srfma", 5, tb::kTile2, 1}, {"v7 strip4", 6, tb::kTile2, 0},
-          {"v7 nostrip", 7, tb::kTile2, 0}};
+          {"v7 nostrip", 7, tb::kTile2, 0}, {"v7 w1 srunroll2", 9, tb::kTile2, 1}};
 }
 
 int main(int argc, char** argv) {
@@ -179,7 +181,7 @@ int main(int argc, char** argv) {
       for (const Var& v : vars_for(c)) {
         int r, l, o;
         (v.obj == 0 ? tb::attrs_b0 : v.obj == 1 ? tb::attrs_m0 : v.obj == 2 ? tb::attrs_s0
-                     : v.obj == 5 ? tb::attrs_f1 : v.obj == 6 ? tb::attrs_st4 : v.obj == 7 ? tb::attrs_st1 : v.obj == 8 ? tb::attrs_rs1 : tb::attrs_b4)(
+                     : v.obj == 5 ? tb::attrs_f1 : v.obj == 6 ? tb::attrs_st4 : v.obj == 7 ? tb::attrs_st1 : v.obj == 8 ? tb::attrs_rs1 : v.obj == 9 ? tb::attrs_ru2 : tb::attrs_b4)(
             dt, v.which, c.d2, c.sr, c.rht, &r, &l, &o);
         std::printf("%-22s %-22s %5s %4d %6d %4d\n", c.name, v.name, dt == 2 ? "bf16" : "fp32", r, l, o);
       }

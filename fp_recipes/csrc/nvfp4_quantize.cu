@@ -689,6 +689,10 @@ __device__ __forceinline__ void t2_flush_row_scales(const KParams& p, const uint
   for (int k = 0; k < kPart && first + part * kPart + k < bpr; ++k) dst[k] = src[k];
 }
 
+#ifndef NVFP4_TILE2_SR_ROW_UNROLL
+#define NVFP4_TILE2_SR_ROW_UNROLL 1
+#endif
+constexpr int kTile2SrRowUnroll = NVFP4_TILE2_SR_ROW_UNROLL;  // (a #pragma does not expand macros)
 template <bool kSR, int kFos>
 constexpr int tile2_min_blocks() {
   return NVFP4_TILE2_MINB > 0 ? NVFP4_TILE2_MINB : (kFos != 0 ? (fos_fast(kFos) ? 3 : 2) : (kSR ? 3 : 4));
@@ -753,9 +757,10 @@ __global__ void __launch_bounds__(kThreads, tile2_min_blocks<kSR, kFos>()) tile2
       }
       __syncthreads();
     }
-    // Rowwise copy, from the tile (this thread's own blocks).
+    // Rowwise copy, from the tile (this thread's own blocks). One block at a time; NVFP4_TILE2_SR_ROW_UNROLL=2 (a
+    // benchmark variant, session 41) unrolls the 1-D SR instantiations' two blocks so their Philox chains can overlap.
     if (do_row) {
-#pragma unroll 1
+#pragma unroll(kSR && !k2D ? kTile2SrRowUnroll : 1)
       for (int i = 0; i < C::kRbt; ++i) {
         const int r = tid / 4 + 64 * i;
         const int64_t row = r0 + r, col16 = c0 + cb * 16;
