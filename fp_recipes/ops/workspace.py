@@ -41,6 +41,8 @@ def stream_capturing() -> bool:
 
 
 def _capturing() -> bool:
+    """:func:`stream_capturing` for a launcher that already holds a CUDA device and runs eagerly: torch's C query,
+    looked up once, without the Python wrapper or the trace and initialization checks (one call per cast)."""
     if not _CAPTURING:
         _CAPTURING.append(torch._C._cuda_isCurrentStreamCapturing)
     return bool(_CAPTURING[0]())
