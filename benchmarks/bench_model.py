@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 from unittest import mock
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +117,18 @@ FUSED_ACTIVATION = [False]
 #: stochastically rounded cast is one op running the eager kernels); [1], --nvfp4-traced-ops-ab: each again with the
 #: torch-ops forms Inductor compiles instead (the emulation's table decode, the pure-torch SR twin), in one process
 COMPILED_NVFP4 = [False, False]
+#: --fast-accum-ab: every FP8 row (model and --linear, eager and compiled) again with the recipe's
+#: fast_accumulation="all" (dgrad and wgrad in cuBLASLt's fast accumulation too; the default is fprop only, as
+#: TransformerEngine and torchao), in the same process
+FAST_ACCUM_AB = [False]
+
+
+def fast_accum_variants(name: str, recipe: Any) -> List[Tuple[str, Any]]:
+    """(label, recipe) of the row itself and, with --fast-accum-ab for an FP8 recipe, its all-fast twin."""
+    out = [(name, recipe)]
+    if FAST_ACCUM_AB[0] and name.startswith("FP8"):
+        out.append((f"{name} [fast accum all]", recipe.replace(fast_accumulation="all")))
+    return out
 
 
 @contextlib.contextmanager
@@ -268,7 +280,8 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
         add("BF16 torch.compile", lambda: (lambda m: make_step(m, x, dy, run=torch.compile(m)))(
             build(hidden, ffn, layers, False)))
     for name, recipe in recipes().items():
-        add(name, lambda recipe=recipe: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
+        for label, variant in fast_accum_variants(name, recipe):
+            add(label, lambda recipe=variant: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
         if python_host and name in ("FP8 delayed", "FP8 current"):
             from _host_path import python_host_path
 
@@ -295,8 +308,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
         # silent slowdown); autocast outside the compiled model, as a training loop writes it.
         for name, recipe in recipes().items():
             if name.startswith("FP8") or (COMPILED_NVFP4[0] and name.startswith("NVFP4")):
-                add(f"{name} torch.compile", lambda recipe=recipe: (lambda m: make_step(
-                    m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
+                for label, variant in fast_accum_variants(name, recipe):
+                    add(label.replace(name, f"{name} torch.compile"), lambda recipe=variant: (lambda m: make_step(
+                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
                 if COMPILED_NVFP4[1] and name.startswith("NVFP4"):
                     add(f"{name} torch.compile [traced torch ops]", lambda recipe=recipe: (lambda m: make_step(
                         m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
@@ -357,7 +371,7 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
         from _host_path import python_host_path as python_path
     cases = [("BF16", torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16), None, False, None)]
     for name, recipe in recipes().items():
-        cases.append((name, quantized(), recipe, False, None))
+        cases += [(label, quantized(), variant, False, None) for label, variant in fast_accum_variants(name, recipe)]
         if python_path is not None and name.startswith("FP8"):
             cases.append((name + " (Python host path)", quantized(), recipe, False, python_path))
         if units_ab is not None and name.startswith("NVFP4"):
@@ -366,7 +380,8 @@ def linear_profile(m: int = 4096, k: int = 4096, n: int = 4096, compiled: bool =
     if compiled:
         for name, recipe in recipes().items():
             if name.startswith("FP8"):
-                cases.append((name + " torch.compile", quantized(), recipe, True, None))
+                cases += [(label.replace(name, f"{name} torch.compile"), quantized(), variant, True, None)
+                          for label, variant in fast_accum_variants(name, recipe)]
                 if python_path is not None:
                     cases.append((name + " torch.compile (Python host path)", quantized(), recipe, True, python_path))
     if graphed:
@@ -418,6 +433,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--graphed", action="store_true", help="add the fp_recipes.make_graphed_callables rows "
                    "(every recipe captured as a CUDA graph; --linear too)")
     p.add_argument("--linear", action="store_true", help="the one-Linear 4096^3 profile instead")
+    p.add_argument("--fast-accum-ab", action="store_true", help="add each FP8 row (model and --linear, eager and "
+                   "compiled) again with fast_accumulation='all' (dgrad and wgrad in cuBLASLt's fast accumulation "
+                   "too; the default is fprop only), in the same process")
     p.add_argument("--nvfp4-gemm-units", default=None, choices=["none", "rowwise", "auto", "all"],
                    help="which BF16 unit GEMM operands every NVFP4 quantize kernel writes (NVFP4Quantizer.gemm_units: "
                    "default_gemm_units and module_gemm_units)")
@@ -464,6 +482,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     WEIGHT_COPY[0] = args.weight_copy
     FUSED_ACTIVATION[0] = args.fused_activation
     COMPILED_NVFP4[:] = [args.compiled_nvfp4, args.nvfp4_traced_ops_ab]
+    FAST_ACCUM_AB[0] = args.fast_accum_ab
     if args.fp8_compile_visible_amax:
         from fp_recipes.quantizers.float8 import Float8CurrentScalingQuantizer
 
@@ -484,7 +503,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "weights": args.weights, "weight_copy": args.weight_copy,
                               "fused_activation": args.fused_activation,
                               "fp8_compile_visible_amax": args.fp8_compile_visible_amax,
-                              "gemm_workspace": args.gemm_workspace, "nvfp4_gemm_units": args.nvfp4_gemm_units,
+                              "fast_accum_ab": args.fast_accum_ab, "gemm_workspace": args.gemm_workspace, "nvfp4_gemm_units": args.nvfp4_gemm_units,
                               "nvfp4_units_ab": args.nvfp4_units_ab}
     if args.linear:
         print("one Linear 4096x4096x4096, fwd+bwd, no bias")

@@ -90,3 +90,23 @@ def test_nvfp4_unit_flags(monkeypatch):
     assert NVFP4Quantizer.module_gemm_units == "rowwise"
     assert bench_model.main(["--nvfp4-gemm-units", "all"]) == 1
     assert NVFP4Quantizer.module_gemm_units == "all" and NVFP4Quantizer.default_gemm_units == "all"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU main() would run the whole benchmark")
+def test_fast_accum_ab_adds_an_all_fast_twin_of_each_fp8_row(monkeypatch):
+    """--fast-accum-ab: each FP8 recipe's row again with fast_accumulation='all' (the only field changed); NVFP4 rows
+    (BF16 GEMMs on Hopper) get none."""
+    import bench_model
+
+    monkeypatch.setattr(bench_model, "FAST_ACCUM_AB", [False])
+    assert bench_model.main(["--fast-accum-ab"]) == 1  # parses; stops at the GPU check
+    assert bench_model.FAST_ACCUM_AB == [True]
+    for name, recipe in bench_model.recipes().items():
+        rows = bench_model.fast_accum_variants(name, recipe)
+        assert rows[0] == (name, recipe)
+        if name.startswith("FP8"):
+            label, twin = rows[1]
+            assert label == f"{name} [fast accum all]" and twin.fast_accumulation == ("fprop", "dgrad", "wgrad")
+            assert twin.replace(fast_accumulation="fprop") == recipe
+        else:
+            assert len(rows) == 1

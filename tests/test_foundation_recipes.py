@@ -31,12 +31,14 @@ FIELDS = {
         "amax_compute_algo": (AmaxComputeAlgo.MAX, AmaxComputeAlgo.MOST_RECENT),
         "reduce_amax": (True, False),
         "backward_override": (None, BackwardOverride.DEQUANTIZED),
+        "fast_accumulation": (("fprop",), ("fprop", "dgrad", "wgrad")),
     },
     Float8CurrentScaling: {
         "fp8_format": (Format.HYBRID, Format.E5M2),
         "use_power_2_scales": (False, True),
         "amax_epsilon": (0.0, 1e-6),
         "backward_override": (None, BackwardOverride.HIGH_PRECISION),
+        "fast_accumulation": (("fprop",), ()),
     },
     NVFP4BlockScaling: {
         "disable_rht": (False, True),

@@ -572,3 +572,42 @@ def test_grouped_fp8_kernel_takes_only_uniform_members():
     q64 = type("Q", (), {"scale": torch.ones((), dtype=torch.float64)})()
     assert not GF._kernel_ready([a, b], [q, q64], True)
     assert GF._kernel_ready([a, b], [q, q64], False)
+
+
+@pytest.mark.parametrize("setting,expected", [(None, (True, False, False)), ("all", (True, True, True)),
+                                              ("none", (False, False, False)), ("dgrad", (False, True, False)),
+                                              ("fprop,wgrad", (True, False, True))])
+@pytest.mark.parametrize("kind", ["linear", "layernorm_linear", "grouped"])
+@pytest.mark.parametrize("recipe_cls", [DelayedScaling, Float8CurrentScaling])
+def test_fast_accumulation_reaches_each_gemm(recipe_cls, kind, setting, expected, monkeypatch):
+    """The recipe's fast_accumulation picks, per GEMM, cuBLASLt's fast accumulation: the fprop GEMM in the forward,
+    dgrad (transpose_b) and wgrad (transpose_a) in the backward receive their own flag (the real GEMMs run; the
+    flag is recorded on the way in). Default: fprop only, as TransformerEngine and torchao."""
+    from fp_recipes.modules import grouped_linear as GL
+    from fp_recipes.modules import linear_function as LF
+
+    seen = []
+
+    def spy(real):
+        def wrapped(a, b, **kw):
+            which = "wgrad" if kw.get("transpose_a") else "dgrad" if kw.get("transpose_b") else "fprop"
+            seen.append((which, kw.get("use_fast_accum", False)))
+            return real(a, b, **kw)
+        return wrapped
+
+    monkeypatch.setattr(LF, "gemm", spy(LF.gemm))
+    monkeypatch.setattr(GL, "grouped_gemm", spy(GL.grouped_gemm))
+    recipe = recipe_cls() if setting is None else recipe_cls(fast_accumulation=setting)
+    torch.manual_seed(0)
+    if kind == "grouped":
+        mod = GroupedLinear(2, 32, 16)
+        x = torch.randn(24, 32, requires_grad=True)
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x, [8, 16])
+    else:
+        mod = Linear(32, 16) if kind == "linear" else LayerNormLinear(32, 16)
+        x = torch.randn(24, 32, requires_grad=True)
+        with fp_recipes.autocast(recipe=recipe):
+            y = mod(x)
+    y.sum().backward()
+    assert seen == list(zip(("fprop", "dgrad", "wgrad"), expected))

@@ -140,7 +140,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         qw = _quantize_weights(multi, _role_quantizers(sets, TensorKind.WEIGHT, multi), weights, group, record, cache, mode, amp)
         live = _live(m_splits) if multi else [g for g in range(num) if m_splits[g] > 0]
         y = grouped_gemm(qx, qw, out_dtype=x.dtype, biases=biases if amp is None else [amp_cast(b, amp) for b in biases],
-                         use_fast_accum=True, groups=live) if live else x.new_zeros(0, n)
+                         use_fast_accum=sets[0].fast_accum[0], groups=live) if live else x.new_zeros(0, n)
         ctx.sets, ctx.m_splits, ctx.multi, ctx.compute_dtype = sets, m_splits, multi, x.dtype
         # what the backward GEMMs read (the columnwise copies, or by backward_override), as saved
         # tensors: freed after a backward that does not retain the graph (they can be most of a step's
@@ -175,12 +175,13 @@ class _GroupedLinearFunction(torch.autograd.Function):
             qdy = _quantize_experts(multi, _role_quantizers(sets, TensorKind.GRAD_OUTPUT, multi), dy if multi else dys, m_splits,
                                     sets[0].amax_reduction_group, backward=True)
             if need[0]:
-                dx = grouped_gemm(qdy, w_op, transpose_b=True, out_dtype=ctx.compute_dtype, groups=live) \
+                dx = grouped_gemm(qdy, w_op, transpose_b=True, out_dtype=ctx.compute_dtype, groups=live,
+                                  use_fast_accum=sets[0].fast_accum[1]) \
                     if live else dy.new_zeros(0, k, dtype=ctx.compute_dtype)
                 if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
                     dx = dx.to(in_dtype)
             dws = grouped_gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtypes, concat=False,
-                               groups=[g for g in live if need_dw[g]])
+                               groups=[g for g in live if need_dw[g]], use_fast_accum=sets[0].fast_accum[2])
             for g in range(num):  # an expert without rows: a zero gradient
                 if need_dw[g] and dws[g] is None:
                     dws[g] = torch.zeros(n, k, dtype=w_dtypes[g], device=dy.device)

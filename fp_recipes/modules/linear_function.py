@@ -64,6 +64,9 @@ class GemmQuantizers:
     replay: bool = False
     # a checkpoint recompute: whether the original call made the weight's columnwise copy in the backward
     weight_recast: Optional[bool] = None
+    # whether the (fprop, dgrad, wgrad) FP8 GEMMs accumulate in the tensor cores' fast mode (the recipe's
+    # fast_accumulation; TE's and torchao's default: fprop only)
+    fast_accum: Tuple[bool, bool, bool] = (True, False, False)
     # derived from the specs once (per-call variants share them): see token_multiple and
     # _check_nvfp4_shapes
     token_multiple: int = field(default=1, init=False, repr=False, compare=False)
@@ -87,7 +90,9 @@ class GemmQuantizers:
             if q is not None and tensor is not TensorKind.WEIGHT and module is not ModuleKind.GROUPED_LINEAR:
                 q.serve_module_gemms()
         override = next((s.backward_override for s in specs.values() if s.backward_override), None)
-        return cls(specs, quantizers, amax_reduction_group, override)
+        fast = getattr(recipe, "fast_accumulation", ("fprop",))
+        return cls(specs, quantizers, amax_reduction_group, override,
+                   fast_accum=(("fprop" in fast), ("dgrad" in fast), ("wgrad" in fast)))
 
     def variant(self, quantizers: Optional[Dict[TensorKind, Optional[Any]]] = None, **fields: Any) -> "GemmQuantizers":
         """A set sharing these specs (and quantizers, unless given) with some per-call fields changed
@@ -396,7 +401,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         if m == 0:
             y = torch.zeros(0, n, dtype=x.dtype, device=x.device)
         else:
-            y = gemm(qx, qw, out_dtype=x.dtype, bias=b, use_fast_accum=True)
+            y = gemm(qx, qw, out_dtype=x.dtype, bias=b, use_fast_accum=qs.fast_accum[0])
         ctx.qs = qs
         ctx.shapes = (m, k, n)
         ctx.compute_dtype = x.dtype
@@ -470,7 +475,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
                 if spec.scaling is ScalingKind.DELAYED:
                     reducer.record_backward(gq, qs.amax_reduction_group)
         if need_dx:
-            dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype)
+            dx = gemm(qdy, w_op, transpose_b=True, out_dtype=x_dtype, use_fast_accum=qs.fast_accum[1])
             if dx.dtype != in_dtype:  # computed in the torch.autocast dtype: back to the input's
                 dx = dx.to(in_dtype)
             if activation is not None:  # through the activation: the backward autograd records for its op,
@@ -480,7 +485,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         if need_dw:
             if need_dx and isinstance(qdy, QuantizedTensor):
                 qdy.release_rowwise_gemm_cache()  # (wgrad reads dy's columnwise copy)
-            dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype)
+            dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype, use_fast_accum=qs.fast_accum[2])
         if need_db and db is None:
             # FP32 column sums of dy in the fixed order of ops.bias_grad (the order the fused casts use)
             db = ops.bias_grad(dy, b_dtype)

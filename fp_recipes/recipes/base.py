@@ -76,6 +76,9 @@ _TE_ONLY_ARGUMENTS: Dict[str, str] = {
     "fp4_format": "NVFP4 data is always E2M1; drop the argument",
     "interval": "TransformerEngine removed it too; drop the argument",
     "override_linear_precision": "use backward_override='high_precision' for a high-precision backward",
+    **{f"fp8_gemm_{g}": f"use fast_accumulation (a subset of fprop, dgrad, wgrad): MMParams("
+                        f"use_split_accumulator=False) for {g} is fast_accumulation including '{g}'"
+       for g in ("fprop", "dgrad", "wgrad")},
 }
 
 
@@ -143,7 +146,7 @@ class Recipe(BaseModel):
             msg = f"{cls.__name__}() got an unknown keyword argument {key!r}"
             if key in _TE_ONLY_ARGUMENTS:
                 msg += f" (a TransformerEngine argument: {_TE_ONLY_ARGUMENTS[key]})"
-            close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
+            close = [] if key in _TE_ONLY_ARGUMENTS else difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
             if close:
                 msg += f"; did you mean {close[0]!r}?"
             msg += f" Fields of {cls.__name__}: {', '.join(fields)}"

@@ -53,7 +53,8 @@ class UnknownEnvVarWarning(UserWarning):
 class EnvVar:
     """One row of the table.
 
-    ``kind``: bool | choice | int | float | archs | text. ``use``: recipe (sets ``field`` of ``recipes``),
+    ``kind``: bool | choice | subset (a comma-separated subset of ``choices``, or all / none) | int | float |
+    archs | text. ``use``: recipe (sets ``field`` of ``recipes``),
     select (picks the recipe ``autocast()`` uses), backend (picks an implementation at run time: read
     where that implementation is chosen, never at import) or build (read by setup.py when compiling).
     ``alias_of``: this name is a deprecated spelling of that variable.
@@ -77,6 +78,8 @@ class EnvVar:
             return "1/0, true/false, yes/no, on/off (any case)"
         if self.kind == "choice":
             return " | ".join(self.choices) + " (any case)"
+        if self.kind == "subset":
+            return f"comma-separated subset of {', '.join(self.choices)}; or all | none (any case)"
         if self.kind == "int":
             return f"integer >= {int(self.minimum)}" if self.minimum is not None else "integer"
         if self.kind == "float":
@@ -115,6 +118,10 @@ class EnvVar:
             for choice in self.choices:
                 if folded == choice.lower():
                     return None if choice == "none" and self.field == "backward_override" else choice
+        elif self.kind == "subset":
+            subset = parse_subset(text, self.choices)
+            if subset is not None:
+                return subset
         elif self.kind == "int":
             try:
                 value = int(text, 10)
@@ -140,7 +147,24 @@ class EnvVar:
                           f"allowed: {self.allowed}")
 
 
+def parse_subset(text: str, choices: Tuple[str, ...]) -> Optional[Tuple[str, ...]]:
+    """``"dgrad, FPROP"`` -> ``("fprop", "dgrad")`` (in the order of ``choices``); ``all`` -> every choice,
+    ``none`` or an empty list -> ``()``; None when a name is not one of ``choices`` (or is given twice)."""
+    folded = text.strip().lower()
+    if folded == "all":
+        return tuple(choices)
+    if folded in ("none", ""):
+        return ()
+    names = [n.strip() for n in folded.split(",")]
+    lower = [c.lower() for c in choices]
+    if any(n not in lower for n in names) or len(set(names)) != len(names):
+        return None
+    return tuple(c for c in choices if c.lower() in names)
+
+
 _SCOPES = ("none", "weights", "activations", "all")
+#: the GEMMs of a linear layer (FP8 recipes' fast_accumulation)
+GEMMS = ("fprop", "dgrad", "wgrad")
 
 TABLE: Tuple[EnvVar, ...] = (
     # --- NVFP4 (TransformerEngine names) -----------------------------------------------------
@@ -183,6 +207,10 @@ TABLE: Tuple[EnvVar, ...] = (
     EnvVar("FP_RECIPES_FP8_FORMAT", "choice", "FP8 formats: E4M3 everywhere, E5M2 everywhere, or "
            "HYBRID (E4M3 forward, E5M2 gradients).", field="fp8_format", recipes=FP8,
            choices=("E4M3", "E5M2", "HYBRID")),
+    EnvVar("FP_RECIPES_FP8_FAST_ACCUMULATION", "subset", "FP8 GEMMs that accumulate in the tensor cores' fast "
+           "mode (cuBLASLt FAST_ACCUM, TransformerEngine's use_split_accumulator=False): faster on Hopper, "
+           "with fewer accumulator bits. The default, fprop, is TransformerEngine's and torchao's.",
+           field="fast_accumulation", recipes=FP8, choices=GEMMS),
     EnvVar("FP_RECIPES_DELAYED_MARGIN", "int", "Delayed scaling: scale = fp8_max / amax / 2**margin.",
            field="margin", recipes=DELAYED, minimum=0),
     EnvVar("FP_RECIPES_DELAYED_AMAX_HISTORY_LEN", "int", "Delayed scaling: steps of amax history.",
@@ -412,6 +440,8 @@ def _fmt_default(value: Any) -> str:
         return "none"
     if isinstance(value, bool):
         return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value) if value else "none"
     return str(getattr(value, "value", value))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Tuple
 
 import torch
 from pydantic import Field, field_validator
@@ -18,6 +18,7 @@ from fp_recipes.quantizers.roles import (
 )
 
 from .base import CaseInsensitiveEnum, Format, Recipe, none_from_string
+from .env import GEMMS, parse_subset
 
 
 #: The longest amax history: TransformerEngine's default is 1024 steps and users go up to a few
@@ -51,6 +52,9 @@ class _Float8Recipe(Recipe):
                                "E5M2 gradients)")
     backward_override: Optional[BackwardOverride] = Field(
         None, description="None | high_precision | dequantized: run dgrad/wgrad in high precision")
+    fast_accumulation: Tuple[str, ...] = Field(
+        ("fprop",), description="the GEMMs (fprop, dgrad, wgrad; 'all', 'none') that accumulate in the "
+        "tensor cores' fast mode: faster on Hopper, fewer accumulator bits (default fprop, as TE and torchao)")
 
     _scaling: ClassVar[ScalingKind]
 
@@ -58,6 +62,24 @@ class _Float8Recipe(Recipe):
     @classmethod
     def _none_string(cls, value):
         return none_from_string(value)
+
+    @field_validator("fast_accumulation", mode="before")
+    @classmethod
+    def _gemm_names(cls, value):
+        """A comma-separated string ("fprop,dgrad", "all", "none") or names, kept as fprop/dgrad/wgrad in order."""
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(v, str) for v in value):
+            text = ",".join(value) if value else "none"
+        else:
+            raise ValueError(f"fast_accumulation={value!r} is not a list of GEMM names; allowed: a subset of "
+                             f"{', '.join(GEMMS)} (a comma-separated string or a sequence), or 'all' / 'none'")
+        gemms = parse_subset(text, GEMMS)
+        if gemms is None:
+            raise ValueError(f"fast_accumulation={value!r} names an unknown or repeated GEMM; allowed: a subset "
+                             f"of {', '.join(GEMMS)}, or 'all' / 'none' (TransformerEngine's "
+                             "use_split_accumulator=False is fast accumulation)")
+        return gemms
 
     def _extra_spec_fields(self) -> dict:
         return {}
