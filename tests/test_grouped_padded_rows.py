@@ -29,6 +29,9 @@ from fp_recipes.quantizers.grouped import Fp8MultiCast
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = ([17, 33, 5] * 23, [1], [0, 0], [64, 0, 31, 128], [3, 0, 5, 7])
 RECIPES = {"delayed": lambda: DelayedScaling(amax_history_len=4), "current": Float8CurrentScaling}
+#: the same with every GEMM in cuBLASLt's fast accumulation (the grouped dgrad/wgrad lists then take the flag too)
+FAST_ALL = {"delayed_fast_all": lambda: DelayedScaling(amax_history_len=4, fast_accumulation="all"),
+            "current_fast_all": lambda: Float8CurrentScaling(fast_accumulation="all")}
 
 
 # ---- CPU: the layout -----------------------------------------------------------------------------
@@ -337,7 +340,7 @@ def test_cuda_wgrad_list_equals_the_padded_fallback(rows, delayed, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("name", list(RECIPES) + list(FAST_ALL))
 @pytest.mark.parametrize("bias", [True, False])
 def test_cuda_grouped_odd_splits_equal_a_loop_of_linear(name, bias, monkeypatch):
     """GroupedLinear (FP8 multi path) with odd m_splits, forward and backward, against one Linear per
@@ -358,7 +361,7 @@ def test_cuda_grouped_odd_splits_equal_a_loop_of_linear(name, bias, monkeypatch)
             if bias:
                 lin.bias.copy_(getattr(grp, f"bias{i}"))
         lins.append(lin)
-    recipe = RECIPES[name]()
+    recipe = {**RECIPES, **FAST_ALL}[name]()
     for step in range(2):
         x = torch.randn(sum(splits), k, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         x2 = x.detach().clone().requires_grad_(True)
