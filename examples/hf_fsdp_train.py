@@ -123,6 +123,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     _, _, _, _, seq, mb = SIZES[args.size]
     name = "none" if recipe is None else type(recipe).__name__
     losses = []
+    precompute_s = []  # host seconds of each timed precompute_weight_amaxes call (no sync: what the step pays on the host)
     warmup = start + min(2, max(0, args.steps - start - 1))  # steps left out of the step time
     t0 = t_warm = time.perf_counter()
     for step in range(start, args.steps):
@@ -140,7 +141,10 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
         opt.step()
         opt.zero_grad(set_to_none=True)
         if precompute:
+            t_pre = time.perf_counter()
             precompute_weight_amaxes(model)  # the next step's weight amaxes: one all-reduce, not one per weight
+            if step >= warmup:
+                precompute_s.append(time.perf_counter() - t_pre)
         losses.append(loss.item())
         if rank == 0:
             tok_s = (step + 1 - start) * mb * seq * world / (time.perf_counter() - t0)
@@ -164,7 +168,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
             print(f"quantized all-gather: {s:,} bytes sent by this rank, {hp:,} with the ordinary one "
                   f"({s / hp:.3f}x); weight amaxes all-reduced per gather {amax_reduces}, precomputed "
                   f"{amax_precomputed}")
-        print(f"step time {step_ms:.2f} ms over {timed} steps, {mb * seq * world / step_ms * 1e3:,.0f} tokens/s",
+        pre_ms = 1e3 * sum(precompute_s) / len(precompute_s) if precompute_s else None
+        print(f"step time {step_ms:.2f} ms over {timed} steps, {mb * seq * world / step_ms * 1e3:,.0f} tokens/s"
+              + (f"; precompute_weight_amaxes {pre_ms:.3f} ms of host time a step" if pre_ms is not None else ""),
               flush=True)
         if args.json is not None:
             args.json.write_text(json.dumps({
@@ -172,6 +178,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
                 "step_ms": step_ms, "tokens_per_s": mb * seq * world / step_ms * 1e3, "world": world,
                 "size": args.size, "bytes_sent_per_rank": s, "bytes_high_precision": hp,
                 "precompute_amaxes": precompute, "amax_reduces": amax_reduces, "amax_precomputed": amax_precomputed,
+                "precompute_host_ms": pre_ms,
                 "device": torch.cuda.get_device_name(device) if cuda else "cpu"}))
 
 

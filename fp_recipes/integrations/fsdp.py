@@ -473,8 +473,9 @@ def precompute_weight_amaxes(model: torch.nn.Module) -> int:
             amaxes = torch.stack(local)
             if torch.distributed.get_world_size(group) > 1:
                 torch.distributed.all_reduce(amaxes, op=torch.distributed.ReduceOp.MAX, group=group)
+        # (views of the reduced vector, which nothing writes again: no copy launch per weight)
         for (owner, weight, _), amax in zip(members, amaxes.unbind(0)):
-            owner._precomputed = (weakref.ref(weight), weight._version, group, amax.clone())
+            owner._precomputed = (weakref.ref(weight), weight._version, group, amax)
         count += len(members)
     return count
 
