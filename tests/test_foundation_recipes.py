@@ -149,6 +149,36 @@ def test_te_only_argument_is_explained():
         DelayedScaling(fp8_dpa=False)
 
 
+@pytest.mark.parametrize("cls", [DelayedScaling, Float8CurrentScaling])
+@pytest.mark.parametrize("name,points_to", [("fp8_gemm_fprop", "fast_accumulation"),
+                                            ("fp8_gemm_dgrad", "fast_accumulation including 'dgrad'"),
+                                            ("fp8_gemm_wgrad", "fast_accumulation including 'wgrad'"),
+                                            ("fp8_quant_fwd_inp", "use_power_2_scales and amax_epsilon"),
+                                            ("fp8_quant_bwd_grad", "use_power_2_scales and amax_epsilon")])
+def test_te_gemm_and_qparams_arguments_point_to_our_fields(cls, name, points_to):
+    """TE's MMParams / QParams arguments: an error that names the field to use, and no misleading close match."""
+    with pytest.raises(ValueError) as info:
+        cls(**{name: object()})
+    msg = str(info.value)
+    assert "a TransformerEngine argument" in msg and points_to in msg
+    assert "did you mean" not in msg
+
+
+@pytest.mark.parametrize("cls", [DelayedScaling, Float8CurrentScaling])
+def test_fast_accumulation_forms(cls):
+    """A sequence, a comma-separated string, 'all' and 'none' (any case, any order) give the same normalised tuple;
+    a typo, a repeat or a non-string is an error that says what is allowed."""
+    assert cls(fast_accumulation=["wgrad", "fprop"]).fast_accumulation == ("fprop", "wgrad")
+    assert cls(fast_accumulation=" WGRAD , fprop ").fast_accumulation == ("fprop", "wgrad")
+    assert cls(fast_accumulation="ALL").fast_accumulation == ("fprop", "dgrad", "wgrad")
+    assert cls(fast_accumulation="none").fast_accumulation == cls(fast_accumulation=[]).fast_accumulation == ()
+    r = cls(fast_accumulation="dgrad")
+    assert Recipe.from_config(json.loads(json.dumps(r.to_config()))) == r
+    for bad in ("fprop,dgard", "fprop,fprop", "fprop;dgrad", 3, ["fprop", 1]):
+        with pytest.raises(ValidationError, match="allowed: a subset of fprop, dgrad, wgrad"):
+            cls(fast_accumulation=bad)
+
+
 def test_frozen():
     r = DelayedScaling()
     with pytest.raises(ValidationError):

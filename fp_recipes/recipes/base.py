@@ -76,6 +76,9 @@ _TE_ONLY_ARGUMENTS: Dict[str, str] = {
     "fp4_format": "NVFP4 data is always E2M1; drop the argument",
     "interval": "TransformerEngine removed it too; drop the argument",
     "override_linear_precision": "use backward_override='high_precision' for a high-precision backward",
+    **{f"fp8_quant_{t}": "per-tensor-kind QParams are not supported: Float8CurrentScaling's use_power_2_scales and "
+                         "amax_epsilon apply to every tensor (NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES sets the first)"
+       for t in ("fwd_inp", "fwd_weight", "bwd_grad")},
     **{f"fp8_gemm_{g}": f"use fast_accumulation (a subset of fprop, dgrad, wgrad): MMParams("
                         f"use_split_accumulator=False) for {g} is fast_accumulation including '{g}'"
        for g in ("fprop", "dgrad", "wgrad")},
