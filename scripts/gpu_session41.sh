@@ -80,7 +80,7 @@ fi
   if [ -n "${MODEL:-}" ]; then
     echo "== bench_model ${SIZES} ${MODEL_ARGS} ($(date +%T))"
     timeout -k 10 "${LIM_MODEL:-300}" python3 benchmarks/bench_model.py --sizes "${SIZES:-h2048_t8192}" ${MODEL_ARGS:-} \
-        --json "$OUT/model.json" 2>&1 | grep -v Warning | tail -n 24
+        --json "$OUT/model.json" 2>&1 | grep -v Warning | tail -n "${TAIL_MODEL:-60}"
     echo "model rc=$?"
   fi
   echo "== done ($(date +%T))"
