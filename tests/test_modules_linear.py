@@ -611,3 +611,58 @@ def test_fast_accumulation_reaches_each_gemm(recipe_cls, kind, setting, expected
             y = mod(x)
     y.sum().backward()
     assert seen == list(zip(("fprop", "dgrad", "wgrad"), expected))
+
+
+def test_fast_accumulation_under_checkpoint_torch_autocast_and_threads(monkeypatch):
+    """As a real job runs it: inside non-reentrant activation checkpointing under torch.autocast(bf16), the recompute
+    repeats the forward's flag; two threads under different recipes each get their own recipe's flags (the autocast
+    state is per thread) and the same results as running alone."""
+    import threading
+
+    from fp_recipes.modules import linear_function as LF
+
+    seen = {}
+    real = LF.gemm
+
+    def spy(a, b, **kw):
+        which = "wgrad" if kw.get("transpose_a") else "dgrad" if kw.get("transpose_b") else "fprop"
+        seen.setdefault(threading.current_thread().name, []).append((which, kw.get("use_fast_accum", False)))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(LF, "gemm", spy)
+
+    def run(recipe, seed=0):
+        g = torch.Generator().manual_seed(seed)  # (not the global generator: two threads draw at once)
+        mod = Linear(32, 16)
+        with torch.no_grad():
+            mod.weight.copy_(torch.randn(16, 32, generator=g) / 8)
+            mod.bias.copy_(torch.randn(16, generator=g))
+        x = torch.randn(24, 32, generator=g).requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16), fp_recipes.autocast(recipe=recipe):
+            y = torch.utils.checkpoint.checkpoint(mod, x, use_reentrant=False)
+        y.float().sum().backward()
+        return y.detach(), x.grad, mod.weight.grad
+
+    run(DelayedScaling(fast_accumulation="dgrad"))
+    assert seen.pop(threading.current_thread().name) == [("fprop", False), ("fprop", False), ("dgrad", True),
+                                                          ("wgrad", False)]
+    recipes = {"t_all": Float8CurrentScaling(fast_accumulation="all"), "t_none": Float8CurrentScaling(fast_accumulation="none")}
+    alone = {name: run(r, seed=1) for name, r in recipes.items()}
+    seen.clear()
+    results = {}
+    barrier = threading.Barrier(2)
+
+    def worker(name):
+        barrier.wait()
+        results[name] = run(recipes[name], seed=1)
+
+    threads = [threading.Thread(target=worker, args=(n,), name=n) for n in recipes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen["t_all"] == [("fprop", True), ("fprop", True), ("dgrad", True), ("wgrad", True)]
+    assert seen["t_none"] == [("fprop", False), ("fprop", False), ("dgrad", False), ("wgrad", False)]
+    for name in recipes:
+        for got, want in zip(results[name], alone[name]):
+            assert torch.equal(got, want), name
