@@ -297,8 +297,9 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             add(f"{name} [row scratch {row_scratch_ab >> 20} MiB]", lambda recipe=recipe: make_step(
                 build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_row_scratch(row_scratch_ab))
         if FUSED_ACTIVATION[0] and name == "FP8 delayed":  # (current scaling takes the composition: float8.py)
-            add(f"{name} (fused GELU)", lambda recipe=recipe: make_step(
-                build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
+            for label, variant in fast_accum_variants(name, recipe):
+                add(f"{label} (fused GELU)", lambda recipe=variant: make_step(
+                    build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
     from fp_recipes.modules.base import COMPILE_MIN_TORCH, compile_supported
     if compiled and not compile_supported():
         print(f"  fp_recipes torch.compile rows skipped: they need torch >= {'.'.join(map(str, COMPILE_MIN_TORCH))} "
@@ -316,9 +317,11 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                         m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
                         host_path=nvfp4_traced_torch_ops)
                 if FUSED_ACTIVATION[0] and name == "FP8 delayed":
-                    add(f"{name} torch.compile (fused GELU)", lambda recipe=recipe: (lambda m: make_step(
-                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(
-                        build(hidden, ffn, layers, True, fused_activation=True)))
+                    for label, variant in fast_accum_variants(name, recipe):
+                        add(f"{label.replace(name, f'{name} torch.compile')} (fused GELU)",
+                            lambda recipe=variant: (lambda m: make_step(
+                                m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(
+                                build(hidden, ffn, layers, True, fused_activation=True)))
                 if python_host:
                     from _host_path import python_host_path
 
