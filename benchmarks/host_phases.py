@@ -7,6 +7,10 @@ over many steps. The weight changes after every step (an optimizer step: the wei
     python benchmarks/host_phases.py [--recipes off,delayed,current,nvfp4] [--size 256] [--steps 400] [--json F]
                                      [--host-paths both --rounds 3]
 
+``--ablate``: the delayed-scaling row again with one piece of its bookkeeping removed per row (the forward
+records, the autocast exit's update, the backward records and their end-of-pass update, the capture checks), to
+attribute its host time; those rows do not train correctly (scales never update), they only time the rest.
+
 ``--host-paths both`` measures every recipe with the torch-linked host path (``fp_recipes._torch_ops``) and with
 the Python one (what FP_RECIPES_TORCH_OPS=off selects), alternating in one process for ``--rounds`` rounds: a
 host's speed drifts between processes and machine instances by more than the difference measured.
@@ -71,6 +75,31 @@ def phases(recipe, size: int, steps: int) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def ablated(part: str):
+    """Remove one piece of delayed scaling's per-step bookkeeping (attribution only: the scales stop updating)."""
+    from unittest import mock
+
+    from fp_recipes.modules import amax_reduction, base
+    from fp_recipes.modules.amax_reduction import reducer
+
+    targets = {
+        "no forward records": [(reducer, "record_forward", lambda q, g: None)],
+        "no exit update": [(reducer, "on_outermost_exit", lambda state=None: None)],
+        "no backward records": [(reducer, "record_backward", lambda q, g: None),
+                                (reducer, "record_backward_many", lambda qs, g: None)],
+        "no capture checks": [(amax_reduction, "stream_capturing", lambda: False),
+                              (base, "stream_capturing", lambda: False)],
+    }[part]
+    with contextlib.ExitStack() as stack:
+        for obj, name, repl in targets:
+            stack.enter_context(mock.patch.object(obj, name, repl))
+        yield
+
+
+ABLATIONS = ("no forward records", "no exit update", "no backward records", "no capture checks")
+
+
 def compare_host_paths(names, size: int, steps: int, rounds: int) -> dict:
     """Median over ``rounds`` of each (recipe, host path)'s phases, the paths alternating within each round."""
     from fp_recipes import _extension
@@ -97,6 +126,8 @@ def main() -> None:
     p.add_argument("--host-paths", choices=("current", "both"), default="current",
                    help="both: each recipe with the torch-linked and the Python host path, alternating")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ablate", action="store_true", help="add delayed-scaling rows with parts of its bookkeeping "
+                   "removed (attribution only)")
     args = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; Linear {args.size}^3 + bias, "
           "host us per phase (median)")
@@ -110,6 +141,14 @@ def main() -> None:
         recipe = RECIPES[name]() if RECIPES[name] is not None else None
         r = results[name] = phases(recipe, args.size, args.steps)
         print(f"{name:10s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
+    if args.ablate:
+        for part in ABLATIONS:
+            with ablated(part):
+                r = results[f"delayed, {part}"] = phases(DelayedScaling(), args.size, args.steps)
+            print(f"{'delayed, ' + part:30s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}",
+                  flush=True)
+        r = results["delayed again"] = phases(DelayedScaling(), args.size, args.steps)
+        print(f"{'delayed again':30s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
