@@ -141,14 +141,20 @@ def main() -> None:
         recipe = RECIPES[name]() if RECIPES[name] is not None else None
         r = results[name] = phases(recipe, args.size, args.steps)
         print(f"{name:10s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
-    if args.ablate:
-        for part in ABLATIONS:
-            with ablated(part):
-                r = results[f"delayed, {part}"] = phases(DelayedScaling(), args.size, args.steps)
-            print(f"{'delayed, ' + part:30s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}",
-                  flush=True)
-        r = results["delayed again"] = phases(DelayedScaling(), args.size, args.steps)
-        print(f"{'delayed again':30s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
+    if args.ablate:  # alternating: a host's speed drifts within a process by more than the parts measured
+        runs: dict = {}
+        rows = ("current", "delayed") + tuple(f"delayed, {part}" for part in ABLATIONS)
+        for _ in range(args.rounds):
+            for row in rows:
+                part = row.partition(", ")[2]
+                with ablated(part) if part else contextlib.nullcontext():
+                    recipe = Float8CurrentScaling() if row == "current" else DelayedScaling()
+                    runs.setdefault(row, []).append(phases(recipe, args.size, args.steps))
+        print(f"ablation: median of {args.rounds} alternating rounds")
+        for row in rows:
+            rs = runs[row]
+            r = results[f"ablation: {row}"] = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+            print(f"{row:30s}" + "".join(f"{r[ph]:14.1f}" for ph in PHASES) + f"{r['total']:10.1f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "size": args.size,
