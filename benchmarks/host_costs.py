@@ -86,6 +86,63 @@ def primitive_costs() -> dict[str, float]:
     return {name: per_call_us(fn) for name, fn in rows.items()}
 
 
+def layer_costs(size: int = 256, device: str = "cuda") -> dict[str, float]:
+    """Host us per call of each layer of an eager FP8 Linear step at ``size``^3, delayed against current scaling:
+    the C++ cast alone, the quantizer's cast (Python around it), the delayed-scaling records and the C++ update
+    of the scales (one per autocast exit and one per backward pass), the module's forward (no grad, then with
+    the autograd node), and a whole step. Says which layer makes a delayed step's host time exceed a current
+    one's (benchmarks/RESULTS.md session 43 run 3: by ~150-260 us on an H200 host)."""
+    import fp_recipes
+    from fp_recipes import Linear
+    from fp_recipes.modules import amax_reduction
+    from fp_recipes.ops.cuda_fp8 import DTYPE_CODE
+
+    dev = torch.device(device)
+    fast = _extension.fast_ops() if dev.type == "cuda" else None
+    x = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    rows: dict[str, float] = {}
+    code = DTYPE_CODE[torch.float8_e4m3fn]
+    for name, make in (("current", Float8CurrentScaling), ("delayed", DelayedScaling)):
+        recipe = make()
+        mod = Linear(size, size, bias=True, params_dtype=torch.bfloat16, device=dev)
+
+        def step():
+            xg.grad = None
+            mod.weight.grad = mod.bias.grad = None
+            with fp_recipes.autocast(recipe=recipe):
+                y = mod(xg)
+            y.backward(dy)
+
+        amax_reduction._FAST_PLANS.clear()
+        for _ in range(3):
+            step()
+        plans = list(amax_reduction._FAST_PLANS.values())
+        with fp_recipes.autocast(recipe=recipe):
+            sets = mod.gemm_quantizers()
+            aq = sets[0].activation
+            if fast is not None:
+                if name == "delayed":
+                    slot, sc = aq._slot0(), aq.scale
+                    rows[f"{name}: C++ cast x (row+col)"] = per_call_us(
+                        lambda: fast.fp8_cast(x, code, True, True, False, False, 0.0, sc, slot, None))
+                else:
+                    rows[f"{name}: C++ cast x (row+col)"] = per_call_us(
+                        lambda: fast.fp8_cast(x, code, True, True, True, False, 0.0, None, None, None))
+            rows[f"{name}: quantizer.quantize(x)"] = per_call_us(lambda: aq.quantize(x))
+            if name == "delayed":
+                reducer = amax_reduction.reducer
+                rows[f"{name}: reducer.record_forward"] = per_call_us(lambda: reducer.record_forward(aq, None))
+            with torch.no_grad():
+                rows[f"{name}: module forward, no grad"] = per_call_us(lambda: mod(x))
+            rows[f"{name}: module forward, autograd node"] = per_call_us(lambda: mod(xg))
+        for i, plan in enumerate(plans):
+            rows[f"{name}: scale update {i} (C++ DelayedUpdates.run)"] = per_call_us(plan.run)
+        rows[f"{name}: whole step"] = per_call_us(step, calls=600, batch=50)
+    return rows
+
+
 def linear_api_calls(recipe, shape, steps: int = 5) -> dict:
     """CUDA runtime/driver calls and aten ops per forward+backward of one Linear (torch.profiler, CPU
     activity with CUDA: the runtime API rows carry their host time)."""
@@ -127,11 +184,24 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--shape", default="4096,4096,4096")
     p.add_argument("--recipes", default="off,delayed,current,nvfp4")
+    p.add_argument("--layers", action="store_true", help="only the per-layer costs of an eager FP8 Linear step, "
+                   "delayed against current scaling (layer_costs)")
+    p.add_argument("--layer-size", type=int, default=256)
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("host_costs: needs a GPU")
         return 0
     print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    if args.layers:
+        layers = layer_costs(args.layer_size)
+        print(f"\n| layer of an eager FP8 Linear {args.layer_size}^3 step | host us per call |\n|---|---|")
+        for name, us in layers.items():
+            print(f"| {name} | {us:.2f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "size": args.layer_size, "layers_us": layers}, f, indent=1)
+        return 0
     prim = primitive_costs()
     print("\n| call | host us per call |\n|---|---|")
     for name, us in prim.items():
