@@ -90,7 +90,8 @@ def layer_costs(size: int = 256, device: str = "cuda") -> dict[str, float]:
     """Host us per call of each layer of an eager FP8 Linear step at ``size``^3, delayed against current scaling:
     the C++ cast alone, the quantizer's cast (Python around it), the delayed-scaling records and the C++ update
     of the scales (one per autocast exit and one per backward pass), the module's forward (no grad, then with
-    the autograd node), and a whole step. Says which layer makes a delayed step's host time exceed a current
+    the autograd node), a whole step, and the backward through the engine against its node called directly
+    (:func:`backward_costs`; BF16's too). Says which layer makes a delayed step's host time exceed a current
     one's (benchmarks/RESULTS.md session 43 run 3: by ~150-260 us on an H200 host)."""
     import fp_recipes
     from fp_recipes import Linear
@@ -140,7 +141,36 @@ def layer_costs(size: int = 256, device: str = "cuda") -> dict[str, float]:
         for i, plan in enumerate(plans):
             rows[f"{name}: scale update {i} (C++ DelayedUpdates.run)"] = per_call_us(plan.run)
         rows[f"{name}: whole step"] = per_call_us(step, calls=600, batch=50)
+        rows.update(backward_costs(name, mod, xg, dy, recipe))
+    rows.update(backward_costs("BF16", Linear(size, size, bias=True, params_dtype=torch.bfloat16, device=dev), xg, dy,
+                               None))
     return rows
+
+
+def backward_costs(name: str, mod: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, recipe) -> dict[str, float]:
+    """The backward of one forward, repeated (retain_graph): through the autograd engine (which runs a CUDA graph
+    task on its device thread), and its node called directly on this thread (``y.grad_fn(dy)``: the backward body,
+    its casts and GEMMs, no engine). Their difference is the engine's share of the backward's host time."""
+    import fp_recipes
+
+    with fp_recipes.autocast(enabled=recipe is not None, recipe=recipe):
+        y = mod(x)
+    params = [p for p in (x, mod.weight, mod.bias) if p is not None]
+
+    def engine() -> None:
+        for p in params:
+            p.grad = None
+        y.backward(dy, retain_graph=True)
+
+    node = y.grad_fn
+    call = node.apply if hasattr(node, "apply") else node  # (a Python Function's node / a C++ node)
+
+    def direct() -> None:
+        with torch.no_grad():
+            call(dy)
+
+    return {f"{name}: backward through the engine (retain_graph)": per_call_us(engine),
+            f"{name}: backward node called directly ({type(node).__name__})": per_call_us(direct)}
 
 
 def linear_api_calls(recipe, shape, steps: int = 5) -> dict:
