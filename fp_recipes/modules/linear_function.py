@@ -25,6 +25,7 @@ from ..quantizers.base import QuantizedTensor, shallow_copy
 from ..quantizers.factory import make_quantizer
 from ..quantizers.roles import (BackwardOverride, ModuleKind, QuantizerRole, QuantizerSpec, ScalingKind,
                                 TensorKind)
+from ..recipes.env import GEMMS
 from . import replay
 from .amax_reduction import reducer
 from .weight_cache import AUTO, WeightCache
@@ -90,9 +91,11 @@ class GemmQuantizers:
             if q is not None and tensor is not TensorKind.WEIGHT and module is not ModuleKind.GROUPED_LINEAR:
                 q.serve_module_gemms()
         override = next((s.backward_override for s in specs.values() if s.backward_override), None)
-        fast = getattr(recipe, "fast_accumulation", ("fprop",))
-        return cls(specs, quantizers, amax_reduction_group, override,
-                   fast_accum=(("fprop" in fast), ("dgrad" in fast), ("wgrad" in fast)))
+        out = cls(specs, quantizers, amax_reduction_group, override)
+        fast = getattr(recipe, "fast_accumulation", None)  # (FP8 recipes; the others keep the default)
+        if fast is not None:
+            out.fast_accum = tuple(g in fast for g in GEMMS)
+        return out
 
     def variant(self, quantizers: Optional[Dict[TensorKind, Optional[Any]]] = None, **fields: Any) -> "GemmQuantizers":
         """A set sharing these specs (and quantizers, unless given) with some per-call fields changed
