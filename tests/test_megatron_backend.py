@@ -276,3 +276,44 @@ def test_sharded_state_dict_has_unique_quantizer_state_keys():
     assert not any(k.startswith("decoder.layers.self_attention.linear_proj.layer1.") for k in keys)
     assert "decoder.layers.self_attention.linear_qkv.layer1.qstate_activation0_scale" in keys
     assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_fast_accumulation_reaches_every_gemm_of_a_megatron_model(moe, monkeypatch):
+    """A launch script's env toggle: FP_RECIPES_FP8_FAST_ACCUMULATION=all makes the recipe Megatron's fp8 config
+    resolves to run every GEMM of a real GPTModel (attention, MLP; with MoE the grouped experts, the recipe passed
+    to the spec) in fast accumulation; without it only the forward GEMMs do (TransformerEngine's default)."""
+    from fp_recipes.integrations.megatron import recipe_from_config
+    from fp_recipes.modules import grouped_linear as GL
+    from fp_recipes.modules import linear_function as LF
+
+    seen = []
+
+    def spy(real):
+        def wrapped(a, b, **kw):
+            which = "wgrad" if kw.get("transpose_a") else "dgrad" if kw.get("transpose_b") else "fprop"
+            seen.append((which, kw.get("use_fast_accum", False)))
+            return real(a, b, **kw)
+        return wrapped
+
+    monkeypatch.setattr(LF, "gemm", spy(LF.gemm))
+    monkeypatch.setattr(GL, "grouped_gemm", spy(GL.grouped_gemm))
+    for env, want in ((None, {"fprop": True, "dgrad": False, "wgrad": False}), ("all", dict.fromkeys(
+            ("fprop", "dgrad", "wgrad"), True))):
+        if env is None:
+            monkeypatch.delenv("FP_RECIPES_FP8_FAST_ACCUMULATION", raising=False)
+        else:
+            monkeypatch.setenv("FP_RECIPES_FP8_FAST_ACCUMULATION", env)
+        cfg = tiny_config(fp8="hybrid", fp8_recipe="tensorwise")
+        recipe = recipe_from_config(cfg)
+        assert recipe.fast_accumulation == tuple(g for g, on in want.items() if on)
+        if moe:  # (Megatron's own fp8 config with grouped experts asks for TransformerEngine: pass the recipe)
+            cfg = tiny_config(**moe_overrides())
+            model = build_gpt(cfg, ours(cfg, recipe=recipe))
+        else:
+            model = build_gpt(cfg, ours(cfg))
+        seen.clear()
+        train(model, 1)
+        kinds = {which for which, _ in seen}
+        assert kinds == {"fprop", "dgrad", "wgrad"} and len(seen) >= 12, seen
+        assert all(flag == want[which] for which, flag in seen), (env, seen)
