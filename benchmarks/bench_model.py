@@ -1,7 +1,8 @@
 """Model-level training step: a stack of transformer-like blocks, BF16 against the quantized recipes.
 
 Each block: LayerNorm + QKV (``LayerNormLinear``), causal attention (torch SDPA, BF16), proj (``Linear``),
-LayerNorm + FC1, GELU, FC2, two residuals. One step = forward + backward of the whole stack, eager
+LayerNorm + FC1, GELU, FC2, two residuals; the ``llama_*`` sizes use Llama-style blocks instead (RMSNorm,
+grouped-query attention, no biases, SwiGLU: ``LlamaBlock``). One step = forward + backward of the whole stack, eager
 (torch.compile for the "BF16 torch.compile", "FP8 ... torch.compile" and torchao rows). Per row: the step time (CUDA events
 around many back-to-back steps, so host and GPU overlap as in training; the median of 5 such windows), the host time to enqueue one
 step (the host clock around one step after a synchronisation), the peak memory of a step (for a CUDA-graph row: what
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -40,16 +42,24 @@ import fp_recipes  # noqa: E402
 from fp_recipes import (DelayedScaling, Float8CurrentScaling, LayerNormLinear, Linear,  # noqa: E402
                         NVFP4BlockScaling)
 from fp_recipes.modules.base import QuantizedModule  # noqa: E402
+from fp_recipes.ops.activations import GATED  # noqa: E402
+
+SWIGLU = GATED["swiglu"]  # (torch's ops, the same in the BF16 and the quantized blocks)
 
 SIZES = {
     # name: (hidden, ffn, tokens, layers)
     "h2048_t8192": (2048, 8192, 8192, 4),
     "h4096_t4096": (4096, 14336, 4096, 4),
     "h4096_t8192": (4096, 14336, 8192, 4),
+    # Llama-style blocks (LlamaBlock): Llama-3.2-1B's and Llama-3-8B's widths; ffn is SwiGLU's inner size
+    "llama_h2048_t8192": (2048, 8192, 8192, 4),
+    "llama_h4096_t4096": (4096, 14336, 4096, 4),
 }
 SIZE_SETS = {"small": ["h2048_t8192"], "full": list(SIZES)}
 SEQ = 2048
 HEAD_DIM = 128
+#: query heads per key/value head in LlamaBlock (Llama 3: 32 query heads share 8 key/value heads)
+GQA_GROUP = 4
 
 
 def recipes() -> Dict[str, Any]:
@@ -98,6 +108,45 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(h, approximate="tanh"))
 
 
+class LlamaBlock(torch.nn.Module):
+    """Pre-norm Llama-style block: RMSNorm, fused QKV with grouped-query attention (``GQA_GROUP`` query heads per
+    key/value head), no biases, SwiGLU MLP (FC1 makes gate and up, FC2 is the down projection). ``quantized``: the
+    norms are ``LayerNormLinear``'s RMSNorm and the SwiGLU runs between FC1 and FC2, as ``LayerNormMLP(activation=
+    "swiglu")`` does; the BF16 block is ``torch.nn.RMSNorm`` and ``torch.nn.Linear`` with the same ops between."""
+
+    def __init__(self, hidden: int, ffn: int, quantized: bool, device, dtype=torch.bfloat16) -> None:
+        super().__init__()
+        kw = dict(device=device)
+        self.heads = hidden // HEAD_DIM
+        self.kv_heads = max(1, self.heads // GQA_GROUP)
+        qkv_out = (self.heads + 2 * self.kv_heads) * HEAD_DIM
+        if quantized:
+            self.qkv = LayerNormLinear(hidden, qkv_out, bias=False, normalization="RMSNorm", params_dtype=dtype, **kw)
+            self.proj = Linear(hidden, hidden, bias=False, params_dtype=dtype, **kw)
+            self.fc1 = LayerNormLinear(hidden, 2 * ffn, bias=False, normalization="RMSNorm", params_dtype=dtype, **kw)
+            self.fc2 = Linear(ffn, hidden, bias=False, params_dtype=dtype, **kw)
+            self.norm1 = self.norm2 = None
+        else:
+            self.norm1 = torch.nn.RMSNorm(hidden, eps=1e-5, dtype=dtype, **kw)
+            self.qkv = torch.nn.Linear(hidden, qkv_out, bias=False, dtype=dtype, **kw)
+            self.proj = torch.nn.Linear(hidden, hidden, bias=False, dtype=dtype, **kw)
+            self.norm2 = torch.nn.RMSNorm(hidden, eps=1e-5, dtype=dtype, **kw)
+            self.fc1 = torch.nn.Linear(hidden, 2 * ffn, bias=False, dtype=dtype, **kw)
+            self.fc2 = torch.nn.Linear(ffn, hidden, bias=False, dtype=dtype, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens, hidden = x.shape
+        b = tokens // SEQ
+        h = self.qkv(x if self.norm1 is None else self.norm1(x))
+        q, k, v = h.view(b, SEQ, self.heads + 2 * self.kv_heads, HEAD_DIM).split(
+            [self.heads, self.kv_heads, self.kv_heads], dim=2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(tokens, hidden))
+        h = self.fc1(x if self.norm2 is None else self.norm2(x))
+        return x + self.fc2(SWIGLU(h))
+
+
 #: whether the fp_recipes modules may reuse a quantized weight while it is unchanged (docs/modules.md, weight
 #: cache). The benchmark runs no optimizer, so its weights never change: with the cache, current scaling would
 #: skip every weight cast after the first step (delayed scaling misses anyway: its scales change at every
@@ -144,10 +193,13 @@ def nvfp4_traced_torch_ops() -> Iterator[None]:
 
 
 def build(hidden: int, ffn: int, layers: int, quantized: bool, device: str = "cuda",
-          fused_activation: bool = False) -> torch.nn.Module:
+          fused_activation: bool = False, llama: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block(hidden, ffn, quantized, device, fused_activation=fused_activation)
-                                  for _ in range(layers)])
+    if llama:
+        blocks = [LlamaBlock(hidden, ffn, quantized, device) for _ in range(layers)]
+    else:
+        blocks = [Block(hidden, ffn, quantized, device, fused_activation=fused_activation) for _ in range(layers)]
+    model = torch.nn.Sequential(*blocks)
     for m in model.modules():
         if isinstance(m, QuantizedModule):
             m.cache_quantized_weights = CACHE_WEIGHTS[0]
@@ -252,6 +304,8 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
                only: Optional[List[str]] = None, workspace_ab: Optional[int] = None,
                row_scratch_ab: Optional[int] = None, units_ab: Optional[str] = None) -> List[Dict[str, Any]]:
     hidden, ffn, tokens, layers = SIZES[size]
+    llama = size.startswith("llama_")  # (LlamaBlock; its MLP is gated: no fused-GELU rows)
+    build_model = functools.partial(build, llama=llama)
     x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
     rows = []
@@ -275,31 +329,31 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
         gc.collect()
         torch.cuda.empty_cache()
 
-    add("BF16 eager", lambda: make_step(build(hidden, ffn, layers, False), x, dy))
+    add("BF16 eager", lambda: make_step(build_model(hidden, ffn, layers, False), x, dy))
     if compiled:
         add("BF16 torch.compile", lambda: (lambda m: make_step(m, x, dy, run=torch.compile(m)))(
-            build(hidden, ffn, layers, False)))
+            build_model(hidden, ffn, layers, False)))
     for name, recipe in recipes().items():
         for label, variant in fast_accum_variants(name, recipe):
-            add(label, lambda recipe=variant: make_step(build(hidden, ffn, layers, True), x, dy, recipe))
+            add(label, lambda recipe=variant: make_step(build_model(hidden, ffn, layers, True), x, dy, recipe))
         if python_host and name in ("FP8 delayed", "FP8 current"):
             from _host_path import python_host_path
 
             add(f"{name} (Python host path)", lambda recipe=recipe: make_step(
-                build(hidden, ffn, layers, True), x, dy, recipe), host_path=python_host_path)
+                build_model(hidden, ffn, layers, True), x, dy, recipe), host_path=python_host_path)
         if workspace_ab is not None:
             add(f"{name} [GEMM workspace {workspace_ab}]", lambda recipe=recipe: make_step(
-                build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: gemm_workspace(workspace_ab))
+                build_model(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: gemm_workspace(workspace_ab))
         if units_ab is not None and name.startswith("NVFP4"):
             add(f"{name} [units {units_ab}]", lambda recipe=recipe: make_step(
-                build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_module_units(units_ab))
+                build_model(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_module_units(units_ab))
         if row_scratch_ab is not None and "row-scaled" in name:
             add(f"{name} [row scratch {row_scratch_ab >> 20} MiB]", lambda recipe=recipe: make_step(
-                build(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_row_scratch(row_scratch_ab))
-        if FUSED_ACTIVATION[0] and name == "FP8 delayed":  # (current scaling takes the composition: float8.py)
+                build_model(hidden, ffn, layers, True), x, dy, recipe), host_path=lambda: nvfp4_row_scratch(row_scratch_ab))
+        if FUSED_ACTIVATION[0] and not llama and name == "FP8 delayed":  # (current scaling takes the composition: float8.py)
             for label, variant in fast_accum_variants(name, recipe):
                 add(f"{label} (fused GELU)", lambda recipe=variant: make_step(
-                    build(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
+                    build_model(hidden, ffn, layers, True, fused_activation=True), x, dy, recipe))
     from fp_recipes.modules.base import COMPILE_MIN_TORCH, compile_supported
     if compiled and not compile_supported():
         print(f"  fp_recipes torch.compile rows skipped: they need torch >= {'.'.join(map(str, COMPILE_MIN_TORCH))} "
@@ -311,27 +365,27 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             if name.startswith("FP8") or (COMPILED_NVFP4[0] and name.startswith("NVFP4")):
                 for label, variant in fast_accum_variants(name, recipe):
                     add(label.replace(name, f"{name} torch.compile"), lambda recipe=variant: (lambda m: make_step(
-                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)))
+                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build_model(hidden, ffn, layers, True)))
                 if COMPILED_NVFP4[1] and name.startswith("NVFP4"):
                     add(f"{name} torch.compile [traced torch ops]", lambda recipe=recipe: (lambda m: make_step(
-                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
+                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build_model(hidden, ffn, layers, True)),
                         host_path=nvfp4_traced_torch_ops)
-                if FUSED_ACTIVATION[0] and name == "FP8 delayed":
+                if FUSED_ACTIVATION[0] and not llama and name == "FP8 delayed":
                     for label, variant in fast_accum_variants(name, recipe):
                         add(f"{label.replace(name, f'{name} torch.compile')} (fused GELU)",
                             lambda recipe=variant: (lambda m: make_step(
                                 m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(
-                                build(hidden, ffn, layers, True, fused_activation=True)))
+                                build_model(hidden, ffn, layers, True, fused_activation=True)))
                 if python_host:
                     from _host_path import python_host_path
 
                     add(f"{name} torch.compile (Python host path)", lambda recipe=recipe: (lambda m: make_step(
-                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build(hidden, ffn, layers, True)),
+                        m, x, dy, recipe, run=torch.compile(m, fullgraph=True)))(build_model(hidden, ffn, layers, True)),
                         host_path=python_host_path)
     if graphed:  # every recipe (NVFP4's stochastic rounding reads its counter on the device: graphs.py)
         for name, recipe in recipes().items():
             add(f"{name} CUDA graph", lambda recipe=recipe: make_graphed_step(
-                build(hidden, ffn, layers, True), x, dy, recipe))
+                build_model(hidden, ffn, layers, True), x, dy, recipe))
     try:
         if not compiled:
             raise ImportError("skipped (--no-compiled)")
@@ -340,7 +394,7 @@ def model_rows(size: str, warmup: int, iters: int, compiled: bool = True,
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         def ao():
-            m = build(hidden, ffn, layers, False)
+            m = build_model(hidden, ffn, layers, False)
             convert_to_float8_training(m, config=Float8LinearConfig.from_recipe_name("tensorwise"))
             return make_step(m, x, dy, run=torch.compile(m))
 

@@ -167,11 +167,15 @@ def main(argv=None) -> int:
         return 0
     out_dir = args.out or "."
     os.makedirs(out_dir, exist_ok=True)
-    results = {}
+    steps = {}
     for name in args.recipes.split(","):
         make = RECIPES[name]
-        step = make_step(make() if make is not None else None, args.size, args.device)
-        ms = host_ms(step, args.device)
+        steps[name] = make_step(make() if make is not None else None, args.size, args.device)
+    # every row's host time first: a profiler session leaves the process slower for a while (CUPTI's callbacks)
+    times = {name: host_ms(step, args.device) for name, step in steps.items()}
+    results = {}
+    for name, step in steps.items():
+        ms = times[name]
         path = os.path.join(out_dir, f"trace_{name}.json.gz")
         trace(step, args.steps, path, args.device)
         summary = summarize(path, args.steps, args.top)

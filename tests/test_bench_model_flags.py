@@ -110,3 +110,34 @@ def test_fast_accum_ab_adds_an_all_fast_twin_of_each_fp8_row(monkeypatch):
             assert twin.replace(fast_accumulation="fprop") == recipe
         else:
             assert len(rows) == 1
+
+
+def test_llama_block_matches_its_bf16_twin_outside_autocast(monkeypatch):
+    """The llama_* sizes' LlamaBlock: the fp_recipes block (RMSNorm in LayerNormLinear, GQA, SwiGLU) computes what the
+    torch block computes, bit for bit outside autocast (the same weights), so its rows compare like with like; under
+    FP8 autocast it runs forward and backward on the CPU reference casts within FP8's error of BF16."""
+    import bench_model
+    import fp_recipes
+
+    monkeypatch.setattr(bench_model, "SEQ", 16)
+    assert set(bench_model.SIZES) >= {"llama_h2048_t8192", "llama_h4096_t4096"}
+    ref = bench_model.build(256, 384, 1, False, device="cpu", llama=True)
+    q = bench_model.build(256, 384, 1, True, device="cpu", llama=True)
+    (rb,), (qb,) = ref, q
+    assert (rb.heads, rb.kv_heads) == (2, 1) and rb.qkv.out_features == (2 + 2 * 1) * bench_model.HEAD_DIM
+    assert qb.fc1.normalization == "RMSNorm" and qb.fc1.out_features == 2 * 384 and qb.fc2.bias is None
+    with torch.no_grad():
+        for name_q, name_r in (("qkv.layer_norm_weight", "norm1.weight"), ("fc1.layer_norm_weight", "norm2.weight"),
+                               ("qkv.weight", "qkv.weight"), ("proj.weight", "proj.weight"),
+                               ("fc1.weight", "fc1.weight"), ("fc2.weight", "fc2.weight")):
+            qb.get_parameter(name_q).copy_(rb.get_parameter(name_r))
+    x = torch.randn(32, 256, dtype=torch.bfloat16)
+    assert torch.equal(q(x), ref(x))
+    xg = x.clone().requires_grad_()
+    with fp_recipes.autocast(recipe=fp_recipes.Float8CurrentScaling()):  # (delayed's first step casts at scale 1)
+        y = q(xg)
+    y.float().square().mean().backward()
+    assert torch.isfinite(xg.grad).all() and xg.grad.abs().sum() > 0
+    delta = ref(x).float() - x.float()  # what the block adds to its input (the residual is exact)
+    rel = (y.detach().float() - x.float() - delta).norm() / delta.norm()
+    assert 0 < rel < 0.15, rel  # (E4M3 casts of x and W through two GEMMs each side of attention: ~6 % here)
