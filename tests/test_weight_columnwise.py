@@ -163,3 +163,35 @@ def test_recast_under_torch_autocast_bf16_matches_save(name, recasts):
     for u, v in zip(*got):
         assert torch.equal(u, v)
     assert recasts[0] == 1  # a's backward made its copy; b saved one
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_the_backward_frees_what_dgrad_alone_read_before_wgrad(name, device, monkeypatch):
+    """The recast weight copy and dy's rowwise copy are read by dgrad only: both are freed before the wgrad GEMM
+    allocates dW (at a wide layer's wgrad, the step's peak: a Llama FC1's copy is as large as half its dW)."""
+    import weakref
+
+    from fp_recipes.modules import linear_function
+
+    _device(device)
+    torch.manual_seed(0)
+    layer = fp_recipes.Linear(64, 256, device=device)
+    layer.weight_columnwise_copy = "recast"
+    layer.cache_quantized_weights = False  # (a cache that stores keeps both copies from the forward: nothing to free)
+    x = torch.randn(32, 64, device=device, requires_grad=True)
+    orig, refs, alive = linear_function.gemm, [], []
+
+    def spy(a, b, **kw):
+        if kw.get("transpose_a"):  # wgrad: dy^T x
+            alive.append([r() is not None for r in refs])
+        elif kw.get("transpose_b"):  # dgrad: dy W, its operands' rowwise dy and columnwise W
+            refs[:] = [weakref.ref(a.data), weakref.ref(b.data_t)]
+        return orig(a, b, **kw)
+
+    monkeypatch.setattr(linear_function, "gemm", spy)
+    with fp_recipes.autocast(recipe=RECIPES[name]()):
+        y = layer(x)
+    y.backward(torch.randn_like(y))
+    assert len(refs) == 2 and alive == [[False, False]]
+    assert torch.isfinite(layer.weight.grad).all() and layer.weight.grad.abs().sum() > 0
