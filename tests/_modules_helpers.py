@@ -90,3 +90,24 @@ def assert_close_gemm(actual: torch.Tensor, expected: torch.Tensor, tol: torch.T
         raise AssertionError(f"{what}: {int(bad.sum())} elements out of tolerance; first at {i}: "
                              f"actual {actual[tuple(i)].item()!r} expected {expected[tuple(i)].item()!r} "
                              f"tol {tol[tuple(i)].item():.3g}")
+
+
+def record_gemm_accumulation(monkeypatch) -> list:
+    """Spy on every quantized GEMM a module call makes (the dense ones of ``linear_function`` and the grouped ones of
+    ``grouped_linear``): the returned list gets ``(which, use_fast_accum)`` per GEMM, ``which`` being "fprop",
+    "dgrad" (transpose_b) or "wgrad" (transpose_a). The real GEMMs run."""
+    from fp_recipes.modules import grouped_linear as GL
+    from fp_recipes.modules import linear_function as LF
+
+    seen: list = []
+
+    def spy(real):
+        def wrapped(a, b, **kw):
+            which = "wgrad" if kw.get("transpose_a") else "dgrad" if kw.get("transpose_b") else "fprop"
+            seen.append((which, kw.get("use_fast_accum", False)))
+            return real(a, b, **kw)
+        return wrapped
+
+    monkeypatch.setattr(LF, "gemm", spy(LF.gemm))
+    monkeypatch.setattr(GL, "grouped_gemm", spy(GL.grouped_gemm))
+    return seen

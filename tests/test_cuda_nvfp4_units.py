@@ -302,8 +302,8 @@ def test_cpu_module_quantizers_serve_their_gemms():
 
 
 def test_cpu_linear_releases_dy_unit_before_wgrad(monkeypatch):
-    """The Linear backward frees dy's rowwise GEMM cache after dgrad, before wgrad (which reads the columnwise
-    copy), so no BF16 operand outlives the GEMM that reads it."""
+    """The Linear backward releases dy's rowwise copy and its GEMM cache after dgrad, before wgrad (which reads the
+    columnwise copy), so no BF16 operand outlives the GEMM that reads it."""
     import fp_recipes
     from fp_recipes import Linear, NVFP4BlockScaling
     from fp_recipes.modules import linear_function as LF
@@ -316,14 +316,14 @@ def test_cpu_linear_releases_dy_unit_before_wgrad(monkeypatch):
         events.append(("gemm", kw.get("transpose_a", False), kw.get("transpose_b", False)))
         return real_gemm(a, b, **kw)
 
-    real_release = NVFP4Tensor.release_rowwise_gemm_cache
+    real_release = NVFP4Tensor.release_rowwise
 
     def release(self):
         events.append(("release",))
         real_release(self)
 
     monkeypatch.setattr(LF, "gemm", gemm)
-    monkeypatch.setattr(NVFP4Tensor, "release_rowwise_gemm_cache", release)
+    monkeypatch.setattr(NVFP4Tensor, "release_rowwise", release)
     mod = Linear(64, 32)
     x = torch.randn(32, 64, requires_grad=True)
     with fp_recipes.autocast(recipe=NVFP4BlockScaling()):

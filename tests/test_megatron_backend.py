@@ -284,20 +284,9 @@ def test_fast_accumulation_reaches_every_gemm_of_a_megatron_model(moe, monkeypat
     resolves to run every GEMM of a real GPTModel (attention, MLP; with MoE the grouped experts, the recipe passed
     to the spec) in fast accumulation; without it only the forward GEMMs do (TransformerEngine's default)."""
     from fp_recipes.integrations.megatron import recipe_from_config
-    from fp_recipes.modules import grouped_linear as GL
-    from fp_recipes.modules import linear_function as LF
+    from _modules_helpers import record_gemm_accumulation
 
-    seen = []
-
-    def spy(real):
-        def wrapped(a, b, **kw):
-            which = "wgrad" if kw.get("transpose_a") else "dgrad" if kw.get("transpose_b") else "fprop"
-            seen.append((which, kw.get("use_fast_accum", False)))
-            return real(a, b, **kw)
-        return wrapped
-
-    monkeypatch.setattr(LF, "gemm", spy(LF.gemm))
-    monkeypatch.setattr(GL, "grouped_gemm", spy(GL.grouped_gemm))
+    seen = record_gemm_accumulation(monkeypatch)
     for env, want in ((None, {"fprop": True, "dgrad": False, "wgrad": False}), ("all", dict.fromkeys(
             ("fprop", "dgrad", "wgrad"), True))):
         if env is None:

@@ -583,20 +583,9 @@ def test_fast_accumulation_reaches_each_gemm(recipe_cls, kind, setting, expected
     """The recipe's fast_accumulation picks, per GEMM, cuBLASLt's fast accumulation: the fprop GEMM in the forward,
     dgrad (transpose_b) and wgrad (transpose_a) in the backward receive their own flag (the real GEMMs run; the
     flag is recorded on the way in). Default: fprop only, as TransformerEngine and torchao."""
-    from fp_recipes.modules import grouped_linear as GL
-    from fp_recipes.modules import linear_function as LF
+    from _modules_helpers import record_gemm_accumulation
 
-    seen = []
-
-    def spy(real):
-        def wrapped(a, b, **kw):
-            which = "wgrad" if kw.get("transpose_a") else "dgrad" if kw.get("transpose_b") else "fprop"
-            seen.append((which, kw.get("use_fast_accum", False)))
-            return real(a, b, **kw)
-        return wrapped
-
-    monkeypatch.setattr(LF, "gemm", spy(LF.gemm))
-    monkeypatch.setattr(GL, "grouped_gemm", spy(GL.grouped_gemm))
+    seen = record_gemm_accumulation(monkeypatch)
     recipe = recipe_cls() if setting is None else recipe_cls(fast_accumulation=setting)
     torch.manual_seed(0)
     if kind == "grouped":

@@ -165,11 +165,14 @@ def test_recast_under_torch_autocast_bf16_matches_save(name, recasts):
     assert recasts[0] == 1  # a's backward made its copy; b saved one
 
 
+@pytest.mark.parametrize("ckpt", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_the_backward_frees_what_dgrad_alone_read_before_wgrad(name, device, monkeypatch):
+def test_the_backward_frees_what_dgrad_alone_read_before_wgrad(name, device, ckpt, monkeypatch):
     """The recast weight copy and dy's rowwise copy are read by dgrad only: both are freed before the wgrad GEMM
-    allocates dW (at a wide layer's wgrad, the step's peak: a Llama FC1's copy is as large as half its dW)."""
+    allocates dW (at a wide layer's wgrad, the step's peak: a Llama FC1's copy is as large as half its dW). Also as
+    a job runs it (``ckpt``): inside non-reentrant activation checkpointing under torch.autocast(bf16), where the
+    gradients equal the same step's without checkpointing."""
     import weakref
 
     from fp_recipes.modules import linear_function
@@ -189,9 +192,22 @@ def test_the_backward_frees_what_dgrad_alone_read_before_wgrad(name, device, mon
             refs[:] = [weakref.ref(a.data), weakref.ref(b.data_t)]
         return orig(a, b, **kw)
 
+    twin = copy.deepcopy(layer)
+    dy = torch.randn(32, 256, device=device)
+
+    def step(mod, inp, checkpointed):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=checkpointed), \
+                fp_recipes.autocast(recipe=RECIPES[name]()):
+            y = checkpoint(mod, inp, use_reentrant=False) if checkpointed else mod(inp)
+        y.backward(dy.to(y.dtype))
+
     monkeypatch.setattr(linear_function, "gemm", spy)
-    with fp_recipes.autocast(recipe=RECIPES[name]()):
-        y = layer(x)
-    y.backward(torch.randn_like(y))
+    step(layer, x, ckpt)
     assert len(refs) == 2 and alive == [[False, False]]
     assert torch.isfinite(layer.weight.grad).all() and layer.weight.grad.abs().sum() > 0
+    if ckpt:  # the same step under torch.autocast, not checkpointed: the same gradients
+        x2 = x.detach().clone().requires_grad_()
+        with torch.autocast(device, dtype=torch.bfloat16), fp_recipes.autocast(recipe=RECIPES[name]()):
+            y2 = twin(x2)
+        y2.backward(dy.to(y2.dtype))
+        assert torch.equal(twin.weight.grad, layer.weight.grad) and torch.equal(x2.grad, x.grad)

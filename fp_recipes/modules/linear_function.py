@@ -327,26 +327,21 @@ def backward_operands(qs: GemmQuantizers, x: torch.Tensor, weight: torch.Tensor,
     return columnwise_only(qx), columnwise_only(qw)
 
 
-def columnwise_only(q: Any, keep_unit: bool = False) -> Any:
+def columnwise_only(q: Any) -> Any:
     """The backward GEMMs read only the columnwise copy of x and W: keep just that one (halves the
-    saved activation memory). Anything without a columnwise copy is kept whole. ``keep_unit``: an NVFP4
-    tensor keeps its columnwise BF16 unit operand (dy's, made by its cast for the wgrad GEMM that follows)."""
+    saved activation memory). Anything without a columnwise copy is kept whole."""
     name = type(q).__name__
     if name not in ("Float8Tensor", "NVFP4Tensor") or q.data_t is None or q.data is None:
-        if name == "NVFP4Tensor" and (q.gemm_unit is not None or (q.gemm_unit_t is not None and not keep_unit)):
+        if name == "NVFP4Tensor" and (q.gemm_unit is not None or q.gemm_unit_t is not None):
             q = shallow_copy(q)  # kept whole, but never with the forward GEMM's BF16 operand
-            q.gemm_unit = None
-            if not keep_unit:
-                q.gemm_unit_t = None
+            q.gemm_unit = q.gemm_unit_t = None
         return q
     # the same (already validated) fields without the rowwise copy: no constructor checks per call
     new = shallow_copy(q)
     new.data = None
     if name == "NVFP4Tensor":
         new.scale = new.amax = None
-        new.gemm_unit = None  # the GEMM caches go too, as a constructed copy has none
-        if not keep_unit:
-            new.gemm_unit_t = None
+        new.gemm_unit = new.gemm_unit_t = None  # the GEMM caches go too, as a constructed copy has none
     return new
 
 
@@ -495,10 +490,9 @@ class QuantizedLinearFunction(torch.autograd.Function):
                 dx = _ACTIVATIONS[activation].backward_(dx, pre)
         if need_dw:
             if need_dx and isinstance(qdy, QuantizedTensor):
-                # wgrad reads dy's columnwise copy only: the rowwise one (and its GEMM caches) goes before dW is
-                # allocated (dy's own high-precision tensor is the engine's until this backward returns)
-                qdy.release_rowwise_gemm_cache()
-                qdy = columnwise_only(qdy, keep_unit=True)
+                # wgrad reads dy's columnwise copy only: the rowwise one goes before dW is allocated (dy's own
+                # high-precision tensor is the engine's until this backward returns)
+                qdy.release_rowwise()
             dw = gemm(qdy, x_op, transpose_a=True, transpose_b=True, out_dtype=w_dtype, use_fast_accum=qs.fast_accum[2])
         if need_db and db is None:
             # FP32 column sums of dy in the fixed order of ops.bias_grad (the order the fused casts use)

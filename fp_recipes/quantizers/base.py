@@ -42,9 +42,11 @@ class QuantizedTensor:
     def from_state_dict(cls, state: Dict[str, Any]) -> "QuantizedTensor":
         raise NotImplementedError
 
-    def release_rowwise_gemm_cache(self) -> None:
-        """The rowwise copy's last GEMM has run: free what only that GEMM reads (nothing here; an NVFP4
-        tensor's BF16 unit operand), so it does not live on through the GEMMs that read the other copy."""
+    def release_rowwise(self) -> None:
+        """The rowwise copy's last GEMM has run: free that copy (when a columnwise one serves the GEMMs that
+        follow) and what only that GEMM reads (an NVFP4 tensor's BF16 unit operand), so neither lives on
+        through the later GEMMs (a Linear backward: dy's rowwise copy is freed after dgrad, before wgrad
+        allocates dW). Nothing here; the quantized tensor types say what they hold."""
 
 
 # Dynamo before torch 2.13 cannot trace ``obj.__dict__``: traced copies go field by field there

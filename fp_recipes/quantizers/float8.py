@@ -121,6 +121,10 @@ class Float8Tensor(StatePickle, QuantizedTensor):
         t.data, t.data_t, t.scale_inv, t.amax = tensors
         return t
 
+    def release_rowwise(self) -> None:
+        if self.data_t is not None:
+            self.data = None
+
     def rowwise_data(self) -> torch.Tensor:
         """The rowwise copy; from the columnwise one by a byte transpose if absent (exact)."""
         return self.data if self.data is not None else self.data_t.t().contiguous()

@@ -167,8 +167,10 @@ class NVFP4Tensor(StatePickle, QuantizedTensor):
         """Free the cached BF16 GEMM operands (the GEMM then decodes the packed copies itself)."""
         self.gemm_unit = self.gemm_unit_t = None
 
-    def release_rowwise_gemm_cache(self) -> None:
+    def release_rowwise(self) -> None:
         self.gemm_unit = None
+        if self.data_t is not None:  # (the columnwise copy has its own scale and amax: scale_t, amax_t)
+            self.data = self.scale = self.amax = None
 
     def split_saved(self) -> "tuple[tuple, NVFP4Tensor]":
         """(its tensors, a shell without them), for ``ctx.save_for_backward`` (``modules/replay.pack``):
